@@ -1,0 +1,14 @@
+"""Domain errors. Each message is one line that names the file and the problem;
+the CLIs turn them into exit code 2 at their boundary."""
+
+
+class DumpError(Exception):
+    """Base class: something is wrong with a dump file or its use."""
+
+
+class DumpFormatError(DumpError):
+    """A file is missing, not HDF5, truncated, not a dump, or has a corrupt entry."""
+
+
+class DumpWriteError(DumpError):
+    """A dump could not be written (path, permissions, disk full)."""

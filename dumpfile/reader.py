@@ -1,0 +1,420 @@
+"""Read dump files with h5py and numpy only (no torch).
+
+`DumpFile(path)` validates the file, lists its ops in seqid order (from the index
+dataset when present, else by walking links: files cut by `h5copy` have no index)
+and returns tensors as numpy arrays in a dtype numpy can compute with:
+bfloat16 and float8 come back as exact float32, complex32 as complex64.
+The stored dtype is always in `ValueRecord.dtype`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterator
+
+import h5py
+import numpy as np
+
+from . import schema as S
+from .errors import DumpFormatError
+
+# numpy dtype a raw-bit dtype decodes to
+DECODED_NUMPY_DTYPE = {name: np.float32 for name in S.RAW_BIT_DTYPES}
+DECODED_NUMPY_DTYPE["complex32"] = np.complex64
+
+
+def _float8_table(exp_bits: int, man_bits: int, bias: int, *, ieee_inf: bool, fnuz: bool) -> np.ndarray:
+    """Value of every byte of an 8-bit float format, as float32 (exact)."""
+    codes = np.arange(256, dtype=np.int64)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exp = (codes >> man_bits) & ((1 << exp_bits) - 1)
+    man = codes & ((1 << man_bits) - 1)
+    normal = sign * (1.0 + man / (1 << man_bits)) * np.exp2(exp.astype(np.float64) - bias)
+    subnormal = sign * (man / (1 << man_bits)) * np.exp2(1.0 - bias)
+    vals = np.where(exp == 0, subnormal, normal)
+    max_exp = (1 << exp_bits) - 1
+    if fnuz:
+        vals[0x80] = np.nan              # the only NaN; no negative zero, no inf
+    elif ieee_inf:
+        top = exp == max_exp
+        vals[top & (man == 0)] = sign[top & (man == 0)] * np.inf
+        vals[top & (man != 0)] = np.nan
+    else:                                # e4m3fn: only S.1111.111 is NaN
+        vals[(exp == max_exp) & (man == (1 << man_bits) - 1)] = np.nan
+    return vals.astype(np.float32)
+
+
+def _e8m0_table() -> np.ndarray:
+    vals = np.exp2(np.arange(256, dtype=np.float64) - 127)
+    vals[255] = np.nan
+    return vals.astype(np.float32)
+
+
+_FLOAT8_TABLES = {
+    "float8_e4m3fn": lambda: _float8_table(4, 3, 7, ieee_inf=False, fnuz=False),
+    "float8_e5m2": lambda: _float8_table(5, 2, 15, ieee_inf=True, fnuz=False),
+    "float8_e4m3fnuz": lambda: _float8_table(4, 3, 8, ieee_inf=False, fnuz=True),
+    "float8_e5m2fnuz": lambda: _float8_table(5, 2, 16, ieee_inf=False, fnuz=True),
+    "float8_e8m0fnu": _e8m0_table,
+}
+_table_cache: dict[str, np.ndarray] = {}
+
+
+def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
+    """Stored array -> numpy array with the tensor's values (exact)."""
+    if dtype_name == "bfloat16":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    if dtype_name in _FLOAT8_TABLES:
+        table = _table_cache.get(dtype_name)
+        if table is None:
+            table = _table_cache[dtype_name] = _FLOAT8_TABLES[dtype_name]()
+        return table[data]
+    if dtype_name == "complex32":
+        pairs = data.astype(np.float32)
+        return pairs[..., 0] + 1j * pairs[..., 1]
+    return data
+
+
+def _attr_str(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return "" if v is None else str(v)
+
+
+@dataclass
+class ValueRecord:
+    """One input or output entry: a tensor, a view, statistics, a value, or a list."""
+
+    file: "DumpFile"
+    path: str
+    name: str
+    type: int
+    attrs: dict[str, Any]
+    children: list["ValueRecord"] = field(default_factory=list)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type in S.TENSOR_TYPES
+
+    @property
+    def is_list(self) -> bool:
+        return self.type in S.LIST_TYPES
+
+    @property
+    def is_stats(self) -> bool:
+        return self.type == S.TYPE_TENSOR_STATS
+
+    @property
+    def dtype(self) -> str:
+        return _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if S.ATTR_SHAPE in self.attrs:
+            return tuple(int(x) for x in np.asarray(self.attrs[S.ATTR_SHAPE]).reshape(-1))
+        ds = self.file.h5[self.path]
+        return tuple(ds.shape) if isinstance(ds, h5py.Dataset) and ds.shape is not None else ()
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def uninitialized(self) -> bool:
+        return bool(self.attrs.get(S.ATTR_UNINITIALIZED, False))
+
+    def read(self) -> Any:
+        """Tensor -> numpy array (decoded); stats -> dict; value -> Python value; list -> list."""
+        return self.file.read_value(self)
+
+    def stats(self) -> dict[str, float]:
+        if not self.is_stats:
+            raise DumpFormatError(f"{self.file.path}: {self.path} holds no statistics")
+        return self.file.read_value(self)
+
+    def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
+        """Flattened (C-order) decoded values in pieces of about `chunk_elements`."""
+        yield from self.file.iter_chunks(self, chunk_elements)
+
+
+@dataclass
+class OpRecord:
+    file: "DumpFile"
+    op: str
+    seqid: int
+    phase: str = ""
+    module: str = ""
+    grad_fn: str = ""
+
+    @property
+    def path(self) -> str:
+        return S.op_group_path(self.op, self.seqid)
+
+    @cached_property
+    def attrs(self) -> dict[str, Any]:
+        return {k: (_attr_str(v) if isinstance(v, bytes) else v)
+                for k, v in self.file.h5[self.path].attrs.items()}
+
+    def inputs(self) -> dict[str, ValueRecord]:
+        return self.file.values(f"{self.path}/{S.INPUT_GROUP}")
+
+    def outputs(self) -> dict[str, ValueRecord]:
+        return self.file.values(f"{self.path}/{S.OUTPUT_GROUP}")
+
+
+class DumpFile:
+    """A dump opened for reading. Use as a context manager or call close()."""
+
+    def __init__(self, path: str | os.PathLike, *, require_dump: bool = True):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise DumpFormatError(f"{self.path}: no such file")
+        if os.path.isdir(self.path):
+            raise DumpFormatError(f"{self.path}: is a directory, not a dump file")
+        try:
+            if not h5py.is_hdf5(self.path):
+                raise DumpFormatError(f"{self.path}: not an HDF5 file")
+            self.h5 = h5py.File(self.path, "r")
+        except DumpFormatError:
+            raise
+        except (OSError, ValueError) as e:
+            raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
+        self.attrs = {k: (_attr_str(v) if isinstance(v, bytes) else v) for k, v in self.h5.attrs.items()}
+        fmt = self.attrs.get(S.ROOT_FORMAT)
+        if fmt is not None and fmt != S.FORMAT_NAME:
+            self.close()
+            raise DumpFormatError(f"{self.path}: format {fmt!r} is not {S.FORMAT_NAME!r}")
+        version = str(self.attrs.get(S.ROOT_FORMAT_VERSION, "1.0"))
+        try:
+            major = int(version.split(".")[0])
+        except ValueError:
+            major = -1
+        if major not in S.SUPPORTED_MAJOR_VERSIONS:
+            self.close()
+            raise DumpFormatError(f"{self.path}: format version {version} is not supported by this reader")
+        if require_dump and fmt is None and not self._looks_like_dump():
+            self.close()
+            raise DumpFormatError(f"{self.path}: not a dump (no /op/seqid/ groups)")
+
+    # ---- file-level --------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return str(self.attrs.get(S.ROOT_MODE, S.MODE_DUMP))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.attrs.get(S.ROOT_COMPLETE, True))
+
+    @property
+    def stats_only(self) -> bool:
+        return bool(self.attrs.get(S.ROOT_STATS_ONLY, False))
+
+    def close(self) -> None:
+        h5 = getattr(self, "h5", None)
+        if h5 is not None and h5.id.valid:
+            h5.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _looks_like_dump(self) -> bool:
+        """An original-layout file without our root attributes: /op/<digits>/input|output."""
+        for op_name, link in self.h5.items():
+            if op_name == S.META_GROUP or not isinstance(link, h5py.Group):
+                continue
+            for seq in link.keys():
+                if seq.isdigit():
+                    return True
+        return False
+
+    # ---- ops -------------------------------------------------------------
+    @cached_property
+    def _ops(self) -> list[OpRecord]:
+        if S.INDEX_PATH in self.h5:
+            rows = self.h5[S.INDEX_PATH][()]
+            ops = [OpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
+                            S.PHASE_BY_CODE.get(int(r["phase"]), ""),
+                            _attr_str(r["module"]), _attr_str(r["grad_fn"])) for r in rows]
+            # keep only rows whose group exists (a copy may have dropped some)
+            ops = [o for o in ops if o.path in self.h5] if len(ops) < 200_000 else ops
+        else:
+            ops = []
+            for op_name in self.h5.keys():
+                if op_name == S.META_GROUP:
+                    continue
+                grp = self.h5.get(op_name, getlink=False)
+                if not isinstance(grp, h5py.Group):
+                    continue
+                for seq in grp.keys():
+                    if seq.isdigit():
+                        ops.append(_LazyOpRecord(self, op_name, int(seq)))
+        ops.sort(key=lambda o: o.seqid)
+        return ops
+
+    def ops(self) -> list[OpRecord]:
+        """Every op, in seqid (execution) order."""
+        return list(self._ops)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def op(self, op: str, seqid: int) -> OpRecord:
+        path = S.op_group_path(op, seqid)
+        if path not in self.h5:
+            raise DumpFormatError(f"{self.path}: no op group {path}")
+        return _LazyOpRecord(self, op, int(seqid))
+
+    # ---- values ----------------------------------------------------------
+    def values(self, group_path: str) -> dict[str, ValueRecord]:
+        """Entries of an input/ or output/ group, in argument order when known."""
+        grp = self.h5.get(group_path)
+        if grp is None:
+            return {}
+        out = {name: self._record(f"{group_path}/{name}", name) for name in grp.keys()}
+        order = grp.attrs.get("order")
+        if order is not None:
+            names = [_attr_str(n) for n in np.asarray(order).reshape(-1)]
+            out = {n: out[n] for n in names if n in out} | {n: v for n, v in out.items() if n not in names}
+        return out
+
+    def _record(self, path: str, name: str) -> ValueRecord:
+        obj = self.h5[path]
+        attrs = dict(obj.attrs)
+        code = attrs.get(S.ATTR_TYPE)
+        if code is None:
+            code = S.TYPE_LIST if isinstance(obj, h5py.Group) else S.TYPE_TENSOR
+        code = int(code)
+        rec = ValueRecord(self, path, name, code, attrs)
+        if isinstance(obj, h5py.Group):
+            kids = sorted(obj.keys(), key=lambda k: _suffix_index(k))
+            rec.children = [self._record(f"{path}/{k}", k) for k in kids]
+        return rec
+
+    def read_value(self, rec: ValueRecord) -> Any:
+        if rec.is_list:
+            return [c.read() for c in rec.children]
+        obj = self.h5[rec.path]
+        t = rec.type
+        try:
+            if t == S.TYPE_TENSOR:
+                return decode_raw(obj[()], rec.dtype or str(obj.dtype))
+            if t == S.TYPE_TENSOR_VIEW:
+                return self._read_view(rec)
+            if t == S.TYPE_TENSOR_STATS:
+                vals = obj[()]
+                names = _attr_str(rec.attrs.get(S.ATTR_STATS_FIELDS, ",".join(S.STATS_FIELDS))).split(",")
+                return dict(zip(names, (float(v) for v in vals)))
+            if t == S.TYPE_NONE:
+                return None
+            if t == S.TYPE_SCALAR_TYPE:
+                return _attr_str(rec.attrs.get(S.ATTR_DTYPE, S.DTYPE_BY_CODE.get(int(obj[()]), "")))
+            val = obj[()]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise DumpFormatError(f"{self.path}: cannot read {rec.path}: {e}") from e
+        if isinstance(val, bytes):
+            return val.decode("utf-8", "replace")
+        if isinstance(val, np.ndarray):
+            return val.tolist()
+        if isinstance(val, np.generic):
+            return val.item()
+        return val
+
+    def _resolve_base(self, rec: ValueRecord) -> h5py.Dataset:
+        obj = self.h5[rec.path]
+        ref = obj[()]
+        if isinstance(ref, h5py.Reference) and ref:
+            try:
+                return self.h5[ref]
+            except (ValueError, KeyError):
+                pass
+        base_path = _attr_str(rec.attrs.get(S.ATTR_BASE, ""))
+        if base_path and base_path in self.h5:
+            return self.h5[base_path]
+        raise DumpFormatError(
+            f"{self.path}: {rec.path} is a view of {base_path or 'a dataset'} that is not in this file "
+            "(copy with `accucmp extract` or `h5copy -f ref`)")
+
+    def _read_view(self, rec: ValueRecord) -> np.ndarray:
+        base = self._resolve_base(rec)
+        battrs = base.attrs
+        bdata = decode_raw(base[()], _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype))
+        return view_of(bdata, np.asarray(battrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
+                       np.asarray(rec.attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
+
+    def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:
+        if rec.type != S.TYPE_TENSOR:
+            yield np.asarray(self.read_value(rec)).reshape(-1)
+            return
+        ds = self.h5[rec.path]
+        dtype_name = rec.dtype or str(ds.dtype)
+        if ds.ndim == 0 or ds.size == 0:
+            yield decode_raw(np.asarray(ds[()]), dtype_name).reshape(-1)
+            return
+        lead = ds.shape[0]
+        row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))
+        step = max(1, chunk_elements // row)
+        for i in range(0, lead, step):
+            yield decode_raw(ds[i:i + step], dtype_name).reshape(-1)
+
+
+class _LazyOpRecord(OpRecord):
+    """OpRecord whose phase/module/grad_fn are read from the group only when asked."""
+
+    def __init__(self, file: DumpFile, op: str, seqid: int):
+        super().__init__(file, op, seqid)
+
+    def __getattribute__(self, name):
+        if name in ("phase", "module", "grad_fn"):
+            attrs = object.__getattribute__(self, "attrs")
+            return _attr_str(attrs.get(name, ""))
+        return object.__getattribute__(self, name)
+
+
+def _suffix_index(key: str) -> tuple[int, str]:
+    tail = key.rsplit("_", 1)[-1]
+    return (int(tail), key) if tail.isdigit() else (1 << 62, key)
+
+
+def view_of(base: np.ndarray, base_stride: np.ndarray, base_offset: int, shape: tuple[int, ...],
+            stride: np.ndarray, offset: int, *, where: str = "") -> np.ndarray:
+    """Rebuild a strided view from the logical data of a dense, non-overlapping base.
+
+    The base's elements are scattered back into the storage range they occupied
+    (using its strides), then the view is read from that range with its own strides.
+    Every index is bounds-checked: these attributes come from files.
+    """
+    n = base.size
+    if base_stride.size != base.ndim:
+        raise DumpFormatError(f"{where}: base Stride has {base_stride.size} entries for {base.ndim} dims")
+    storage = np.empty(n, dtype=base.dtype)
+    if n:
+        idx = np.zeros(base.shape, dtype=np.int64)
+        for d, s in enumerate(base_stride):
+            shp = [1] * base.ndim
+            shp[d] = base.shape[d]
+            idx = idx + np.arange(base.shape[d], dtype=np.int64).reshape(shp) * int(s)
+        idx = idx.reshape(-1)
+        if idx.min() < 0 or idx.max() >= n or np.unique(idx).size != n:
+            raise DumpFormatError(f"{where}: base tensor is not dense, cannot rebuild a view of it")
+        storage[idx] = base.reshape(-1)
+    rel = offset - base_offset
+    if len(stride) != len(shape):
+        raise DumpFormatError(f"{where}: view Stride has {len(stride)} entries for {len(shape)} dims")
+    if any(s < 0 for s in shape) or any(st < 0 for st in stride):
+        raise DumpFormatError(f"{where}: negative shape or stride")
+    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if numel == 0:
+        return np.empty(shape, dtype=base.dtype)
+    last = rel + sum((d - 1) * st for d, st in zip(shape, stride))
+    if rel < 0 or last >= n:
+        raise DumpFormatError(f"{where}: view reaches outside the data of its base")
+    item = storage.itemsize
+    return np.lib.stride_tricks.as_strided(
+        storage[rel:], shape=tuple(shape), strides=tuple(int(s) * item for s in stride)).copy()

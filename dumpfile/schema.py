@@ -1,0 +1,213 @@
+"""The HDF5 dump layout: names, attributes and codes shared by every package.
+
+This module is the single source of truth for docs/FORMAT.md. It imports neither
+torch nor h5py so that any reader (accucmp, tests, third-party scripts) can use it.
+
+Layout (compatible with the Ascend PyTorch 1.5 dumper)::
+
+    /{op}/{seqid}/input/{argname}                  one tensor or value
+    /{op}/{seqid}/input/{argname}/{argname}_{i}    lists (tensor lists, mixed lists)
+    /{op}/{seqid}/output/{retname}[/{retname}_{i}]
+    /_npu_dumper/index                             one row per op, in seqid order (ours)
+"""
+
+from __future__ import annotations
+
+FORMAT_NAME = "npu_dumper.h5"
+FORMAT_VERSION = "1.0"
+# Readers accept any file whose major version they know.
+SUPPORTED_MAJOR_VERSIONS = (1,)
+
+# Reserved root group for our own bookkeeping. Never an op name: op names are
+# "namespace.name.overload", and no torch namespace is called "_npu_dumper".
+META_GROUP = "_npu_dumper"
+INDEX_PATH = f"{META_GROUP}/index"
+INPUT_GROUP = "input"
+OUTPUT_GROUP = "output"
+
+# ---- root attributes -------------------------------------------------------
+ROOT_FORMAT = "format"                # FORMAT_NAME
+ROOT_FORMAT_VERSION = "format_version"
+ROOT_TORCH_VERSION = "torch_version"
+ROOT_DEVICE = "device"                # e.g. "cpu", "cuda:0", "npu:0"
+ROOT_DEVICE_TYPE = "DeviceType"       # device code below
+ROOT_RANK = "rank"
+ROOT_WORLD_SIZE = "world_size"
+ROOT_MODE = "mode"                    # one of MODES
+ROOT_DUMP_MODE = "dump_mode"          # input / output / all
+ROOT_STATS_ONLY = "stats_only"
+ROOT_COMPLETE = "complete"            # False while writing, True after a clean close
+ROOT_CREATED = "created"              # ISO-8601 local time
+ROOT_NUM_OPS = "num_ops"              # ops written (kept current at every flush)
+ROOT_LOAD_FILE = "load_file"          # load/golden modes: the dump that was replayed
+ROOT_COMPUTE_DTYPE = "compute_dtype"  # golden replay: the dtype ops were recomputed in
+
+MODE_DUMP = "dump"
+MODE_LOAD = "load"          # load-replay: seqids are the golden file's
+MODE_OVERFLOW = "overflow"  # only overflowing ops; seqids are sparse
+MODE_GOLDEN = "golden"      # every op recomputed from recorded inputs (fp64 by default)
+MODES = (MODE_DUMP, MODE_LOAD, MODE_OVERFLOW, MODE_GOLDEN)
+
+DUMP_MODES = ("input", "output", "all")
+
+# ---- per-op group attributes (on /{op}/{seqid}) -----------------------------
+OP_SEQID = "seqid"
+OP_NAME = "op"                  # full overload name, e.g. "aten.addmm.default"
+OP_PHASE = "phase"              # "forward" / "backward"
+OP_GRAD_FN = "grad_fn"          # autograd node running a backward op, e.g. "AddmmBackward0"
+OP_MODULE = "module"            # innermost nn.Module path, e.g. "layers.3"; "" at top level
+OP_STACK = "stack"              # user source line, when record_stack=True
+OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (emulation)
+OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
+OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
+OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid
+
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASES = (PHASE_FORWARD, PHASE_BACKWARD)
+PHASE_CODES = {PHASE_FORWARD: 0, PHASE_BACKWARD: 1}
+PHASE_BY_CODE = {v: k for k, v in PHASE_CODES.items()}
+
+# ---- per-value attributes ---------------------------------------------------
+ATTR_TYPE = "Type"
+ATTR_DATA_TYPE = "DataType"
+ATTR_DEVICE_TYPE = "DeviceType"
+ATTR_FORMAT_TYPE = "FormatType"
+ATTR_STRIDE = "Stride"            # element strides of the live tensor
+ATTR_SHAPE = "shape"              # logical shape of the live tensor
+ATTR_DTYPE = "dtype"              # torch dtype name without "torch.", e.g. "bfloat16"
+ATTR_DEVICE = "device"            # e.g. "cuda:0"
+ATTR_STORAGE_OFFSET = "storage_offset"
+ATTR_UNINITIALIZED = "uninitialized"  # output of an empty-like op: values are garbage
+ATTR_BASE = "base"                # Type VIEW: path of the dataset holding the data
+ATTR_SCHEMA_TYPE = "schema_type"  # the schema's type string, e.g. "int[]", "Scalar?"
+ATTR_STATS_FIELDS = "fields"      # Type STATS: names of the stored values
+
+# ---- Type codes (attribute "Type") ------------------------------------------
+# Codes 0-16 are the original dumper's; 30+ are this project's extensions.
+TYPE_TENSOR = 0
+TYPE_TENSOR_LIST = 1          # a group of {name}_{i} entries
+TYPE_INT_LIST = 2
+TYPE_INT = 3
+TYPE_BOOL = 4
+TYPE_DOUBLE = 5
+TYPE_OPTIONAL_DOUBLE = 6
+TYPE_SCALAR = 7
+TYPE_OPTIONAL_INT = 9
+TYPE_OPTIONAL_SCALAR = 10
+TYPE_SCALAR_TYPE = 14         # a dtype: value is the DataType code, attr dtype the name
+TYPE_INT_ARRAY_REF = 16
+TYPE_NONE = 30                # None; empty dataset
+TYPE_STRING = 31
+TYPE_DEVICE = 32              # value: device string ("cuda:0")
+TYPE_LAYOUT = 33              # value: layout name ("strided")
+TYPE_MEMORY_FORMAT = 34       # value: memory format name ("channels_last")
+TYPE_FLOAT_LIST = 35
+TYPE_BOOL_LIST = 36
+TYPE_LIST = 37                # a group of {name}_{i} entries of mixed kinds
+TYPE_COMPLEX = 38
+TYPE_TENSOR_VIEW = 40         # object reference to the dataset holding the data + layout attrs
+TYPE_TENSOR_STATS = 41        # statistics instead of data (stats-only dumps)
+
+LIST_TYPES = (TYPE_TENSOR_LIST, TYPE_LIST)
+TENSOR_TYPES = (TYPE_TENSOR, TYPE_TENSOR_VIEW, TYPE_TENSOR_STATS)
+
+TYPE_NAMES = {
+    TYPE_TENSOR: "Tensor", TYPE_TENSOR_LIST: "Tensor[]", TYPE_INT_LIST: "int[]",
+    TYPE_INT: "int", TYPE_BOOL: "bool", TYPE_DOUBLE: "float",
+    TYPE_OPTIONAL_DOUBLE: "float?", TYPE_SCALAR: "Scalar", TYPE_OPTIONAL_INT: "int?",
+    TYPE_OPTIONAL_SCALAR: "Scalar?", TYPE_SCALAR_TYPE: "ScalarType",
+    TYPE_INT_ARRAY_REF: "IntArrayRef", TYPE_NONE: "None", TYPE_STRING: "str",
+    TYPE_DEVICE: "Device", TYPE_LAYOUT: "Layout", TYPE_MEMORY_FORMAT: "MemoryFormat",
+    TYPE_FLOAT_LIST: "float[]", TYPE_BOOL_LIST: "bool[]", TYPE_LIST: "list",
+    TYPE_COMPLEX: "complex", TYPE_TENSOR_VIEW: "Tensor(view)",
+    TYPE_TENSOR_STATS: "Tensor(stats)",
+}
+
+# ---- DataType codes ---------------------------------------------------------
+# 1-11 are the original's; 12+ are ours (the original could not store them).
+# The attribute "dtype" (torch name) is authoritative; DataType is for old tools.
+DATA_TYPE_CODES = {
+    "float32": 1, "uint8": 2, "int8": 3, "int16": 5, "int32": 6, "int64": 7,
+    "bool": 9, "float16": 10, "float64": 11,
+    "bfloat16": 12, "complex32": 13, "complex64": 14, "complex128": 15,
+    "uint16": 16, "uint32": 17, "uint64": 18,
+    "float8_e4m3fn": 19, "float8_e5m2": 20, "float8_e4m3fnuz": 21, "float8_e5m2fnuz": 22,
+    "float8_e8m0fnu": 23,
+}
+DATA_TYPE_UNKNOWN = 0
+DTYPE_BY_CODE = {v: k for k, v in DATA_TYPE_CODES.items()}
+
+# How each torch dtype is stored in HDF5: the numpy dtype of the dataset.
+# Dtypes numpy lacks are stored as their raw bits; the reader converts back.
+STORAGE_NUMPY_DTYPE = {
+    "float32": "float32", "float64": "float64", "float16": "float16",
+    "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "bool": "bool", "complex64": "complex64", "complex128": "complex128",
+    "bfloat16": "uint16",          # raw bits
+    "complex32": "float16",        # (..., 2) real/imag pairs: numpy has no complex32
+    "float8_e4m3fn": "uint8", "float8_e5m2": "uint8",
+    "float8_e4m3fnuz": "uint8", "float8_e5m2fnuz": "uint8", "float8_e8m0fnu": "uint8",
+}
+# Dtypes stored as raw bits (same width, unsigned int) with the "dtype" attribute.
+RAW_BIT_DTYPES = frozenset({
+    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+})
+FLOATING_DTYPES = frozenset({
+    "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+})
+COMPLEX_DTYPES = frozenset({"complex32", "complex64", "complex128"})
+
+# Unit roundoff (half the machine epsilon) of each floating dtype: the scale of
+# error a correct kernel in that dtype makes. Verdicts are expressed in it.
+UNIT_ROUNDOFF = {
+    "float64": 2.0 ** -53, "complex128": 2.0 ** -53,
+    "float32": 2.0 ** -24, "complex64": 2.0 ** -24,
+    "float16": 2.0 ** -11, "complex32": 2.0 ** -11,
+    "bfloat16": 2.0 ** -8,
+    "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4,
+    "float8_e5m2": 2.0 ** -3, "float8_e5m2fnuz": 2.0 ** -3,
+    "float8_e8m0fnu": 2.0 ** -1,
+}
+
+# ---- DeviceType codes -------------------------------------------------------
+# The original: CPU 0, CUDA 1, NPU 10. Other devices use c10::DeviceType's value.
+DEVICE_TYPE_CODES = {
+    "cpu": 0, "cuda": 1, "npu": 10, "xpu": 12, "mps": 13, "meta": 14, "hpu": 15,
+    "privateuseone": 20,
+}
+DEVICE_TYPE_UNKNOWN = -1
+
+# ---- FormatType codes (ACL formats; what a non-NPU tensor's layout resembles) ---
+FORMAT_NCHW = 0
+FORMAT_NHWC = 1
+FORMAT_ND = 2
+FORMAT_NC1HWC0 = 3
+FORMAT_FRACTAL_Z = 4
+FORMAT_NAMES = {0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 29: "FRACTAL_NZ"}
+
+# ---- statistics-only tensors ------------------------------------------------
+STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan_count", "inf_count", "numel")
+
+# ---- index dataset ----------------------------------------------------------
+# Compound rows; the op group of row r is f"/{op}/{seqid}".
+INDEX_FIELDS = ("seqid", "op", "phase", "module", "grad_fn")
+
+
+def data_type_code(dtype_name: str) -> int:
+    return DATA_TYPE_CODES.get(dtype_name, DATA_TYPE_UNKNOWN)
+
+
+def device_type_code(device: str) -> int:
+    return DEVICE_TYPE_CODES.get(device.split(":", 1)[0], DEVICE_TYPE_UNKNOWN)
+
+
+def op_group_path(op: str, seqid: int) -> str:
+    return f"/{op}/{int(seqid)}"
+
+
+def is_floating(dtype_name: str) -> bool:
+    return dtype_name in FLOATING_DTYPES

@@ -1,0 +1,295 @@
+"""Write dump files: numpy arrays and Python values in, the documented layout out.
+
+Torch-free on purpose: the dumper's background thread, golden replay, `accucmp
+extract` and the tests all write through this one class, so the layout lives in
+one place. The file is written through (never held in RAM) and flushed at least
+every `flush_interval` seconds, so a crash leaves it readable up to the last flush.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import h5py
+import numpy as np
+
+from . import schema as S
+from .errors import DumpWriteError
+
+_STR = h5py.string_dtype("utf-8")
+_INDEX_DTYPE = np.dtype([
+    ("seqid", np.int64), ("op", _STR), ("phase", np.int8), ("module", _STR), ("grad_fn", _STR),
+])
+
+
+@dataclass
+class TensorMeta:
+    """What the file says about a tensor besides its values."""
+
+    dtype: str                       # torch dtype name ("bfloat16")
+    shape: tuple[int, ...]
+    stride: tuple[int, ...] = ()
+    storage_offset: int = 0
+    device: str = "cpu"
+    format_type: int = S.FORMAT_ND
+    uninitialized: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def attrs(self, type_code: int) -> dict[str, Any]:
+        a = {
+            S.ATTR_TYPE: type_code,
+            S.ATTR_DATA_TYPE: S.data_type_code(self.dtype),
+            S.ATTR_DEVICE_TYPE: S.device_type_code(self.device),
+            S.ATTR_FORMAT_TYPE: int(self.format_type),
+            S.ATTR_STRIDE: np.asarray(self.stride, dtype=np.int64),
+            S.ATTR_SHAPE: np.asarray(self.shape, dtype=np.int64),
+            S.ATTR_DTYPE: self.dtype,
+            S.ATTR_DEVICE: self.device,
+            S.ATTR_STORAGE_OFFSET: int(self.storage_offset),
+        }
+        if self.uninitialized:
+            a[S.ATTR_UNINITIALIZED] = True
+        a.update(self.extra)
+        return a
+
+
+def _scalar_type_code(value: Any, schema_type: str | None) -> int:
+    """The original's Type code for a non-tensor value, refined by the schema type."""
+    st = (schema_type or "").replace(" ", "")
+    if value is None:
+        return S.TYPE_NONE
+    if isinstance(value, bool):
+        return S.TYPE_BOOL
+    if isinstance(value, int):
+        if st == "Scalar":
+            return S.TYPE_SCALAR
+        if st == "Scalar?":
+            return S.TYPE_OPTIONAL_SCALAR
+        return S.TYPE_OPTIONAL_INT if st.endswith("?") else S.TYPE_INT
+    if isinstance(value, float):
+        if st == "Scalar":
+            return S.TYPE_SCALAR
+        if st == "Scalar?":
+            return S.TYPE_OPTIONAL_SCALAR
+        return S.TYPE_OPTIONAL_DOUBLE if st.endswith("?") else S.TYPE_DOUBLE
+    if isinstance(value, complex):
+        return S.TYPE_COMPLEX
+    if isinstance(value, str):
+        return S.TYPE_STRING
+    raise TypeError(f"no Type code for {type(value).__name__}")
+
+
+class DumpWriter:
+    """One open dump file. Not thread-safe: one thread writes (the dumper's writer thread)."""
+
+    def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
+                 root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0,
+                 append: bool = False):
+        if mode not in S.MODES:
+            raise ValueError(f"mode must be one of {S.MODES}, got {mode!r}")
+        self.path = os.fspath(path)
+        self.flush_interval = flush_interval
+        try:
+            self._f = h5py.File(self.path, "a" if append else "w")
+        except OSError as e:
+            raise DumpWriteError(f"{self.path}: cannot create dump file ({e})") from e
+        f = self._f
+        if not append or S.ROOT_FORMAT not in f.attrs:
+            f.attrs[S.ROOT_FORMAT] = S.FORMAT_NAME
+            f.attrs[S.ROOT_FORMAT_VERSION] = S.FORMAT_VERSION
+            f.attrs[S.ROOT_MODE] = mode
+            f.attrs[S.ROOT_CREATED] = _dt.datetime.now().isoformat(timespec="seconds")
+            f.attrs[S.ROOT_NUM_OPS] = 0
+        f.attrs[S.ROOT_COMPLETE] = False
+        for k, v in (root_attrs or {}).items():
+            if v is not None:
+                f.attrs[k] = v
+        if S.INDEX_PATH in f:
+            self._index = f[S.INDEX_PATH]
+        else:
+            self._index = f.create_dataset(S.INDEX_PATH, shape=(0,), maxshape=(None,),
+                                           dtype=_INDEX_DTYPE, chunks=(1024,))
+        self._pending_index: list[tuple] = []
+        self.num_ops = int(f.attrs.get(S.ROOT_NUM_OPS, 0))
+        self.bytes_written = 0
+        self._last_flush = time.monotonic()
+        f.flush()
+
+    # ---- ops -------------------------------------------------------------
+    def begin_op(self, op: str, seqid: int, *, phase: str = S.PHASE_FORWARD, module: str = "",
+                 grad_fn: str = "", attrs: dict[str, Any] | None = None) -> h5py.Group:
+        """Create /{op}/{seqid} with its input/ and output/ groups and attributes."""
+        path = S.op_group_path(op, seqid)
+        if path in self._f:
+            raise DumpWriteError(f"{self.path}: op group {path} already exists")
+        g = self._f.create_group(path)
+        g.attrs[S.OP_SEQID] = int(seqid)
+        g.attrs[S.OP_NAME] = op
+        g.attrs[S.OP_PHASE] = phase
+        g.attrs[S.OP_MODULE] = module or ""
+        g.attrs[S.OP_GRAD_FN] = grad_fn or ""
+        for k, v in (attrs or {}).items():
+            if v is not None:
+                g.attrs[k] = v
+        g.create_group(S.INPUT_GROUP)
+        g.create_group(S.OUTPUT_GROUP)
+        self._pending_index.append(
+            (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
+        return g
+
+    def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
+        """Record argument order: HDF5 lists members alphabetically."""
+        parent.attrs["order"] = np.array(list(names), dtype=object).astype(_STR)
+
+    def end_op(self) -> None:
+        self.num_ops += 1
+        self.maybe_flush()
+
+    # ---- values ----------------------------------------------------------
+    def write_tensor(self, parent: h5py.Group, name: str, data: np.ndarray, meta: TensorMeta,
+                     *, compression: str | None = None) -> str:
+        """Store `data` (already in the storage dtype of schema.STORAGE_NUMPY_DTYPE)."""
+        expected = np.dtype(S.STORAGE_NUMPY_DTYPE.get(meta.dtype, data.dtype))
+        if data.dtype != expected:
+            raise DumpWriteError(
+                f"{self.path}: {parent.name}/{name}: {meta.dtype} must be stored as {expected}, "
+                f"got {data.dtype}")
+        data = np.ascontiguousarray(data)
+        kw: dict[str, Any] = {}
+        if compression and data.size:
+            kw = {"compression": compression, "chunks": True}
+        ds = parent.create_dataset(name, data=data, **kw)
+        ds.attrs.update(meta.attrs(S.TYPE_TENSOR))
+        self.bytes_written += data.nbytes
+        return ds.name
+
+    def write_stats(self, parent: h5py.Group, name: str, stats: Sequence[float],
+                    meta: TensorMeta) -> str:
+        ds = parent.create_dataset(name, data=np.asarray(stats, dtype=np.float64))
+        ds.attrs.update(meta.attrs(S.TYPE_TENSOR_STATS))
+        ds.attrs[S.ATTR_STATS_FIELDS] = ",".join(S.STATS_FIELDS)
+        return ds.name
+
+    def write_view(self, parent: h5py.Group, name: str, base_path: str, meta: TensorMeta) -> str:
+        """A tensor whose data is (a re-striding of) the stored dataset `base_path`.
+
+        `meta.stride`/`storage_offset` are the view's own; the base dataset's Stride and
+        storage_offset attributes say where its elements live in the shared storage.
+        """
+        base = self._f[base_path]
+        ds = parent.create_dataset(name, data=base.ref, dtype=h5py.ref_dtype)
+        ds.attrs.update(meta.attrs(S.TYPE_TENSOR_VIEW))
+        ds.attrs[S.ATTR_BASE] = base.name
+        return ds.name
+
+    def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
+        """Hard link: the same stored tensor under a second path (written once)."""
+        parent[name] = self._f[existing_path]
+        return f"{parent.name}/{name}"
+
+    def write_value(self, parent: h5py.Group, name: str, value: Any,
+                    schema_type: str | None = None) -> str:
+        """A non-tensor argument: a small dataset with a Type code."""
+        if isinstance(value, (list, tuple)):
+            return self._write_list(parent, name, value, schema_type)
+        code = _scalar_type_code(value, schema_type)
+        if code == S.TYPE_NONE:
+            ds = parent.create_dataset(name, data=h5py.Empty("f8"))
+        elif code == S.TYPE_STRING:
+            ds = parent.create_dataset(name, data=value, dtype=_STR)
+        else:
+            ds = parent.create_dataset(name, data=value)
+        ds.attrs[S.ATTR_TYPE] = code
+        if schema_type:
+            ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        return ds.name
+
+    def write_named(self, parent: h5py.Group, name: str, value: str, type_code: int,
+                    extra: dict[str, Any] | None = None, schema_type: str | None = None) -> str:
+        """dtype / device / layout / memory_format values, stored by name."""
+        if type_code == S.TYPE_SCALAR_TYPE:
+            ds = parent.create_dataset(name, data=np.int64(S.data_type_code(value)))
+            ds.attrs[S.ATTR_DTYPE] = value
+        else:
+            ds = parent.create_dataset(name, data=value, dtype=_STR)
+        ds.attrs[S.ATTR_TYPE] = type_code
+        if schema_type:
+            ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        for k, v in (extra or {}).items():
+            ds.attrs[k] = v
+        return ds.name
+
+    def create_list(self, parent: h5py.Group, name: str, type_code: int = S.TYPE_TENSOR_LIST,
+                    length: int = 0, schema_type: str | None = None) -> h5py.Group:
+        """A group whose entries are `{name}_{i}`; the caller fills them."""
+        g = parent.create_group(name)
+        g.attrs[S.ATTR_TYPE] = type_code
+        g.attrs["length"] = int(length)
+        if schema_type:
+            g.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        return g
+
+    def _write_list(self, parent, name, value, schema_type):
+        items = list(value)
+        if all(isinstance(v, bool) for v in items) and items:
+            code, arr = S.TYPE_BOOL_LIST, np.asarray(items, dtype=bool)
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            st = (schema_type or "").replace(" ", "")
+            code = S.TYPE_INT_ARRAY_REF if st.startswith(("int[", "SymInt[")) else S.TYPE_INT_LIST
+            arr = np.asarray(items, dtype=np.int64)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+            code, arr = S.TYPE_FLOAT_LIST, np.asarray(items, dtype=np.float64)
+        else:
+            g = self.create_list(parent, name, S.TYPE_LIST, len(items), schema_type)
+            for i, v in enumerate(items):
+                self.write_value(g, f"{name}_{i}", v)
+            return g.name
+        ds = parent.create_dataset(name, data=arr)
+        ds.attrs[S.ATTR_TYPE] = code
+        if schema_type:
+            ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        return ds.name
+
+    # ---- durability --------------------------------------------------------
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every finished op durable: index rows, op count, then HDF5 flush."""
+        if self._pending_index:
+            n = self._index.shape[0]
+            rows = np.array(self._pending_index, dtype=_INDEX_DTYPE)
+            self._index.resize((n + len(rows),))
+            self._index[n:] = rows
+            self._pending_index.clear()
+        self._f.attrs[S.ROOT_NUM_OPS] = self.num_ops
+        try:
+            self._f.flush()
+        except OSError as e:  # disk full surfaces here
+            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        self._last_flush = time.monotonic()
+
+    @property
+    def file(self) -> h5py.File:
+        return self._f
+
+    def close(self, complete: bool = True) -> None:
+        if not self._f.id.valid:
+            return
+        try:
+            self.flush()
+            self._f.attrs[S.ROOT_COMPLETE] = bool(complete)
+        finally:
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(complete=exc_type is None)
+

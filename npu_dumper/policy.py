@@ -1,0 +1,68 @@
+"""How the dispatch mode's per-op pipeline is extended (dump, load-replay, overflow, ACL dump).
+
+The mode (npu_dumper/mode.py) owns interception, seqids, phase/module attribution,
+snapshots and the writer thread. Everything a mode of operation changes is a
+Policy with these hooks, called for every *eligible* op (outermost, not a skipped
+view op, passing the user's filters), in this order:
+
+    ev = OpEvent(...)                      # seqid assigned, live args
+    for p in policies: p.before_op(ev)     # may replace ev.args/ev.kwargs (replay)
+    inputs captured (pre-op snapshot)
+    out = first policy whose run_op() does not return NotImplemented, else func(*args)
+    ev.outputs = out; outputs captured
+    record = all(p.should_record(ev) for p in policies)
+    if record: written under ev.store_op / ev.store_seqid (policies may change them)
+    for p in policies: p.after_op(ev, recorded=record)
+
+`begin(session)` runs at block entry (before the model runs: validate inputs there,
+raising npu_dumper.errors.DumperError subclasses), `end(session)` at exit (summaries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class OpEvent:
+    func: Any                      # torch._ops.OpOverload
+    name: str                      # str(func): "aten.addmm.default"
+    args: tuple
+    kwargs: dict
+    seqid: int                     # live stream position, 1-based, every eligible op
+    phase: str                     # "forward" / "backward"
+    module: str = ""
+    grad_fn: str = ""
+    stack: str = ""
+    outputs: Any = None            # the op's return value, after it ran
+    store_op: str = ""             # name written to the file (defaults to name)
+    store_seqid: int = 0           # seqid written to the file (defaults to seqid)
+    group_attrs: dict = field(default_factory=dict)  # extra per-op attributes to write
+    notes: dict = field(default_factory=dict)        # scratch space shared between policies
+
+    def __post_init__(self):
+        self.store_op = self.store_op or self.name
+        self.store_seqid = self.store_seqid or self.seqid
+
+
+class Policy:
+    """Base: records every op unchanged (plain dump)."""
+
+    def begin(self, session: Any) -> None:
+        pass
+
+    def before_op(self, ev: OpEvent) -> None:
+        pass
+
+    def run_op(self, ev: OpEvent) -> Any:
+        return NotImplemented
+
+    def should_record(self, ev: OpEvent) -> bool:
+        return True
+
+    def after_op(self, ev: OpEvent, recorded: bool) -> None:
+        pass
+
+    def end(self, session: Any) -> None:
+        pass
