@@ -1,0 +1,228 @@
+"""Golden replay: recompute every recorded op on its own, from its recorded inputs, in float64.
+
+    result = npu_dumper.replay("npu.h5", "golden.h5")          # or: accucmp golden -i ... -o ...
+    # then: accucmp compare -m npu.h5 -g golden.h5
+
+Each op sees exactly the inputs it saw on the device, so the comparison shows each op's
+own error against the (nearly) exact answer, never error inherited from earlier ops,
+and no second device is needed. Floating tensors (and floating dtype arguments, so a
+cast to bfloat16 becomes the exact value) are upcast; integer and bool data stay.
+
+Outputs are written under the same /{op}/{seqid} with the recorded output names and the
+group attributes phase/module/grad_fn/stack. Ops that cannot be replayed are listed with
+their reason in the result and in the file (/_npu_dumper/not_replayed, see
+dumpfile.golden_info), never silently dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from dumpfile import schema as S
+from dumpfile import golden_info
+from dumpfile.errors import DumpError
+from dumpfile.reader import DumpFile, OpRecord, ValueRecord
+from dumpfile.writer import DumpWriter, TensorMeta
+
+from .errors import DumperError
+from .recorded import load_call, tensor_to_storage
+
+# Group attributes carried over from the recorded op (the rest describe the recording).
+_CARRIED_ATTRS = (S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN, S.OP_STACK)
+_PROGRESS_MIN_OPS = 200
+
+
+@dataclass
+class GoldenResult:
+    source: str
+    path: str
+    compute_dtype: str
+    total: int = 0
+    replayed: int = 0
+    not_replayed: list[tuple[str, int, str]] = field(default_factory=list)  # (op, seqid, reason)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.not_replayed)
+
+    def summary(self, limit: int = 5) -> str:
+        line = (f"golden replay: {self.replayed}/{self.total} ops recomputed in {self.compute_dtype}"
+                f" -> {self.path}")
+        if self.not_replayed:
+            reasons: dict[str, list[str]] = {}
+            for op, seqid, why in self.not_replayed:
+                reasons.setdefault(why, []).append(f"{op}/{seqid}")
+            parts = [f"{len(v)} x {why} (e.g. {', '.join(v[:2])})"
+                     for why, v in list(reasons.items())[:limit]]
+            line += f"; {self.skipped} not replayed: " + "; ".join(parts)
+        return line
+
+
+def replay(dump_h5: str | os.PathLike, out_h5: str | os.PathLike, device: str = "cpu",
+           dtype: torch.dtype | str = torch.float64, *, remap_devices: bool = False,
+           dump_inputs: bool = False, progress: bool | None = None) -> GoldenResult:
+    """Recompute every op of `dump_h5` into `out_h5` (mode "golden").
+
+    device/dtype: where and in which floating dtype ops are recomputed.
+    remap_devices: run ops whose arguments name a device on `device` instead of listing them.
+    dump_inputs: also write the (upcast) inputs, so compare rows for inputs have a partner.
+    progress: rich progress bar on stderr; default: when there are >= 200 ops.
+    """
+    dtype = _as_dtype(dtype)
+    src, dst = os.fspath(dump_h5), os.fspath(out_h5)
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise DumperError(f"{dst}: golden output would overwrite the dump it replays")
+    _check_device(device, src)
+    dtype_name = str(dtype).replace("torch.", "")
+    result = GoldenResult(source=src, path=dst, compute_dtype=dtype_name)
+    with DumpFile(src) as dump:
+        if dump.stats_only:
+            raise DumperError(f"{src}: statistics-only dump holds no tensor values to replay")
+        ops = dump.ops()
+        result.total = len(ops)
+        root = {S.ROOT_LOAD_FILE: os.path.abspath(src), S.ROOT_COMPUTE_DTYPE: dtype_name,
+                S.ROOT_DEVICE: str(device), S.ROOT_TORCH_VERSION: str(torch.__version__)}
+        for key in (S.ROOT_RANK, S.ROOT_WORLD_SIZE):
+            if key in dump.attrs:
+                root[key] = dump.attrs[key]
+        show = progress if progress is not None else len(ops) >= _PROGRESS_MIN_OPS
+        with DumpWriter(dst, mode=S.MODE_GOLDEN, root_attrs=root) as writer, \
+                _Progress(show, len(ops), os.path.basename(src)) as bar:
+            for rec in ops:
+                why = _replay_one(rec, writer, device, dtype, remap_devices, dump_inputs)
+                if why is None:
+                    result.replayed += 1
+                else:
+                    result.not_replayed.append((rec.op, rec.seqid, why))
+                bar.advance()
+            golden_info.write_not_replayed(writer.file, result.not_replayed)
+    return result
+
+
+def _check_device(device: str, src: str) -> None:
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DumperError(f"{src}: cannot replay on device {device!r}: {msg}") from None
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).replace("torch.", ""), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise DumperError(f"--dtype {dtype}: not a floating torch dtype (e.g. float64)")
+    return value
+
+
+def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
+                remap_devices: bool, dump_inputs: bool) -> str | None:
+    call = load_call(rec, device=device, dtype=dtype, retarget_dtype_args=True,
+                     remap_devices=remap_devices)
+    if not call.ok:
+        return call.why_not
+    recorded_outputs = rec.outputs()
+    try:
+        with torch.no_grad():
+            out = call.call()
+    except Exception as e:  # an op that cannot run in this dtype/device is listed, not fatal
+        return f"failed to run in {str(dtype).replace('torch.', '')} on {device}: " \
+               f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    if call.func._schema.returns and not recorded_outputs:
+        pass  # dump_mode="input": nothing to name the outputs after; use schema names
+    attrs = {k: rec.attrs[k] for k in _CARRIED_ATTRS if k in rec.attrs}
+    attrs[S.OP_COMPUTE_DTYPE] = str(dtype).replace("torch.", "")
+    group = writer.begin_op(rec.op, rec.seqid, phase=attrs.pop(S.OP_PHASE, S.PHASE_FORWARD) or S.PHASE_FORWARD,
+                            module=attrs.pop(S.OP_MODULE, ""), grad_fn=attrs.pop(S.OP_GRAD_FN, ""),
+                            attrs=attrs)
+    if dump_inputs:
+        names = []
+        for name, value in call.arg_names.items():
+            _write_value(writer, group[S.INPUT_GROUP], name, value, device)
+            names.append(name)
+        writer.set_order(group[S.INPUT_GROUP], names)
+    outs = group[S.OUTPUT_GROUP]
+    names = _output_names(call.func, recorded_outputs, out)
+    values = _output_values(out)
+    for name, value in zip(names, values):
+        _write_value(writer, outs, name, value, device)
+    writer.set_order(outs, names[:len(values)])
+    writer.end_op()
+    return None
+
+
+def _output_values(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _output_names(func, recorded: dict[str, ValueRecord], out: Any) -> list[str]:
+    """The recorded output names when the recording has them (so compare pairs rows),
+    else schema return names, else result / result0, result1, ..."""
+    n = len(_output_values(out))
+    if len(recorded) == n:
+        return list(recorded)
+    names = [r.name for r in func._schema.returns]
+    if len(names) == n and all(names) and len(set(names)) == n:
+        return names
+    return ["result"] if n == 1 else [f"result{i}" for i in range(n)]
+
+
+def _write_value(writer: DumpWriter, parent, name: str, value: Any, device) -> None:
+    if isinstance(value, torch.Tensor):
+        data, dtype_name = tensor_to_storage(value)
+        meta = TensorMeta(dtype=dtype_name, shape=tuple(value.shape), stride=tuple(value.stride()),
+                          storage_offset=int(value.storage_offset()), device=str(value.device))
+        writer.write_tensor(parent, name, data, meta)
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        g = writer.create_list(parent, name, S.TYPE_TENSOR_LIST, len(value))
+        for i, v in enumerate(value):
+            _write_value(writer, g, f"{name}_{i}", v, device)
+    elif isinstance(value, torch.dtype):
+        writer.write_named(parent, name, str(value).replace("torch.", ""), S.TYPE_SCALAR_TYPE)
+    elif isinstance(value, torch.device):
+        writer.write_named(parent, name, str(value), S.TYPE_DEVICE)
+    elif isinstance(value, torch.layout):
+        writer.write_named(parent, name, str(value).replace("torch.", ""), S.TYPE_LAYOUT)
+    elif isinstance(value, torch.memory_format):
+        writer.write_named(parent, name, str(value).replace("torch.", ""), S.TYPE_MEMORY_FORMAT)
+    else:
+        flat, _ = tree_flatten(value)
+        if any(isinstance(v, torch.Tensor) for v in flat):
+            return  # nested structures of tensors are not part of the format
+        writer.write_value(parent, name, value)
+
+
+class _Progress:
+    """A rich progress bar on stderr, or nothing."""
+
+    def __init__(self, show: bool, total: int, label: str):
+        self._bar = None
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+            self._bar = Progress("golden replay", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 console=Console(file=sys.stderr), transient=True)
+            self._task = self._bar.add_task(label, total=total)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+
+__all__ = ["replay", "GoldenResult", "DumpError"]
