@@ -1,0 +1,315 @@
+"""The `accucmp` command line: a thin typer layer over plain functions.
+
+Start-up matters (msprobe's compare CLI takes 3.5 s before doing anything), so this
+module imports nothing heavy at top level: pandas, h5py, numpy, matplotlib and the
+comparison engine are imported inside the commands that use them, and torch never
+(only `golden`/`demo`, registered by other modules, may import it in their bodies).
+
+Every domain error (dumpfile.errors.DumpError) and every OS/HDF5 error on a bad
+file becomes one line on stderr and exit code 2 at `_boundary`, never a traceback.
+Set ACCUCMP_DEBUG=1 to get the traceback of an unexpected error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    name="accucmp",
+    help="Compare op-level dumps of two runs of a PyTorch model and find the op whose numerics went wrong.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class UsageProblem(Exception):
+    """Bad option values (a threshold that is not NAME=VALUE, an unknown format)."""
+
+
+def _one_line(msg: object) -> str:
+    return " ".join(str(msg).split())
+
+
+@contextlib.contextmanager
+def _boundary() -> Iterator[None]:
+    """Turn every expected failure into one line on stderr and exit 2."""
+    from dumpfile.errors import DumpError  # light: no h5py
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except (DumpError, UsageProblem) as e:
+        typer.echo(f"accucmp: error: {_one_line(e)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        # h5py raises OSError/KeyError/ValueError on damaged files; pandas raises
+        # ValueError/ParserError on a damaged csv. Name the problem, no traceback.
+        if os.environ.get("ACCUCMP_DEBUG"):
+            raise
+        typer.echo(f"accucmp: error: {type(e).__name__}: {_one_line(e)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+# ---- option parsing (plain functions, tested directly) ------------------------
+def parse_thresholds(items: list[str] | None) -> dict[str, float] | None:
+    """["CosineSimilarity=0.99", "RelativeEuclideanDistance=0.05,KL=1e-3"] -> dict."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip():
+                raise UsageProblem(f"--threshold {part!r}: expected NAME=VALUE")
+            try:
+                out[name.strip()] = float(value)
+            except ValueError:
+                raise UsageProblem(f"--threshold {part!r}: {value!r} is not a number") from None
+    return out
+
+
+FORMATS = ("csv", "json", "html", "xlsx")
+
+
+def parse_formats(value: str) -> list[str]:
+    names = [f.strip().lower() for f in value.split(",") if f.strip()]
+    bad = [f for f in names if f not in FORMATS]
+    if bad:
+        raise UsageProblem(f"--format: unknown format(s) {', '.join(bad)} (choose from {', '.join(FORMATS)})")
+    if "csv" not in names:
+        names.insert(0, "csv")  # the csv is the result; `report` re-reads it
+    return list(dict.fromkeys(names))
+
+
+def parse_algorithms(value: str | None) -> list[str] | None:
+    if value is None or value.strip().lower() in ("", "all"):
+        return None
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def exit_code_for(table) -> int:
+    """0 when every compared tensor passes, 1 when any fails or nothing could be compared."""
+    from .summary import result_counts
+
+    counts = result_counts(table)
+    if counts.get("fail", 0):
+        return EXIT_FAIL
+    if counts.get("pass", 0) == 0 and len(table):
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False, soft_wrap=False)
+
+
+# ---- compare ---------------------------------------------------------------
+@app.command()
+def compare(
+    my_dump: Annotated[Path, typer.Option("-m", "--my-dump", help="Target dump (the run under suspicion), .h5.")],
+    golden_dump: Annotated[Path, typer.Option("-g", "--golden-dump", help="Golden (reference) dump, .h5.")],
+    out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Output directory.")] = Path("."),
+    alg: Annotated[str, typer.Option("--alg", help="'all' or comma-separated metric names.")] = "all",
+    select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="Override a verdict threshold: NAME=VALUE (repeatable).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: csv,json,html,xlsx (csv always).")] = "csv",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Worker processes for tensor reads and metrics.")] = 1,
+    pickle_failures: Annotated[bool, typer.Option("-p", "--dump-failures", help="Also write the failing rows to a filtered csv and their tensors (both sides) as .npy.")] = False,
+    golden_fp64: Annotated[Optional[Path], typer.Option("--golden-fp64", help="fp64 golden replay of the golden dump: judge each op's error against the golden device's own error.")] = None,
+    chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
+    top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
+) -> None:
+    """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
+    with _boundary():
+        formats = parse_formats(fmt)
+        thresholds = parse_thresholds(threshold)
+        algorithms = parse_algorithms(alg)
+        from .compare import compare_dumps
+        from .outputs import write_failures, write_results
+        from .summary import print_summary
+        from .verdict import apply_verdict
+
+        for p in (my_dump, golden_dump) + ((golden_fp64,) if golden_fp64 else ()):
+            _require_file(p)
+        result = compare_dumps(str(my_dump), str(golden_dump), algorithms=algorithms, select=select,
+                               jobs=jobs, chunk_elements=chunk_elements,
+                               golden_fp64=str(golden_fp64) if golden_fp64 else None)
+        table = apply_verdict(result.table, thresholds)
+        meta = dict(getattr(result, "meta", {}) or {})
+        meta.setdefault("target", str(my_dump))
+        meta.setdefault("golden", str(golden_dump))
+        if thresholds:
+            meta["threshold_overrides"] = thresholds
+        paths = write_results(table, out, formats, meta=meta)
+        if pickle_failures:
+            paths += write_failures(table, my_dump, golden_dump, out, stamp=paths[0].stem.split("_", 1)[1])
+        console = _console()
+        if not quiet:
+            print_summary(table, console=console, meta=meta, top=top)
+        for p in paths[:1] + [p for p in paths[1:] if p.suffix != ".npy"]:
+            console.print(f"wrote {p}", highlight=False, soft_wrap=True)
+        npys = sum(1 for p in paths if p.suffix == ".npy")
+        if npys:
+            console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
+        code = exit_code_for(table)
+    raise typer.Exit(code)
+
+
+def _require_file(p: Path) -> None:
+    from dumpfile.errors import DumpFormatError
+
+    if not p.exists():
+        raise DumpFormatError(f"{p}: no such file")
+    if p.is_dir():
+        raise DumpFormatError(f"{p}: is a directory, not a dump file")
+
+
+# ---- report ----------------------------------------------------------------
+@app.command()
+def report(
+    result_csv: Annotated[Path, typer.Argument(help="A result_*.csv written by `accucmp compare`.")],
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="NAME=VALUE (repeatable).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Also write: csv,json,html,xlsx.")] = "",
+    out: Annotated[Optional[Path], typer.Option("-out", "--out", "-o", help="Output directory (default: next to the csv).")] = None,
+    top: Annotated[int, typer.Option("--top", min=0)] = 5,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Re-apply verdict thresholds to a saved result (no tensors needed); exit 0/1/2 as compare."""
+    with _boundary():
+        thresholds = parse_thresholds(threshold)
+        formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
+        from .outputs import read_result_csv, write_results
+        from .summary import print_summary
+        from .verdict import apply_verdict
+
+        table = read_result_csv(result_csv)
+        table = apply_verdict(table, thresholds)
+        meta = {"result": str(result_csv)}
+        if thresholds:
+            meta["threshold_overrides"] = thresholds
+        console = _console()
+        if not quiet:
+            print_summary(table, console=console, meta=meta, top=top)
+        if formats:
+            base = result_csv.stem + ("_rethreshold" if thresholds else "")
+            paths = write_results(table, out or result_csv.parent, ["csv"] + formats, meta=meta, basename=base)
+            for p in paths:
+                console.print(f"wrote {p}", soft_wrap=True)
+        code = exit_code_for(table)
+    raise typer.Exit(code)
+
+
+# ---- ls --------------------------------------------------------------------
+@app.command("ls")
+def ls_command(
+    dump: Annotated[Path, typer.Argument(help="A dump file (.h5).")],
+    select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module.")] = None,
+    stats: Annotated[bool, typer.Option("--stats", help="Show min/max/mean/NaN/Inf of each tensor (reads the data).")] = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=0, help="Show at most N ops.")] = None,
+    plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
+) -> None:
+    """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
+    with _boundary():
+        from .listing import list_ops, render
+
+        _require_file(dump)
+        rows, info = list_ops(dump, select=select, stats=stats, limit=limit)
+        render(rows, info, console=_console(), plain=plain or not sys.stdout.isatty(), stats=stats)
+
+
+# ---- extract ---------------------------------------------------------------
+@app.command()
+def extract(
+    input_file: Annotated[Path, typer.Option("-i", "--input", help="Dump to copy ops from.")],
+    output_file: Annotated[Path, typer.Option("-o", "--output", help="Dump to write (appended to when it exists).")],
+    source: Annotated[Optional[list[str]], typer.Option("-s", "--source", help="/op/seqid/ to copy (repeatable; /op/ copies every call of op).")] = None,
+    dest: Annotated[Optional[list[str]], typer.Option("-d", "--dest", help="/op/seqid/ to write it as (repeatable, pairs with -s; default: the same path).")] = None,
+    from_report: Annotated[Optional[Path], typer.Option("--from-report", help="Copy every failing op of this result csv.")] = None,
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
+    pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
+) -> None:
+    """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
+    with _boundary():
+        from .extract import extract_ops, ops_from_report
+
+        _require_file(input_file)
+        pairs = _pair_paths(source or [], dest or [])
+        if from_report is not None:
+            _require_file(from_report)
+            pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
+        if not pairs:
+            raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
+        written = extract_ops(input_file, output_file, pairs)
+        typer.echo(f"copied {len(written)} op(s) to {output_file}")
+        for path in written:
+            typer.echo(f"  {path}")
+
+
+def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:
+    if dests and len(dests) != len(sources):
+        raise UsageProblem(f"-d given {len(dests)} time(s) for {len(sources)} -s: give one -d per -s or none")
+    return list(zip(sources, dests or sources))
+
+
+# ---- other modules' commands --------------------------------------------------
+_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo")
+
+
+def _register_plugins(target: typer.Typer) -> None:
+    for name in _PLUGIN_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # the module itself is not written (yet); anything else is a bug
+                continue
+            raise
+        module.register(target)
+
+
+_register_plugins(app)
+
+
+# ---- entry point -------------------------------------------------------------
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Accept msaccucmp's `-p 1` / `-p 0` spelling as well as the plain `-p` flag."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-p", "--dump-failures") and i + 1 < len(argv) and argv[i + 1] in ("0", "1"):
+            if argv[i + 1] == "1":
+                out.append(a)
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    app(args=args, prog_name="accucmp")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

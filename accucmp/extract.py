@@ -1,0 +1,247 @@
+"""`accucmp extract`: copy chosen ops into a small dump, the `h5copy -pv -i IN -o OUT
+-s /op/seqid/ -d /op/seqid/` workflow, done so the result is a valid load file.
+
+What plain h5copy gets wrong and this does not:
+- Type-40 views hold an object reference to a dataset that is usually in another op
+  (not copied); each view is materialised into a plain tensor (exact stored bits).
+- The copy gets the root attributes of its source and an index of every op, so
+  readers and load-replay see all of them (a file built with h5copy has none).
+- Appending never overwrites: an op path already in OUT is refused with a message.
+- OUT is rebuilt in a temporary file and swapped in only when complete, so a failed
+  extract leaves OUT as it was.
+Every attribute of op groups, input/output groups and values is preserved; hard
+links between values inside the copied ops stay hard links (stored once).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import h5py
+import numpy as np
+
+from dumpfile import DumpFile, DumpWriter, view_of
+from dumpfile import schema as S
+from dumpfile.errors import DumpError, DumpFormatError
+from dumpfile.reader import decode_raw
+
+# root attributes the writer owns; everything else is carried over
+_WRITER_ROOT_ATTRS = {S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE}
+_WRITER_OP_ATTRS = {S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN}
+ROOT_EXTRACTED_FROM = "extracted_from"
+
+
+class ExtractError(DumpError):
+    """An extract request that cannot be done (unknown op, path already in OUT)."""
+
+
+def _s(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def parse_op_path(path: str) -> tuple[str, int | None]:
+    """'/op/seqid/' , 'op/seqid', '/op/seqid/output' -> (op, seqid); '/op/' -> (op, None)."""
+    parts = [p for p in path.strip().split("/") if p]
+    if not parts or parts[0] == S.META_GROUP:
+        raise ExtractError(f"{path!r}: expected /op/seqid/")
+    if len(parts) == 1:
+        return parts[0], None
+    if not parts[1].isdigit():
+        raise ExtractError(f"{path!r}: seqid {parts[1]!r} is not a number (expected /op/seqid/)")
+    if len(parts) > 2 and parts[2] not in (S.INPUT_GROUP, S.OUTPUT_GROUP):
+        raise ExtractError(f"{path!r}: expected /op/seqid/ (copying a part of an op is not supported)")
+    return parts[0], int(parts[1])
+
+
+def list_op_groups(h5: h5py.File) -> list[tuple[str, int]]:
+    """Every /op/seqid group, found by walking (files appended to by h5copy lack index rows)."""
+    found = []
+    for name, obj in h5.items():
+        if name == S.META_GROUP or not isinstance(obj, h5py.Group):
+            continue
+        found += [(name, int(k)) for k in obj.keys() if k.isdigit()]
+    return sorted(found, key=lambda t: (t[1], t[0]))
+
+
+def _resolve(src_h5: h5py.File, in_path: str, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, int, str, int]]:
+    """(src, dst) paths -> [(src_op, src_seq, dst_op, dst_seq)] with every source checked."""
+    jobs = []
+    for src, dst in pairs:
+        sop, sseq = parse_op_path(src)
+        dop, dseq = parse_op_path(dst)
+        if sop not in src_h5 or not isinstance(src_h5[sop], h5py.Group):
+            raise ExtractError(f"{in_path}: no op /{sop}/ in this dump")
+        if sseq is None:
+            if dseq is not None:
+                raise ExtractError(f"-s {src!r} names every call of {sop}; -d must name an op too, not a seqid")
+            seqs = sorted(int(k) for k in src_h5[sop].keys() if k.isdigit())
+            jobs += [(sop, q, dop, q) for q in seqs]
+            continue
+        if str(sseq) not in src_h5[sop]:
+            have = sorted(int(k) for k in src_h5[sop].keys() if k.isdigit())
+            hint = f" (it has seqids {', '.join(map(str, have[:8]))}{', ...' if len(have) > 8 else ''})" if have else ""
+            raise ExtractError(f"{in_path}: no op group /{sop}/{sseq}/{hint}")
+        jobs.append((sop, sseq, dop, sseq if dseq is None else dseq))
+    return jobs
+
+
+class _Copier:
+    """Copies op groups from one open file into a DumpWriter, keeping hard links."""
+
+    def __init__(self, src: h5py.File, src_path: str, writer: DumpWriter):
+        self.src, self.src_path, self.w = src, src_path, writer
+        self.copied: dict[object, str] = {}  # source object id -> destination path
+
+    def copy_op(self, sop: str, sseq: int, dop: str, dseq: int) -> str:
+        grp = self.src[f"/{sop}/{sseq}"]
+        attrs = {k: grp.attrs[k] for k in grp.attrs.keys()}
+        op_name = _s(attrs.get(S.OP_NAME)) if dop == sop and S.OP_NAME in attrs else dop
+        g = self.w.begin_op(dop, dseq, phase=_s(attrs.get(S.OP_PHASE, "")), module=_s(attrs.get(S.OP_MODULE, "")),
+                            grad_fn=_s(attrs.get(S.OP_GRAD_FN, "")),
+                            attrs={k: v for k, v in attrs.items() if k not in _WRITER_OP_ATTRS})
+        g.attrs[S.OP_NAME] = op_name
+        for name, child in grp.items():
+            if isinstance(child, h5py.Group) and name in (S.INPUT_GROUP, S.OUTPUT_GROUP):
+                dst = g[name]
+                dst.attrs.update({k: child.attrs[k] for k in child.attrs.keys()})
+                for cname, cobj in child.items():
+                    self.copy_node(cobj, dst, cname)
+            else:
+                self.copy_node(child, g, name)
+        self.w.end_op()
+        return f"/{dop}/{dseq}/"
+
+    def copy_node(self, obj, parent: h5py.Group, name: str) -> None:
+        key = obj.id
+        if key in self.copied:
+            parent[name] = self.w.file[self.copied[key]]
+            return
+        if isinstance(obj, h5py.Group):
+            g = parent.create_group(name)
+            g.attrs.update({k: obj.attrs[k] for k in obj.attrs.keys()})
+            for cname, cobj in obj.items():
+                self.copy_node(cobj, g, cname)
+        elif int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
+            self._materialise(obj, parent, name)
+        else:
+            self.src.copy(obj, parent, name=name, expand_soft=True)
+        self.copied[key] = f"{parent.name}/{name}"
+
+    def _materialise(self, obj: h5py.Dataset, parent: h5py.Group, name: str) -> None:
+        where = f"{self.src_path}: {obj.name}"
+        attrs = {k: obj.attrs[k] for k in obj.attrs.keys()}
+        base = None
+        ref = obj[()]
+        if isinstance(ref, h5py.Reference) and ref:
+            try:
+                base = self.src[ref]
+            except (ValueError, KeyError):
+                base = None
+        base_path = _s(attrs.get(S.ATTR_BASE, ""))
+        if base is None and base_path and base_path in self.src:
+            base = self.src[base_path]
+        if base is None:
+            raise DumpFormatError(f"{where}: view of {base_path or 'a dataset'} that is not in this file")
+        dtype = _s(base.attrs.get(S.ATTR_DTYPE, "")) or str(base.dtype)
+        raw = base[()]
+        if dtype == "complex32":  # stored as (..., 2) float16 pairs: rebuild on complex values
+            raw = decode_raw(raw, dtype)
+        shape = tuple(int(x) for x in np.asarray(attrs.get(S.ATTR_SHAPE, ())).reshape(-1))
+        data = view_of(raw, np.asarray(base.attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), shape,
+                       np.asarray(attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=where)
+        if dtype == "complex32":
+            data = np.stack([data.real, data.imag], axis=-1).astype(np.float16)
+        ds = parent.create_dataset(name, data=np.ascontiguousarray(data))
+        attrs.pop(S.ATTR_BASE, None)
+        attrs[S.ATTR_TYPE] = S.TYPE_TENSOR
+        attrs["materialized_view_of"] = base_path or base.name
+        ds.attrs.update(attrs)
+
+
+def _root_attrs(h5: h5py.File) -> tuple[str, dict]:
+    attrs = {k: h5.attrs[k] for k in h5.attrs.keys()}
+    mode = _s(attrs.get(S.ROOT_MODE, S.MODE_DUMP))
+    return (mode if mode in S.MODES else S.MODE_DUMP), {k: v for k, v in attrs.items() if k not in _WRITER_ROOT_ATTRS}
+
+
+def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
+                pairs: list[tuple[str, str]]) -> list[str]:
+    """Copy ops (src, dst path pairs) from INPUT into OUTPUT (appending); returns the dst paths."""
+    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    if os.path.abspath(input_path) == os.path.abspath(output_path):
+        raise ExtractError(f"{output_path}: output is the input file; choose another -o")
+    with DumpFile(input_path) as src:  # validates: exists, HDF5, a dump
+        jobs = _resolve(src.h5, input_path, pairs)
+        old = None
+        if os.path.exists(output_path):
+            old = DumpFile(output_path, require_dump=False)
+        try:
+            existing = list_op_groups(old.h5) if old else []
+            taken = {(o, q) for o, q in existing}
+            for sop, sseq, dop, dseq in jobs:
+                if (dop, dseq) in taken:
+                    raise ExtractError(f"{output_path}: /{dop}/{dseq}/ already exists; refusing to overwrite it "
+                                       "(remove it, or write it elsewhere with -d /op/seqid/)")
+                taken.add((dop, dseq))
+            mode, root = _root_attrs(old.h5 if old and old.h5.attrs.get(S.ROOT_FORMAT) is not None else src.h5)
+            sources = [s for s in _s(root.get(ROOT_EXTRACTED_FROM, "")).split(";") if s]
+            if os.path.abspath(input_path) not in sources:
+                sources.append(os.path.abspath(input_path))
+            root[ROOT_EXTRACTED_FROM] = ";".join(sources)
+            out_dir = os.path.dirname(os.path.abspath(output_path))
+            fd, tmp = tempfile.mkstemp(prefix=".accucmp_extract_", suffix=".h5", dir=out_dir)
+            os.close(fd)
+            try:
+                with DumpWriter(tmp, mode=mode, root_attrs=root) as w:
+                    if old:
+                        keep = _Copier(old.h5, output_path, w)
+                        for o, q in existing:
+                            keep.copy_op(o, q, o, q)
+                    copier = _Copier(src.h5, input_path, w)
+                    written = [copier.copy_op(*job) for job in jobs]
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        finally:
+            if old:
+                old.close()
+    os.replace(tmp, output_path)
+    return written
+
+
+def ops_from_report(result_csv: str | os.PathLike, input_path: str | os.PathLike,
+                    thresholds: dict[str, float] | None = None) -> list[str]:
+    """/op/seqid/ of every failing row of a result csv that is in INPUT (NPU side first)."""
+    from .outputs import read_result_csv
+
+    table = read_result_csv(Path(result_csv))
+    if thresholds or "Result" not in table.columns:
+        from .verdict import apply_verdict
+
+        table = apply_verdict(table, thresholds)
+    failed = table[table["Result"] == "fail"]
+    if failed.empty:
+        raise ExtractError(f"{result_csv}: no failing rows, nothing to extract")
+    out: list[str] = []
+    with DumpFile(input_path) as f:
+        for _, row in failed.iterrows():
+            cands = []
+            for col in ("NPUDumpPath", "GroundTruthPath"):
+                p = row.get(col)
+                if isinstance(p, str) and p.count("/") >= 2:
+                    parts = [x for x in p.split("/") if x]
+                    cands.append(f"/{parts[0]}/{parts[1]}/")
+            hit = next((c for c in cands if c.strip("/") in f.h5), None)
+            if hit is None:
+                raise ExtractError(f"{input_path}: failing row {row.get('Index', '?')} "
+                                   f"({' or '.join(cands) or 'no path'}) is not in this dump; "
+                                   "pass the target (-m) or golden (-g) dump the result was made from")
+            if hit not in out:
+                out.append(hit)
+    return sorted(out, key=lambda p: int(p.strip("/").split("/")[1]))

@@ -1,0 +1,159 @@
+"""`accucmp ls`: the ops of a dump in seqid order with phase, module, shapes, dtypes
+and (with --stats) value statistics. Reads data only when statistics are asked for,
+and then in chunks, so listing a large dump stays cheap."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dumpfile import DumpFile
+from dumpfile import schema as S
+
+
+@dataclass
+class TensorLine:
+    side: str          # "in" / "out"
+    name: str          # argument name, "self" or "tensors/tensors_0"
+    kind: str          # "Tensor", "Tensor(view)", "Tensor(stats)", or a value's type name
+    dtype: str = ""
+    shape: tuple[int, ...] | None = None
+    value: str = ""    # non-tensor values, short
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OpLine:
+    seqid: int
+    op: str
+    phase: str
+    module: str
+    values: list[TensorLine]
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    s = repr(v) if not isinstance(v, str) else v
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _flatten(side: str, recs: dict, prefix: str = "") -> list:
+    out = []
+    for name, rec in recs.items():
+        label = f"{prefix}{name}"
+        if rec.is_list:
+            out += _flatten(side, {c.name: c for c in rec.children}, prefix=f"{label}/")
+        else:
+            out.append((side, label, rec))
+    return out
+
+
+def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
+    """min / max / mean / nan / inf over finite values, streamed (stats dumps: stored stats)."""
+    if rec.is_stats:
+        return rec.stats()
+    n = nan = inf = 0
+    lo, hi, total = math.inf, -math.inf, 0.0
+    for chunk in rec.iter_chunks(chunk_elements):
+        a = np.asarray(chunk)
+        if a.dtype == bool:
+            a = a.astype(np.int8)
+        if np.iscomplexobj(a):
+            a = np.abs(a)
+        a = a.astype(np.float64, copy=False)
+        n += a.size
+        isn = np.isnan(a)
+        isi = np.isinf(a)
+        nan += int(isn.sum())
+        inf += int(isi.sum())
+        fin = a[~(isn | isi)]
+        if fin.size:
+            lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
+            total += float(fin.sum())
+    finite = n - nan - inf
+    return {"min": lo if finite else math.nan, "max": hi if finite else math.nan,
+            "mean": total / finite if finite else math.nan, "nan_count": nan, "inf_count": inf,
+            "numel": n}
+
+
+def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
+             limit: int | None = None) -> tuple[list[OpLine], dict[str, Any]]:
+    pattern = re.compile(select) if select else None
+    with DumpFile(path) as f:
+        info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
+                "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
+        lines: list[OpLine] = []
+        for op in f.ops():
+            if pattern and not (pattern.search(op.op) or pattern.search(op.module or "")):
+                continue
+            if limit is not None and len(lines) >= limit:
+                break
+            vals = []
+            for side, label, rec in _flatten("in", op.inputs()) + _flatten("out", op.outputs()):
+                if rec.is_tensor:
+                    line = TensorLine(side, label, S.TYPE_NAMES.get(rec.type, "Tensor"), rec.dtype, rec.shape)
+                    if stats and not rec.uninitialized:
+                        line.stats = tensor_stats(rec)
+                else:
+                    line = TensorLine(side, label, S.TYPE_NAMES.get(rec.type, str(rec.type)),
+                                      value=_short(rec.read()))
+                vals.append(line)
+            lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals))
+        info["shown"] = len(lines)
+    return lines, info
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    if isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def describe_value(v: TensorLine, with_stats: bool) -> str:
+    if v.shape is None:
+        return f"{v.name}={v.value}"
+    text = f"{v.name}: {v.dtype or '?'}{list(v.shape)}"
+    if v.kind == "Tensor(view)":
+        text += " view"
+    if with_stats and v.stats:
+        s = v.stats
+        text += f" min={_fmt(s.get('min', math.nan))} max={_fmt(s.get('max', math.nan))} mean={_fmt(s.get('mean', math.nan))}"
+        if s.get("nan_count"):
+            text += f" nan={_fmt(s['nan_count'])}"
+        if s.get("inf_count"):
+            text += f" inf={_fmt(s['inf_count'])}"
+    return text
+
+
+def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, stats: bool) -> None:
+    header = (f"{info['path']}: {info['ops']} ops, mode {info['mode']}"
+              + ("" if info["complete"] else ", INCOMPLETE (writer did not close cleanly)")
+              + (", statistics only" if info["stats_only"] else ""))
+    if info["shown"] != info["ops"]:
+        header += f"; showing {info['shown']}"
+    if plain:
+        out = [header, "seqid\top\tphase\tmodule\tinputs\toutputs"]
+        for ln in lines:
+            ins = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "in")
+            outs = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "out")
+            out.append(f"{ln.seqid}\t{ln.op}\t{ln.phase}\t{ln.module}\t{ins}\t{outs}")
+        # print, not rich: rich expands tabs, and plain output is for cut/awk/grep
+        print("\n".join(out))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(header), title_justify="left")
+    for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
+        t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
+    for ln in lines:
+        t.add_row(str(ln.seqid), escape(ln.op), ln.phase, escape(ln.module),
+                  escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "in")),
+                  escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "out")))
+    console.print(t)

@@ -1,0 +1,170 @@
+"""Writing and re-reading comparison results: csv / json / html / xlsx, and `-p`'s
+failing rows with their tensors as .npy (what msaccucmp's `-p 1` produced)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+
+
+def timestamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d%H%M%S")
+
+
+def _free_basename(out_dir: Path, basename: str, suffix: str = ".csv") -> str:
+    """result_{stamp}; a second run within the same second gets result_{stamp}_1, never clobbers."""
+    name, i = basename, 0
+    while (out_dir / f"{name}{suffix}").exists():
+        i += 1
+        name = f"{basename}_{i}"
+    return name
+
+
+def _mkdir(out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DumpWriteError(f"{out_dir}: cannot create output directory ({e.strerror or e})") from e
+    return out_dir
+
+
+def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, meta: dict | None = None,
+                  basename: str | None = None) -> list[Path]:
+    """Write the table in each format; returns the paths, the csv first."""
+    out_dir = _mkdir(out_dir)
+    if "xlsx" in formats:
+        _require_openpyxl()
+    base = _free_basename(out_dir, basename or f"result_{timestamp()}")
+    paths: list[Path] = []
+    try:
+        for fmt in formats:
+            path = out_dir / f"{base}.{fmt}"
+            if fmt == "csv":
+                table.to_csv(path, index=False)
+            elif fmt == "json":
+                path.write_text(to_json(table, meta), encoding="utf-8")
+            elif fmt == "html":
+                from .report_html import render_html
+
+                path.write_text(render_html(table, meta=meta), encoding="utf-8")
+            elif fmt == "xlsx":
+                table.to_excel(path, index=False)
+            paths.append(path)
+    except OSError as e:
+        raise DumpWriteError(f"{out_dir}: cannot write results ({e.strerror or e})") from e
+    return paths
+
+
+def _require_openpyxl() -> None:
+    try:
+        import openpyxl  # noqa: F401
+    except ImportError:
+        raise DumpWriteError("--format xlsx needs the openpyxl package (pip install openpyxl); "
+                             "csv, json and html need nothing more") from None
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (np.floating,)):
+        return _jsonable(float(v))
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+def to_json(table: pd.DataFrame, meta: dict | None) -> str:
+    rows = [{k: _jsonable(v) for k, v in rec.items()} for rec in table.to_dict(orient="records")]
+    return json.dumps({"meta": meta or {}, "rows": rows}, indent=1, default=str, allow_nan=False)
+
+
+def read_result_csv(path: Path) -> pd.DataFrame:
+    """A saved result; checks it is one (has the columns a verdict needs)."""
+    path = Path(path)
+    if not path.exists():
+        raise DumpFormatError(f"{path}: no such file")
+    try:
+        table = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise DumpFormatError(f"{path}: not a readable result csv ({type(e).__name__}: {e})") from e
+    missing = [c for c in ("NPUDump", "NPUDumpPath", "GroundTruthPath") if c not in table.columns]
+    if missing:
+        raise DumpFormatError(f"{path}: not an accucmp result csv (missing column(s) {', '.join(missing)})")
+    if "CompareFailReason" in table.columns:
+        table["CompareFailReason"] = table["CompareFailReason"].astype(object).fillna("")
+    return table
+
+
+# ---- -p: failing rows and their tensors --------------------------------------
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _safe(path: str) -> str:
+    return _UNSAFE.sub("_", path.strip("/").replace("/", ".")) or "value"
+
+
+def failing_rows(table: pd.DataFrame) -> pd.DataFrame:
+    if "Result" not in table.columns:
+        return table.iloc[0:0]
+    return table[table["Result"] == "fail"]
+
+
+def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Path, *, stamp: str) -> list[Path]:
+    """The failing rows as result_{stamp}_failed.csv and, per row, both tensors as .npy under
+    failed_{stamp}/ named `{Index}.{npu|golden}.{op.seqid.output.name}.npy`."""
+    from dumpfile import DumpFile
+
+    out_dir = _mkdir(out_dir)
+    rows = failing_rows(table)
+    csv_path = out_dir / f"result_{stamp}_failed.csv"
+    rows.to_csv(csv_path, index=False)
+    paths = [csv_path]
+    if rows.empty:
+        return paths
+    npy_dir = _mkdir(out_dir / f"failed_{stamp}")
+    with DumpFile(target) as t, DumpFile(golden) as g:
+        for _, row in rows.iterrows():
+            idx = row.get("Index", "")
+            for side, f, col in (("npu", t, "NPUDumpPath"), ("golden", g, "GroundTruthPath")):
+                p = row.get(col)
+                if not isinstance(p, str) or not p or p not in f.h5:
+                    continue
+                arr = read_tensor_at(f, p)
+                if arr is None:
+                    continue
+                path = npy_dir / f"{idx}.{side}.{_safe(p)}.npy"
+                np.save(path, arr)
+                paths.append(path)
+    return paths
+
+
+def read_tensor_at(f, path: str) -> np.ndarray | None:
+    """The decoded tensor stored at `path` of an open DumpFile (None for a non-tensor)."""
+    from dumpfile import ValueRecord
+    from dumpfile import schema as S
+
+    obj = f.h5[path]
+    if not hasattr(obj, "dtype"):
+        return None
+    attrs = dict(obj.attrs)
+    rec = ValueRecord(f, path, path.rsplit("/", 1)[-1], int(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)), attrs)
+    if rec.type not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
+        return None
+    try:
+        return np.asarray(rec.read())
+    except DumpError:
+        raise
+    except (OSError, ValueError, KeyError) as e:
+        raise DumpFormatError(f"{f.path}: cannot read {path}: {e}") from e

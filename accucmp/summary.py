@@ -1,0 +1,168 @@
+"""The terminal summary of a comparison: counts, the first failing op in execution
+order, the worst ops and the unmatched ones.
+
+`summarize(table)` is a plain function returning data (tested); `print_summary`
+renders it with rich. The first failure is what users act on: errors propagate
+forward and backward, so the earliest failing op in seqid order is the suspect,
+not the one with the largest error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+RESULTS = ("pass", "fail", "unmatched", "skipped")
+
+# The column that ranks failing ops, best first. C's verdict may add a normalised
+# score column; fall back to metrics where larger is worse.
+_SEVERITY_COLUMNS = ("Severity", "Score", "ErrorUnits", "ErrorRatio", "RelativeEuclideanDistance",
+                     "MaxRelativeError", "MeanRelativeError", "MaxAbsoluteError")
+_SHOW_METRICS = ("CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError")
+
+
+@dataclass
+class Summary:
+    counts: dict[str, int]
+    total: int
+    first_failure: dict[str, Any] | None
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    worst_by: str | None = None
+    unmatched: list[dict[str, Any]] = field(default_factory=list)
+
+
+def result_counts(table: pd.DataFrame) -> dict[str, int]:
+    if "Result" not in table.columns:
+        return {}
+    vc = table["Result"].fillna("").astype(str).value_counts()
+    return {str(k): int(v) for k, v in vc.items()}
+
+
+def _order(table: pd.DataFrame) -> pd.DataFrame:
+    keys = [c for c in ("SeqId", "Index") if c in table.columns]
+    if not keys:
+        return table
+    tmp = table.assign(**{f"__{k}": pd.to_numeric(table[k], errors="coerce") for k in keys})
+    return tmp.sort_values([f"__{k}" for k in keys], kind="stable", na_position="last").drop(
+        columns=[f"__{k}" for k in keys])
+
+
+def _first_failure(table: pd.DataFrame) -> dict[str, Any] | None:
+    try:
+        from .verdict import first_failure
+    except ImportError:
+        first_failure = None
+    if first_failure is not None:
+        row = first_failure(table)
+        if row is None:
+            return None
+        if isinstance(row, pd.DataFrame):
+            return None if row.empty else row.iloc[0].to_dict()
+        if isinstance(row, pd.Series):
+            return row.to_dict()
+        if isinstance(row, dict):
+            return row
+        # an index label
+        return table.loc[row].to_dict()
+    failed = _order(table[table["Result"] == "fail"]) if "Result" in table.columns else table.iloc[0:0]
+    return None if failed.empty else failed.iloc[0].to_dict()
+
+
+def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
+    counts = result_counts(table)
+    failed = table[table["Result"] == "fail"] if "Result" in table.columns else table.iloc[0:0]
+    worst_by = next((c for c in _SEVERITY_COLUMNS if c in table.columns
+                     and pd.to_numeric(failed[c], errors="coerce").notna().any()), None)
+    if worst_by is not None and not failed.empty:
+        key = pd.to_numeric(failed[worst_by], errors="coerce")
+        worst = failed.assign(__k=key).sort_values("__k", ascending=False, na_position="last",
+                                                   kind="stable").drop(columns="__k")
+    else:
+        worst = _order(failed)
+    unmatched = _order(table[table["Result"] == "unmatched"]) if "Result" in table.columns else table.iloc[0:0]
+    return Summary(
+        counts=counts, total=len(table),
+        first_failure=_first_failure(table) if counts.get("fail") else None,
+        worst=[r for r in worst.head(top).to_dict(orient="records")],
+        worst_by=worst_by,
+        unmatched=[r for r in unmatched.head(top).to_dict(orient="records")],
+    )
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if v == 0 or 1e-3 <= abs(v) < 1e5:
+            return f"{v:.6g}"
+        return f"{v:.3e}"
+    return str(v)
+
+
+def _seqid(row: dict[str, Any]) -> str:
+    v = row.get("SeqId")
+    if isinstance(v, float) and not math.isnan(v) and v.is_integer():
+        return str(int(v))
+    return fmt_value(v)
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """'aten.mm.default seqid 12 (backward, layers.3) output result' in one line."""
+    op = row.get("NPUDump") or row.get("GroundTruthPath") or "?"
+    where = ", ".join(x for x in (fmt_value(row.get("Phase") or ""), fmt_value(row.get("Module") or "")) if x)
+    path = str(row.get("NPUDumpPath") or row.get("GroundTruthPath") or "")
+    tensor = "/".join(path.strip("/").split("/")[2:]) if path.count("/") >= 3 else path
+    text = f"{op} seqid {_seqid(row)}"
+    if where:
+        text += f" ({where})"
+    if tensor:
+        text += f" {tensor}"
+    return text
+
+
+def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None, top: int = 5) -> Summary:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = summarize(table, top=top)
+    parts = [f"{s.total} tensors"] + [f"{s.counts[r]} {r}" for r in RESULTS if s.counts.get(r)]
+    parts += [f"{n} {r}" for r, n in s.counts.items() if r not in RESULTS]
+    console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
+
+    if s.first_failure is not None:
+        ff = s.first_failure
+        console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}", soft_wrap=True)
+        metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
+        reason = ff.get("CompareFailReason")
+        if metrics:
+            console.print("  " + "  ".join(metrics), soft_wrap=True)
+        if isinstance(reason, str) and reason:
+            console.print(f"  reason: {reason}", soft_wrap=True)
+    elif s.counts.get("fail", 0) == 0 and s.counts.get("pass", 0):
+        console.print("[green]every compared tensor passes[/green]")
+    if s.counts.get("pass", 0) == 0 and s.counts.get("fail", 0) == 0 and s.total:
+        console.print("[yellow]no tensor could be compared[/yellow]: see CompareFailReason in the result")
+
+    if s.worst and top:
+        t = Table(title=f"worst failing ops (by {s.worst_by or 'seqid'})", title_justify="left")
+        for col in ("SeqId", "Op", "Phase", "Module", "Tensor") + tuple(m for m in _SHOW_METRICS if m in table.columns):
+            t.add_column(col, overflow="fold")
+        for r in s.worst:
+            path = str(r.get("NPUDumpPath") or "")
+            t.add_row(_seqid(r), str(r.get("NPUDump", "")), fmt_value(r.get("Phase", "")),
+                      fmt_value(r.get("Module", "")), "/".join(path.strip("/").split("/")[2:]),
+                      *[fmt_value(r.get(m)) for m in _SHOW_METRICS if m in table.columns])
+        console.print(t)
+    if s.unmatched and top:
+        n = s.counts.get("unmatched", 0)
+        console.print(f"[yellow]unmatched[/yellow] ({n}; first {len(s.unmatched)}):")
+        for r in s.unmatched:
+            reason = r.get("CompareFailReason") or ""
+            console.print(f"  {describe_row(r)}: {reason}", soft_wrap=True)
+    return s
