@@ -1,0 +1,65 @@
+"""`accucmp convert -d DIR_OR_FILES -out OUT`: kernel dumps -> .npy/.txt (torch-free).
+
+Registered into accucmp.cli's app by register(app). Exit codes: 0 all converted,
+1 some files failed (each named on stderr, the rest converted), 2 bad usage
+(nothing to convert, output not writable).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+EXIT_SOME_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _split(values: list[str]) -> list[str]:
+    out = []
+    for v in values:
+        out += [p for p in v.split(",") if p.strip()]
+    return out
+
+
+def convert_command(
+    dump: Annotated[list[str], typer.Option(
+        "-d", "--dump", help="Kernel dump file or folder (searched recursively); repeat or comma-separate.")],
+    out: Annotated[Optional[Path], typer.Option(
+        "-out", "--out", "--output", help="Folder for the converted files (created).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="npy, txt (flattened, np.savetxt) or both.")] = "npy",
+    verbose: Annotated[int, typer.Option("-v", "--verbose", help="0 quiet, 1 summary, 2 every file.")] = 1,
+) -> None:
+    """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
+    from dumpfile.errors import DumpError
+    from accucmp.convert import FORMATS, convert_paths
+
+    if fmt not in FORMATS:
+        typer.echo(f"accucmp: error: --format {fmt!r}: use one of {', '.join(FORMATS)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    sources = _split(dump)
+    out_dir = str(out) if out is not None else "."
+    try:
+        result = convert_paths(sources, out_dir, fmt)
+    except (DumpError, OSError) as e:
+        typer.echo(f"accucmp: error: {out_dir}: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if verbose >= 2:
+        for src, files in result.converted:
+            typer.echo(f"{src} -> {len(files)} file(s)")
+    for _, why in result.failed:
+        typer.echo(f"accucmp: convert failed: {' '.join(why.split())}", err=True)
+    if not result.converted and not result.failed:
+        typer.echo(f"accucmp: error: no kernel dump files found in {', '.join(sources)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if verbose >= 1:
+        n_files = sum(len(f) for _, f in result.converted)
+        typer.echo(f"converted {len(result.converted)} dump file(s) into {n_files} file(s) in {out_dir}"
+                   + (f"; {len(result.failed)} failed" if result.failed else ""))
+    if result.failed:
+        raise typer.Exit(EXIT_SOME_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert_command)
