@@ -1,0 +1,212 @@
+"""Pair the target's ops with the golden's, and within a pair, tensors with tensors.
+
+Two regimes (decided by `pair_ops`):
+- replay: the target (or golden) was written by load-replay or golden replay, so its
+  seqids *are* the other file's seqids: pair by identical seqid.
+- independent runs: seqids are unrelated. Op names are first made canonical through
+  the op-name map (dumpfile.opmap_data: cudnn vs native batch norm etc.), then the
+  two canonical op streams are aligned (difflib.SequenceMatcher between a common
+  prefix and suffix) so an op inserted or missing on one side does not shift every
+  later pair. Inside a region the alignment could not pair, ops pair by canonical
+  name and k-th call. Equal streams (the usual case) pair one to one without difflib.
+
+Ops left over stay as unmatched pairs, on both sides, with a reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable
+
+from dumpfile import schema as S
+from dumpfile.opmap_data import build_equivalence, build_renames, packet_of
+from dumpfile.reader import OpRecord, ValueRecord
+
+# SequenceMatcher is quadratic on repetitive streams: above this many ops in the
+# differing middle, fall back to name + k-th call there.
+MAX_ALIGN_OPS = 4000
+
+_EQUIV = build_equivalence()
+_RENAMES = build_renames()
+REPLAY_MODES = (S.MODE_LOAD, S.MODE_GOLDEN)
+
+
+@dataclass
+class OpPair:
+    target: OpRecord | None
+    golden: OpRecord | None
+    matched_by: str = ""     # "seqid", "name", "map", "unmatched"
+    reason: str = ""
+
+
+def canonical_op(name: str) -> str:
+    """One name for every op the map says is equivalent; other names unchanged."""
+    packet = packet_of(name)
+    others = _EQUIV.get(packet)
+    if not others:
+        return name
+    return min((packet, *others))
+
+
+def is_replay_pairing(target_mode: str, golden_mode: str) -> bool:
+    return target_mode in REPLAY_MODES or golden_mode in REPLAY_MODES
+
+
+def _how(t: OpRecord, g: OpRecord) -> str:
+    return "name" if t.op == g.op else "map"
+
+
+def _target_only(t: OpRecord, why: str = "") -> OpPair:
+    return OpPair(t, None, "unmatched", why or f"No data match with {t.op} in golden dump data.")
+
+
+def _golden_only(g: OpRecord, why: str = "") -> OpPair:
+    return OpPair(None, g, "unmatched", why or f"No data match with {g.op} in my dump data.")
+
+
+def pair_by_seqid(target: list[OpRecord], golden: list[OpRecord],
+                  golden_missing_reasons: dict[tuple[str, int], str] | None = None) -> list[OpPair]:
+    """Replay regime: identical seqids pair. Output in seqid order."""
+    by_seq = {g.seqid: g for g in golden}
+    used: set[int] = set()
+    pairs: list[OpPair] = []
+    for t in target:
+        g = by_seq.get(t.seqid)
+        if g is None or g.seqid in used:
+            pairs.append(_target_only(t, f"No data match with {t.op} (seqid {t.seqid}) in golden dump data."))
+            continue
+        used.add(g.seqid)
+        p = OpPair(t, g, "seqid")
+        if canonical_op(t.op) != canonical_op(g.op):
+            p.reason = f"op names differ at seqid {t.seqid}: target {t.op}, golden {g.op}"
+        pairs.append(p)
+    reasons = golden_missing_reasons or {}
+    for g in golden:
+        if g.seqid not in used:
+            why = reasons.get((g.op, g.seqid))
+            pairs.append(_golden_only(g, (f"{g.op} seqid {g.seqid} not in my dump: {why}" if why else
+                                          f"No data match with {g.op} (seqid {g.seqid}) in my dump data.")))
+    pairs.sort(key=lambda p: (p.target or p.golden).seqid)
+    return pairs
+
+
+def _pair_kth(ts: list[OpRecord], gs: list[OpRecord]) -> list[OpPair]:
+    """k-th call of each canonical name pairs with the k-th; the rest unmatched.
+
+    Output follows the target's order, golden-only ops placed after the pair that
+    precedes them in the golden stream.
+    """
+    queues: dict[str, list[int]] = {}
+    for j, g in enumerate(gs):
+        queues.setdefault(canonical_op(g.op), []).append(j)
+    heads: dict[str, int] = {}
+    g_to_t: dict[int, int] = {}
+    for i, t in enumerate(ts):
+        c = canonical_op(t.op)
+        k = heads.get(c, 0)
+        q = queues.get(c, ())
+        if k < len(q):
+            g_to_t[q[k]] = i
+            heads[c] = k + 1
+    t_to_g = {i: j for j, i in g_to_t.items()}
+    out: list[OpPair] = []
+    # golden-only ops before the first paired one go first
+    pending = []
+    emitted_g = set()
+    last_t = -1
+    for j, g in enumerate(gs):
+        if j not in g_to_t:
+            pending.append((last_t, j))
+        else:
+            last_t = max(last_t, g_to_t[j])
+    after: dict[int, list[int]] = {}
+    for lt, j in pending:
+        after.setdefault(lt, []).append(j)
+    for j in after.get(-1, []):
+        out.append(_golden_only(gs[j]))
+        emitted_g.add(j)
+    for i, t in enumerate(ts):
+        if i in t_to_g:
+            g = gs[t_to_g[i]]
+            out.append(OpPair(t, g, _how(t, g)))
+        else:
+            out.append(_target_only(t))
+        for j in after.get(i, []):
+            out.append(_golden_only(gs[j]))
+    return out
+
+
+def pair_by_stream(target: list[OpRecord], golden: list[OpRecord]) -> list[OpPair]:
+    """Independent runs: align the canonical op-name streams."""
+    tn = [canonical_op(t.op) for t in target]
+    gn = [canonical_op(g.op) for g in golden]
+    if tn == gn:
+        return [OpPair(t, g, _how(t, g)) for t, g in zip(target, golden)]
+    pre = 0
+    while pre < min(len(tn), len(gn)) and tn[pre] == gn[pre]:
+        pre += 1
+    suf = 0
+    while suf < min(len(tn), len(gn)) - pre and tn[-1 - suf] == gn[-1 - suf]:
+        suf += 1
+    out = [OpPair(t, g, _how(t, g)) for t, g in zip(target[:pre], golden[:pre])]
+    tm, gm = target[pre:len(target) - suf], golden[pre:len(golden) - suf]
+    tmn, gmn = tn[pre:len(tn) - suf], gn[pre:len(gn) - suf]
+    if len(tm) > MAX_ALIGN_OPS or len(gm) > MAX_ALIGN_OPS:
+        out += _pair_kth(tm, gm)
+    else:
+        sm = difflib.SequenceMatcher(None, tmn, gmn, autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag == "equal":
+                out += [OpPair(t, g, _how(t, g)) for t, g in zip(tm[i1:i2], gm[j1:j2])]
+            else:
+                out += _pair_kth(tm[i1:i2], gm[j1:j2])
+    out += [OpPair(t, g, _how(t, g)) for t, g in zip(target[len(target) - suf:], golden[len(golden) - suf:])]
+    return out
+
+
+def pair_ops(target: list[OpRecord], golden: list[OpRecord], *, target_mode: str, golden_mode: str,
+             golden_missing_reasons: dict[tuple[str, int], str] | None = None) -> list[OpPair]:
+    if is_replay_pairing(target_mode, golden_mode):
+        return pair_by_seqid(target, golden, golden_missing_reasons)
+    return pair_by_stream(target, golden)
+
+
+# ---- tensors within a pair ----------------------------------------------------
+def tensor_leaves(values: dict[str, ValueRecord], prefix: str = "") -> dict[str, ValueRecord]:
+    """name -> tensor record, lists flattened to 'name/name_i' (non-tensor values dropped)."""
+    out: dict[str, ValueRecord] = {}
+    for name, rec in values.items():
+        key = f"{prefix}{name}"
+        if rec.is_list:
+            out.update(tensor_leaves({c.name: c for c in rec.children}, key + "/"))
+        elif rec.is_tensor:
+            out[key] = rec
+    return out
+
+
+def _renamed(key: str) -> Iterable[str]:
+    head, _, tail = key.partition("/")
+    for alt in _RENAMES.get(head, ()):
+        if tail:
+            # list children are named after the list: self/self_0 -> input/input_0
+            yield f"{alt}/" + "/".join(
+                alt + part[len(head):] if part.startswith(head + "_") else part for part in tail.split("/"))
+        else:
+            yield alt
+
+
+def pair_tensors(target: dict[str, ValueRecord], golden: dict[str, ValueRecord]
+                 ) -> list[tuple[str, ValueRecord | None, ValueRecord | None]]:
+    """(name, target, golden) in target order, then golden-only ones; renames per the op map."""
+    out = []
+    used: set[str] = set()
+    for key, t in target.items():
+        g_key = key if key in golden else next((k for k in _renamed(key) if k in golden and k not in target), None)
+        if g_key is not None and g_key not in used:
+            used.add(g_key)
+            out.append((key, t, golden[g_key]))
+        else:
+            out.append((key, t, None))
+    out += [(k, None, g) for k, g in golden.items() if k not in used]
+    return out

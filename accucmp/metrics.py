@@ -1,0 +1,428 @@
+"""The ten msaccucmp metrics, computed in float64 over chunks in bounded memory.
+
+x is the target ("my" dump), y the golden; both are flattened. Each metric is a
+`Metric` in the `METRICS` registry (name, direction, the CANN-recommended threshold
+where there is one). A result is a `MetricResult`: a value, or NaN plus a reason.
+
+How the streaming works: `TensorComparison.add(x, y)` takes any number of pieces of
+the two tensors (already aligned, equal length) and folds them into float64
+accumulators (sums, dot products, extrema, Chan-merged variances). Only the
+Kullback-Leibler divergence needs a second pass, because it min-max scales each
+side by its *global* min and max; `kl_pass(x, y)` takes the same pieces again.
+Pieces are processed in cache-sized blocks so each numpy pass stays in cache.
+
+Special cases (REFERENCE.md section 4, and where this module does better, in
+docs/COMPARE.md): empty -> every metric NaN with a reason; bool -> only cosine and
+relative Euclidean distance; NaN/Inf equal on both sides at the same element are
+left out (and said so); NaN/Inf on one side only -> no metric, a reason, and the
+count in `nonfinite_mismatch` (a verdict fails it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+EPS = float(np.finfo(np.float64).eps)          # "~0" for norms and |y|, as the reference
+F32_EPS = float(np.finfo(np.float32).eps)      # KL floor, as the reference
+_BLOCK = 1 << 16                               # elements per in-cache block (512 KiB float64)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    higher_is_better: bool
+    default_threshold: float | None    # CANN's recommendation; not applied unless asked (verdict.py)
+    needs_two_passes: bool = False
+    applies_to_bool: bool = False
+    numeric: bool = True               # False: the value is a display string
+    description: str = ""
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("CosineSimilarity", True, 0.99, applies_to_bool=True,
+           description="sum(x*y)/(|x||y|), capped at 1"),
+    Metric("MaxAbsoluteError", False, None, description="max|x-y|"),
+    Metric("AccumulatedRelativeError", False, None,
+           description="sum over |y|>eps of |x/y-1|"),
+    Metric("RelativeEuclideanDistance", False, 0.05, applies_to_bool=True,
+           description="sqrt(sum((x-y)^2)/sum(y^2))"),
+    Metric("KullbackLeiblerDivergence", False, 0.005, needs_two_passes=True,
+           description="KL(p||q), p/q = min-max scaled x/y floored at float32 eps, normalised"),
+    Metric("StandardDeviation", False, None, numeric=False,
+           description="'(mean_x;std_x),(mean_y;std_y)'"),
+    Metric("MeanAbsoluteError", False, None, description="mean|x-y|"),
+    Metric("RootMeanSquareError", False, None, description="sqrt(mean((x-y)^2))"),
+    Metric("MaxRelativeError", False, None, description="max over |y|>eps of |x/y-1|"),
+    Metric("MeanRelativeError", False, None,
+           description="mean over all n of (|y|>eps ? |x/y-1| : 0)"),
+)}
+METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
+
+
+def resolve_algorithms(algorithms: Iterable[str] | None) -> tuple[str, ...]:
+    """None / 'all' -> every metric; names are matched case-insensitively; unknown -> ValueError."""
+    if algorithms is None:
+        return METRIC_NAMES
+    if isinstance(algorithms, str):
+        algorithms = [a for a in algorithms.split(",") if a.strip()]
+    by_lower = {n.lower(): n for n in METRIC_NAMES}
+    out = []
+    for a in algorithms:
+        a = a.strip()
+        if a.lower() == "all":
+            return METRIC_NAMES
+        if a.lower() not in by_lower:
+            raise ValueError(f"unknown metric {a!r}; known: {', '.join(METRIC_NAMES)}")
+        out.append(by_lower[a.lower()])
+    # registry order, no duplicates
+    return tuple(n for n in METRIC_NAMES if n in out)
+
+
+@dataclass
+class MetricResult:
+    value: float | str
+    reason: str = ""
+
+
+def _fmt_std(v: float) -> str:
+    return "0" if abs(v) < 0.001 else f"{v:.3f}"
+
+
+def _as_float64(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if np.iscomplexobj(a):
+        # complex compares as interleaved (re, im) pairs
+        return np.ascontiguousarray(a, dtype=np.complex128).view(np.float64)
+    return a.astype(np.float64, copy=False).reshape(-1)
+
+
+class _Moments:
+    """Count, mean and M2 merged over blocks (Chan et al.): accurate std in one pass."""
+
+    __slots__ = ("n", "mean", "m2")
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, a: np.ndarray, sum_sq: float) -> None:
+        nb = a.size
+        if nb == 0:
+            return
+        mb = float(a.sum()) / nb
+        m2b = sum_sq - nb * mb * mb
+        # sum of squares minus n*mean^2 cancels when mean >> std: recompute centred
+        if m2b <= 1e-6 * sum_sq:
+            c = a - mb
+            m2b = float(np.dot(c, c))
+        n = self.n + nb
+        delta = mb - self.mean
+        self.mean += delta * nb / n
+        self.m2 += m2b + delta * delta * self.n * nb / n
+        self.n = n
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(max(self.m2, 0.0) / self.n) if self.n else math.nan
+
+
+@dataclass
+class TensorComparison:
+    """Accumulators for one (target, golden) tensor pair. Feed `add`, then `kl_pass` if needed."""
+
+    algorithms: tuple[str, ...] = METRIC_NAMES
+    bool_mode: bool = False
+    n: int = 0                    # elements compared (finite on both sides)
+    total: int = 0                # elements seen
+    sxy: float = 0.0
+    sxx: float = 0.0
+    syy: float = 0.0
+    sdd: float = 0.0
+    max_ad: float = 0.0
+    sum_ad: float = 0.0
+    sum_rel: float = 0.0
+    max_rel: float = 0.0
+    min_x: float = math.inf
+    max_x: float = -math.inf
+    min_y: float = math.inf
+    max_y: float = -math.inf
+    nonfinite_equal: int = 0      # NaN/Inf at the same element with the same value on both sides
+    nonfinite_mismatch: int = 0   # NaN/Inf on one side only (or different ones)
+    target_nonfinite: int = 0
+    golden_nonfinite: int = 0
+    mx: _Moments = field(default_factory=_Moments)
+    my: _Moments = field(default_factory=_Moments)
+    # KL second pass
+    _kl_sp: float = 0.0
+    _kl_sq: float = 0.0
+    _kl_a: float = 0.0
+    _kl_b: float = 0.0
+    _kl_seen: int = 0
+
+    @property
+    def needs_kl_pass(self) -> bool:
+        return "KullbackLeiblerDivergence" in self.algorithms and not self.bool_mode
+
+    # ---- pass 1 ------------------------------------------------------------
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        x = np.asarray(x).reshape(-1)
+        y = np.asarray(y).reshape(-1)
+        if x.size != y.size:
+            raise ValueError(f"pieces differ in size ({x.size} vs {y.size})")
+        for s in range(0, x.size, _BLOCK):
+            self._add_block(_as_float64(x[s:s + _BLOCK]), _as_float64(y[s:s + _BLOCK]))
+
+    def _finite_only(self, x, y):
+        fx, fy = np.isfinite(x), np.isfinite(y)
+        both = fx & fy
+        bad = ~both
+        self.target_nonfinite += int((~fx).sum())
+        self.golden_nonfinite += int((~fy).sum())
+        xb, yb = x[bad], y[bad]
+        same = (xb == yb) | (np.isnan(xb) & np.isnan(yb))
+        self.nonfinite_equal += int(same.sum())
+        self.nonfinite_mismatch += int((~same).sum())
+        return x[both], y[both]
+
+    def _add_block(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.total += x.size
+        sxx = float(np.dot(x, x))
+        syy = float(np.dot(y, y))
+        # finite sums of squares imply finite elements (float64 squares overflow only
+        # above 1e154: then the exact check below runs, which is also right)
+        if not (math.isfinite(sxx) and math.isfinite(syy)):
+            x, y = self._finite_only(x, y)
+            sxx, syy = float(np.dot(x, x)), float(np.dot(y, y))
+        if x.size == 0:
+            return
+        self.n += x.size
+        self.sxx += sxx
+        self.syy += syy
+        self.sxy += float(np.dot(x, y))
+        d = x - y
+        self.sdd += float(np.dot(d, d))
+        if self.bool_mode:
+            return
+        self.mx.add(x, sxx)
+        self.my.add(y, syy)
+        self.min_x = min(self.min_x, float(x.min()))
+        self.max_x = max(self.max_x, float(x.max()))
+        self.min_y = min(self.min_y, float(y.min()))
+        self.max_y = max(self.max_y, float(y.max()))
+        np.abs(d, out=d)
+        self.max_ad = max(self.max_ad, float(d.max()))
+        self.sum_ad += float(d.sum())
+        ay = np.abs(y)
+        ay[ay <= EPS] = np.inf              # |y| <= eps counts 0: |d|/inf == 0
+        np.divide(d, ay, out=d)             # |x/y - 1| == |x-y|/|y|
+        self.sum_rel += float(d.sum())
+        self.max_rel = max(self.max_rel, float(d.max()))
+
+    # ---- pass 2 (KL) -------------------------------------------------------
+    def kl_pass(self, x: np.ndarray, y: np.ndarray) -> None:
+        x = np.asarray(x).reshape(-1)
+        y = np.asarray(y).reshape(-1)
+        for s in range(0, x.size, _BLOCK):
+            self._kl_block(_as_float64(x[s:s + _BLOCK]), _as_float64(y[s:s + _BLOCK]))
+
+    def _kl_block(self, x, y):
+        if self.target_nonfinite or self.golden_nonfinite:
+            both = np.isfinite(x) & np.isfinite(y)
+            x, y = x[both], y[both]
+        if x.size == 0:
+            return
+        p = _scaled(x, self.min_x, self.max_x)
+        q = _scaled(y, self.min_y, self.max_y)
+        self._kl_sp += float(p.sum())
+        self._kl_sq += float(q.sum())
+        self._kl_a += float(np.dot(p, np.log(p)))
+        self._kl_b += float(np.dot(p, np.log(q)))
+        self._kl_seen += x.size
+
+    # ---- results -------------------------------------------------------------
+    def results(self) -> dict[str, MetricResult]:
+        out: dict[str, MetricResult] = {}
+        if self.total == 0:
+            return {a: MetricResult(math.nan, "empty tensor (0 elements)") for a in self.algorithms}
+        if self.nonfinite_mismatch:
+            why = (f"{self.nonfinite_mismatch} of {self.total} elements NaN/Inf on one side only "
+                   f"(target {self.target_nonfinite}, golden {self.golden_nonfinite} non-finite)")
+            return {a: MetricResult(math.nan, why) for a in self.algorithms}
+        if self.n == 0:
+            why = f"all {self.total} elements NaN/Inf (equal on both sides)"
+            return {a: MetricResult(math.nan, why) for a in self.algorithms}
+        nx, ny = math.sqrt(self.sxx), math.sqrt(self.syy)
+        x_zero, y_zero = nx <= EPS, ny <= EPS
+        for a in self.algorithms:
+            if self.bool_mode and not METRICS[a].applies_to_bool:
+                out[a] = MetricResult(math.nan, f"bool tensor: {a} does not apply")
+                continue
+            out[a] = getattr(self, "_m_" + a)(nx, ny, x_zero, y_zero)
+        if self.nonfinite_equal:
+            note = f"{self.nonfinite_equal} NaN/Inf elements equal on both sides left out"
+            for r in out.values():
+                r.reason = f"{r.reason}; {note}" if r.reason else note
+        return out
+
+    def _m_CosineSimilarity(self, nx, ny, x_zero, y_zero):
+        if x_zero and y_zero:
+            return MetricResult(1.0)
+        if x_zero or y_zero:
+            return MetricResult(math.nan, f"{'target' if x_zero else 'golden'} is all zero: cosine undefined")
+        return MetricResult(min(1.0, self.sxy / (nx * ny)))
+
+    def _m_MaxAbsoluteError(self, *_):
+        return MetricResult(self.max_ad)
+
+    def _m_AccumulatedRelativeError(self, *_):
+        return MetricResult(self.sum_rel)
+
+    def _m_RelativeEuclideanDistance(self, nx, ny, x_zero, y_zero):
+        if y_zero:
+            if x_zero:
+                return MetricResult(0.0)
+            # the reference reported 0 here, hiding a wrong non-zero target
+            return MetricResult(math.nan, "golden is all zero, target is not: relative distance undefined "
+                                          "(see MaxAbsoluteError)")
+        return MetricResult(math.sqrt(self.sdd / self.syy))
+
+    def _m_KullbackLeiblerDivergence(self, nx, ny, x_zero, y_zero):
+        if x_zero or y_zero:
+            return MetricResult(math.nan, f"{'target' if x_zero else 'golden'} is all zero: KL undefined")
+        if self._kl_seen != self.n:
+            return MetricResult(math.nan, "KL second pass not run")
+        sp, sq = self._kl_sp, self._kl_sq
+        kl = (self._kl_a - self._kl_b) / sp - math.log(sp) + math.log(sq)
+        return MetricResult(0.0 if abs(kl) < EPS else kl)
+
+    def _m_StandardDeviation(self, *_):
+        return MetricResult(f"({_fmt_std(self.mx.mean)};{_fmt_std(self.mx.std)}),"
+                            f"({_fmt_std(self.my.mean)};{_fmt_std(self.my.std)})")
+
+    def _m_MeanAbsoluteError(self, *_):
+        return MetricResult(self.sum_ad / self.n)
+
+    def _m_RootMeanSquareError(self, *_):
+        return MetricResult(math.sqrt(self.sdd / self.n))
+
+    def _m_MaxRelativeError(self, *_):
+        return MetricResult(self.max_rel)
+
+    def _m_MeanRelativeError(self, *_):
+        return MetricResult(self.sum_rel / self.n)
+
+    # ---- extras the verdict and the table use ------------------------------------
+    def extras(self) -> dict[str, float]:
+        finite = self.n > 0 and not self.bool_mode
+        return {
+            "GoldenAbsMax": max(abs(self.min_y), abs(self.max_y)) if finite else math.nan,
+            "TargetMean": self.mx.mean if finite else math.nan,
+            "TargetStd": self.mx.std if finite else math.nan,
+            "GoldenMean": self.my.mean if finite else math.nan,
+            "GoldenStd": self.my.std if finite else math.nan,
+            "NonFiniteMismatch": self.nonfinite_mismatch,
+            "TargetNonFinite": self.target_nonfinite,
+            "GoldenNonFinite": self.golden_nonfinite,
+        }
+
+
+def _scaled(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Min-max scale to [0, 1], floored at float32 eps (a constant side becomes uniform)."""
+    r = hi - lo
+    if r > 0:
+        p = (a - lo) * (1.0 / r)
+    else:
+        p = np.zeros_like(a)
+    np.maximum(p, F32_EPS, out=p)
+    return p
+
+
+def aligned(a: Iterable[np.ndarray], b: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Re-cut two streams of flat pieces into pairs of equal-length pieces (lockstep).
+
+    Raises ValueError when one stream ends before the other.
+    """
+    ia, ib = iter(a), iter(b)
+    ca = cb = np.empty(0)
+    pa = pb = 0
+    while True:
+        while pa >= ca.size:
+            ca = next(ia, None)
+            if ca is None:
+                break
+            ca, pa = np.asarray(ca).reshape(-1), 0
+        while pb >= cb.size:
+            cb = next(ib, None)
+            if cb is None:
+                break
+            cb, pb = np.asarray(cb).reshape(-1), 0
+        if ca is None or cb is None:
+            if ca is None and cb is None:
+                return
+            raise ValueError("one tensor has more elements than its shape says or than the other")
+        k = min(ca.size - pa, cb.size - pb)
+        yield ca[pa:pa + k], cb[pb:pb + k]
+        pa += k
+        pb += k
+
+
+def compare_arrays(x: np.ndarray, y: np.ndarray, algorithms: Iterable[str] | None = None
+                   ) -> dict[str, MetricResult]:
+    """All requested metrics of two in-memory arrays (flattened; sizes must agree)."""
+    tc = comparison_for(np.asarray(x).dtype, np.asarray(y).dtype, algorithms)
+    x, y = np.asarray(x).reshape(-1), np.asarray(y).reshape(-1)
+    if x.size != y.size:
+        why = f"size mismatch: target {x.size} elements, golden {y.size}"
+        return {a: MetricResult(math.nan, why) for a in tc.algorithms}
+    tc.add(x, y)
+    if tc.needs_kl_pass:
+        tc.kl_pass(x, y)
+    return tc.results()
+
+
+def comparison_for(x_dtype, y_dtype, algorithms: Iterable[str] | None = None) -> TensorComparison:
+    is_bool = np.dtype(x_dtype) == np.bool_ or np.dtype(y_dtype) == np.bool_
+    return TensorComparison(algorithms=resolve_algorithms(algorithms), bool_mode=is_bool)
+
+
+def compare_stats(x: dict[str, float], y: dict[str, float], algorithms: Iterable[str] | None = None
+                  ) -> tuple[dict[str, MetricResult], dict[str, float]]:
+    """Metrics of two statistics-only tensors (fields of schema.STATS_FIELDS).
+
+    Exact: StandardDeviation. Lower bounds of the true value (from the triangle
+    inequality and |max x - max y| <= max|x - y|): MaxAbsoluteError, MeanAbsoluteError,
+    RootMeanSquareError, RelativeEuclideanDistance. The rest need the tensors.
+    """
+    algs = resolve_algorithms(algorithms)
+    n = y.get("numel", math.nan)
+    g = lambda d, k: float(d.get(k, math.nan))  # noqa: E731
+    bound = "lower bound from statistics (statistics-only dump)"
+    lb = {
+        "MaxAbsoluteError": max(abs(g(x, "max") - g(y, "max")), abs(g(x, "min") - g(y, "min"))),
+        "MeanAbsoluteError": abs(g(x, "mean") - g(y, "mean")),
+        "RootMeanSquareError": abs(g(x, "norm") - g(y, "norm")) / math.sqrt(n) if n and n > 0 else math.nan,
+        "RelativeEuclideanDistance": (abs(g(x, "norm") - g(y, "norm")) / g(y, "norm")
+                                      if g(y, "norm") > EPS else math.nan),
+    }
+    out = {}
+    for a in algs:
+        if a == "StandardDeviation":
+            out[a] = MetricResult(f"({_fmt_std(g(x, 'mean'))};{_fmt_std(g(x, 'std'))}),"
+                                  f"({_fmt_std(g(y, 'mean'))};{_fmt_std(g(y, 'std'))})")
+        elif a in lb and not math.isnan(lb[a]):
+            out[a] = MetricResult(lb[a], bound)
+        else:
+            out[a] = MetricResult(math.nan, "statistics-only dump: needs the tensor data")
+    tnf = g(x, "nan_count") + g(x, "inf_count")
+    gnf = g(y, "nan_count") + g(y, "inf_count")
+    extras = {
+        "GoldenAbsMax": max(abs(g(y, "min")), abs(g(y, "max"))),
+        "TargetMean": g(x, "mean"), "TargetStd": g(x, "std"),
+        "GoldenMean": g(y, "mean"), "GoldenStd": g(y, "std"),
+        "NonFiniteMismatch": abs(tnf - gnf) if not (math.isnan(tnf) or math.isnan(gnf)) else 0,
+        "TargetNonFinite": tnf, "GoldenNonFinite": gnf,
+    }
+    return out, extras
