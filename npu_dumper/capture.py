@@ -1,0 +1,260 @@
+"""Op-time snapshots of an op's arguments and results, and the per-op schema facts.
+
+A tensor is captured as a *detached alias* (a new TensorImpl sharing the storage,
+so autograd's reference counts on the user's tensor are untouched) plus its layout
+and the storage's version. The data is copied only when needed: by the writer
+thread when it writes, or by the main thread (copy-on-write) right before an op
+that writes the storage. `CaptureRegistry` tracks which captures are still pending.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dumpfile import schema as S
+
+from .tensors import dtype_name
+
+# ---- per-op policy as data ---------------------------------------------------
+# Ops that write inputs their schema does not mark as written (training-mode batch norm
+# updates running stats in place). Keyed by overload packet; values: argument names.
+HIDDEN_WRITES: dict[Any, tuple[str, ...]] = {}
+# Ops whose outputs hold uninitialised memory: recorded, marked `uninitialized`.
+UNINITIALIZED_OUTPUTS: set[Any] = set()
+
+
+def _register_defaults() -> None:
+    aten = torch.ops.aten
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm",
+                 "_batch_norm_with_update", "_native_batch_norm_legit",
+                 "_batch_norm_impl_index", "batch_norm"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            HIDDEN_WRITES[pkt] = ("running_mean", "running_var")
+    for name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                 "empty_permuted"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            UNINITIALIZED_OUTPUTS.add(pkt)
+
+
+_register_defaults()
+
+
+def _schema_type(t: Any) -> str:
+    """Schema type in the C++ schema spelling ("int[]", "Scalar?", "Tensor?[]")."""
+    s = str(t)
+    out = []
+
+    def conv(s: str) -> str:
+        if s.startswith("Optional[") and s.endswith("]"):
+            return conv(s[9:-1]) + "?"
+        if s.startswith("List[") and s.endswith("]"):
+            return conv(s[5:-1]) + "[]"
+        return {"number": "Scalar"}.get(s, s)
+
+    out.append(conv(s))
+    return out[0]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Schema facts about one OpOverload, computed once and cached."""
+
+    arg_names: tuple[str, ...]
+    arg_types: tuple[str, ...]
+    kwarg_only: tuple[bool, ...]
+    written: frozenset[str]        # argument names the op writes (schema or hidden)
+    return_names: tuple[str, ...]
+    return_types: tuple[str, ...]
+    uninitialized: bool
+    is_view: bool
+
+
+_OP_INFO: dict[Any, OpInfo] = {}
+
+
+def op_info(func) -> OpInfo:
+    info = _OP_INFO.get(func)
+    if info is not None:
+        return info
+    schema = func._schema
+    args = schema.arguments
+    written = {a.name for a in args if a.alias_info is not None and a.alias_info.is_write}
+    packet = getattr(func, "overloadpacket", None)
+    written |= set(HIDDEN_WRITES.get(packet, ()))
+    # return names: the original's rule (result / result{i} / named field / self for in-place)
+    alias_owner = {}
+    for a in args:
+        if a.alias_info is not None and a.alias_info.is_write:
+            for s in a.alias_info.before_set:
+                alias_owner[s] = a.name
+    rets = schema.returns
+    names = []
+    for i, r in enumerate(rets):
+        owner = None
+        if r.alias_info is not None and r.alias_info.is_write:
+            owner = next((alias_owner[s] for s in r.alias_info.before_set if s in alias_owner), None)
+        if owner is not None:
+            names.append(owner)
+        elif r.name:
+            names.append(r.name)
+        else:
+            names.append("result" if len(rets) == 1 else f"result{i}")
+    # two returns aliasing the same argument cannot share a name
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            names[i] = f"{n}{i}"
+        seen[n] = i
+    info = OpInfo(
+        arg_names=tuple(a.name for a in args),
+        arg_types=tuple(_schema_type(a.type) for a in args),
+        kwarg_only=tuple(a.kwarg_only for a in args),
+        written=frozenset(written),
+        return_names=tuple(names),
+        return_types=tuple(_schema_type(r.type) for r in rets),
+        uninitialized=packet in UNINITIALIZED_OUTPUTS,
+        is_view=bool(func.is_view),
+    )
+    _OP_INFO[func] = info
+    return info
+
+
+def named_args(info: OpInfo, args: tuple, kwargs: dict) -> list[tuple[str, str, Any]]:
+    """(name, schema type, value) of every argument the caller passed, in schema order."""
+    out = []
+    n = len(args)
+    for i, name in enumerate(info.arg_names):
+        if i < n and not info.kwarg_only[i]:
+            out.append((name, info.arg_types[i], args[i]))
+        elif name in kwargs:
+            out.append((name, info.arg_types[i], kwargs[name]))
+    return out
+
+
+def named_returns(info: OpInfo, out: Any) -> list[tuple[str, str, Any]]:
+    names = info.return_names
+    if len(names) == 1:
+        return [(names[0], info.return_types[0], out)]
+    if isinstance(out, (tuple, list)) and len(out) == len(names):
+        return list(zip(names, info.return_types, out))
+    if not names:
+        return [] if out is None else [("result", "", out)]
+    return [("result", "", out)]
+
+
+# ---- captured values -------------------------------------------------------------
+class TensorCapture:
+    """A tensor as it was at op time. `tensor` is an alias until materialised (cloned)."""
+
+    __slots__ = ("tensor", "ptr", "gen", "version", "dtype", "shape", "stride", "offset",
+                 "device", "nbytes", "uninitialized", "owner", "lock", "done", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False):
+        # Called with the dispatch mode off: detach()/clone() here are not recorded.
+        self.tensor = t.detach().clone() if clone else t.detach()
+        strided = t.layout == torch.strided and t.device.type != "meta"
+        storage = t.untyped_storage() if strided and t.numel() else None
+        self.ptr = storage.data_ptr() if storage is not None else 0
+        # Dedup keys are valid while the storage lives (its address cannot be reused).
+        # Storage Python objects are preserved with their StorageImpl, so a weakref to one
+        # dies exactly when the storage is freed; it holds no reference autograd could see.
+        self.owner = weakref.ref(storage) if storage is not None else None
+        self.gen = gen.get(self.ptr, 0)
+        self.version = t._version
+        self.dtype = dtype_name(t.dtype)
+        self.shape = tuple(t.shape)
+        self.stride = tuple(t.stride()) if strided else ()
+        self.offset = t.storage_offset() if strided else 0
+        self.device = str(t.device)
+        self.nbytes = t.numel() * t.element_size()
+        self.uninitialized = uninitialized
+        self.lock = threading.Lock()
+        self.done = False
+
+    def materialize(self) -> None:
+        """Copy the data now (before an op overwrites it), unless the writer already wrote it."""
+        with self.lock:
+            if not self.done:
+                self.tensor = self.tensor.clone()
+
+
+@dataclass
+class Value:
+    """A non-tensor argument (None, number, bool, str, int/float lists)."""
+
+    value: Any
+    schema_type: str = ""
+
+
+@dataclass
+class Named:
+    """dtype / device / layout / memory_format, stored by name with its Type code."""
+
+    value: str
+    type_code: int
+    schema_type: str = ""
+
+
+@dataclass
+class ListOf:
+    items: list
+    type_code: int
+    schema_type: str = ""
+
+
+class CaptureRegistry:
+    """Pending (not yet written) tensor captures by storage, for copy-on-write.
+
+    Also keeps a per-storage write generation: every op that writes a storage bumps
+    it, so dedup keys of data captured before the write can never match after it,
+    even when the write bypassed the version counter (`.data`, hidden writes).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: dict[int, list[TensorCapture]] = {}
+        self._gen: dict[int, int] = {}
+
+    def generation(self, ptr: int) -> int:
+        return self._gen.get(ptr, 0)
+
+    def add(self, cap: TensorCapture) -> None:
+        if cap.ptr:
+            with self._lock:
+                self._pending.setdefault(cap.ptr, []).append(cap)
+
+    def discard(self, cap: TensorCapture) -> None:
+        if cap.ptr:
+            with self._lock:
+                lst = self._pending.get(cap.ptr)
+                if lst is not None:
+                    try:
+                        lst.remove(cap)
+                    except ValueError:
+                        pass
+                    if not lst:
+                        del self._pending[cap.ptr]
+
+    def before_write(self, t: torch.Tensor) -> None:
+        """`t`'s storage is about to be written: copy pending captures of it, bump its generation."""
+        if t.layout != torch.strided:
+            return
+        ptr = t.untyped_storage().data_ptr()
+        if not ptr:
+            return
+        self._gen[ptr] = self._gen.get(ptr, 0) + 1
+        with self._lock:
+            caps = list(self._pending.get(ptr, ()))
+        for cap in caps:
+            cap.materialize()
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._pending.values())

@@ -1,0 +1,276 @@
+"""`npu_dumper.dumper` (installed as `torch.utils.dumper`): the public context manager.
+
+    with torch.utils.dumper(use_dump=True, dump_path="./model_gpu.h5") as dump:
+        loss = model(x).sum(); loss.backward()
+    print(dump.path, dump.num_ops)
+
+It validates everything before the model runs, picks the policies (dump, load-replay,
+overflow, ACL kernel dump), opens the file, starts the writer thread and the module
+tracker, and enters the private DumpMode. On exit it drains the writer, writes the
+final root attributes and marks the file complete (only on a clean exit).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import threading
+from typing import Any
+
+import torch
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpError
+from dumpfile.writer import DumpWriter
+
+from .capture import CaptureRegistry
+from .errors import DumperError
+from .mode import DumpMode, OpFilter
+from .module_tracking import ModuleTracker
+from .policy import Policy
+from .writer_thread import WriterThread
+
+_active_lock = threading.Lock()
+_active: "dumper | None" = None
+
+
+def _dist_rank() -> tuple[int | None, int | None]:
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a broken distributed setup must not stop a dump
+        pass
+    return None, None
+
+
+def _npu_available() -> bool:
+    """torch_npu is optional: guarded import, nothing fails without it."""
+    try:
+        import torch_npu  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None) -> str:
+    """Validate `dump_path` and return the file to write. Raises DumperError (one line)."""
+    path = os.fspath(dump_path)
+    if os.path.isdir(path):
+        stamp = _dt.datetime.now().strftime("%Y%m%d%H%M%S")
+        base = os.path.join(path, f"{mode}_{stamp}")
+        path = base + ".h5"
+        n = 1
+        while os.path.exists(path if rank is None else path[:-3] + f"_rank{rank}.h5"):
+            path = f"{base}_{n}.h5"
+            n += 1
+    elif not path.endswith(".h5"):
+        raise DumperError(f"{path}: dump_path must be an existing directory or a file name ending in .h5")
+    if rank is not None:
+        path = path[:-3] + f"_rank{rank}.h5"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise DumperError(f"{path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DumperError(f"{path}: directory {parent} is not writable")
+    if os.path.exists(path) and (os.path.isdir(path) or not os.access(path, os.W_OK)):
+        raise DumperError(f"{path}: exists and is not a writable file")
+    return path
+
+
+class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
+    """Record every op of the block into one HDF5 file (see docs/FORMAT.md).
+
+    Modes (what the original's users type): `use_dump=True` dumps; `load_file_path`
+    given (with use_load or use_dump) replays that dump; `check_overflow=True` dumps
+    only overflowing ops; `load_with_acl_dump=True` adds the ACL kernel dump to replay.
+    `dump_path` alone (no mode flag) also dumps. With no flag and no path the block
+    does nothing (as the original with use_dump=False).
+    """
+
+    def __init__(self, use_dump: bool = False, dump_path: str | os.PathLike | None = None,
+                 use_load: bool = False, load_file_path: str | os.PathLike | None = None,
+                 check_overflow: bool = False, load_with_acl_dump: bool = False,
+                 acl_config: str | None = None, *, dump_mode: str = "all", include=None,
+                 exclude=None, modules=None, phases=None, record_views: bool = False,
+                 record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
+                 overflow_limit=None, overflow_raise: bool = False, op_map=None,
+                 flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
+                 dedup: bool = True, **future: Any):
+        self.use_dump = use_dump
+        self.dump_path = os.fspath(dump_path) if dump_path else None
+        self.use_load = use_load
+        self.load_file_path = os.fspath(load_file_path) if load_file_path else None
+        self.check_overflow = check_overflow
+        self.load_with_acl_dump = load_with_acl_dump
+        self.acl_config = acl_config
+        self.dump_mode = dump_mode
+        self.stats_only = stats_only
+        self.overflow_dtype = overflow_dtype
+        self.overflow_limit = overflow_limit
+        self.overflow_raise = overflow_raise
+        self.op_map = op_map
+        self.flush_interval = flush_interval
+        self.max_pending_bytes = max_pending_bytes
+        self.dedup = dedup
+        self.record_views = record_views
+        self.record_stack = record_stack
+        self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
+        self.future = future
+        if dump_mode not in S.DUMP_MODES:
+            raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
+        self.filter = OpFilter(include, exclude, modules, phases)
+        if self.load_file_path and (use_load or use_dump or load_with_acl_dump):
+            self.mode = S.MODE_LOAD
+        elif check_overflow:
+            self.mode = S.MODE_OVERFLOW
+        elif use_dump or self.dump_path:
+            self.mode = S.MODE_DUMP
+        else:
+            self.mode = None     # disabled
+        self.path: str | None = None
+        self.policies: list[Policy] = []
+        self.summary: dict[str, Any] = {}
+        self.rank, self.world_size = None, None
+        self._mode: DumpMode | None = None
+        self._writer: WriterThread | None = None
+        self._tracker: ModuleTracker | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not None
+
+    @property
+    def num_ops(self) -> int:
+        """Ops recorded (written or queued for writing) so far."""
+        return self._mode.num_recorded if self._mode is not None else 0
+
+    # ---- policies (lazy imports: their modules belong to other packages) -------------
+    def _make_policies(self) -> list[Policy]:
+        policies: list[Policy] = []
+        if self.mode == S.MODE_LOAD:
+            from .replay import ReplayPolicy
+            # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
+            policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map))
+        if self.mode == S.MODE_OVERFLOW:
+            from .overflow import OverflowPolicy
+            # OverflowPolicy(*, dtype=, limit=, raise_on_overflow=): record only overflowing ops
+            policies.append(OverflowPolicy(dtype=self.overflow_dtype, limit=self.overflow_limit,
+                                           raise_on_overflow=self.overflow_raise))
+        if self.load_with_acl_dump:
+            from ir2tbe.acl_policy import AclDumpPolicy
+            # AclDumpPolicy(*, acl_config=): kernel-level dump around each replayed op
+            policies.append(AclDumpPolicy(acl_config=self.acl_config))
+        return policies or [Policy()]
+
+    def _validate(self) -> None:
+        if self.dump_path is None:
+            raise DumperError(f"dump_path is required for mode {self.mode!r}")
+        if self.load_file_path is not None:
+            if not os.path.isfile(self.load_file_path):
+                raise DumperError(f"{self.load_file_path}: load_file_path does not exist")
+            target = self.dump_path
+            if os.path.isdir(target) or not os.path.exists(target):
+                same = False
+            else:
+                same = os.path.samefile(target, self.load_file_path)
+            if same or os.path.abspath(target) == os.path.abspath(self.load_file_path):
+                raise DumperError(f"{self.dump_path}: dump_path is the load_file_path; "
+                                  "it would overwrite the dump being replayed")
+
+    # ---- context manager ----------------------------------------------------------
+    def __enter__(self):
+        global _active
+        if not self.enabled:
+            return self
+        with _active_lock:
+            if _active is not None:
+                raise DumperError(f"{self.dump_path}: a dumper is already active "
+                                  f"(writing {_active.path}); nested dumpers are not supported")
+            _active = self
+        try:
+            self._start()
+        except BaseException:
+            with _active_lock:
+                _active = None
+            self._abort()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self._validate()
+        self.rank, self.world_size = _dist_rank()
+        self.path = resolve_dump_path(self.dump_path, self.mode, self.rank)
+        self.policies = self._make_policies()
+        root = {
+            S.ROOT_TORCH_VERSION: str(torch.__version__),
+            S.ROOT_RANK: self.rank if self.rank is not None else 0,
+            S.ROOT_WORLD_SIZE: self.world_size if self.world_size is not None else 1,
+            S.ROOT_DUMP_MODE: self.dump_mode,
+            S.ROOT_STATS_ONLY: bool(self.stats_only),
+            S.ROOT_LOAD_FILE: self.load_file_path,
+        }
+        try:
+            w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
+                           flush_interval=self.flush_interval)
+        except DumpError as e:
+            raise DumperError(str(e)) from e
+        registry = CaptureRegistry()
+        self._writer = WriterThread(w, registry, stats_only=self.stats_only,
+                                    max_pending_bytes=self.max_pending_bytes,
+                                    flush_interval=self.flush_interval, dedup=self.dedup)
+        for p in self.policies:
+            p.begin(self)
+        self._tracker = ModuleTracker().__enter__()
+        self._mode = DumpMode(writer=self._writer, registry=registry, policies=self.policies,
+                              op_filter=self.filter, tracker=self._tracker,
+                              dump_mode=self.dump_mode, record_views=self.record_views,
+                              record_stack=self.record_stack)
+        self._mode.__enter__()
+
+    def _abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer.writer.close(complete=False)
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active
+        if not self.enabled or self._mode is None:
+            return False
+        try:
+            self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                self._tracker.__exit__(exc_type, exc, tb)
+                self._writer.close()
+                for p in self.policies:
+                    p.end(self)
+                self._finish(clean=exc_type is None and not self._writer.failed)
+            finally:
+                with _active_lock:
+                    _active = None
+        if exc_type is None:
+            self._writer.check()
+        return False
+
+    def _finish(self, clean: bool) -> None:
+        wt = self._writer
+        w = wt.writer
+        f = w.file
+        if f.id.valid:
+            try:
+                dev = self._mode.first_device or "cpu"
+                f.attrs[S.ROOT_DEVICE] = dev
+                f.attrs[S.ROOT_DEVICE_TYPE] = S.device_type_code(dev)
+            except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
+                pass
+        try:
+            w.close(complete=clean)
+        except DumpError:
+            if clean:
+                raise
+        self.summary = {
+            "path": self.path, "mode": self.mode, "ops_seen": self._mode.seqid,
+            "ops_recorded": self._mode.num_recorded, "datasets": wt.num_datasets,
+            "links": wt.num_links, "views": wt.num_views, "bytes_written": w.bytes_written,
+        }

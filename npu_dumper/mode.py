@@ -1,0 +1,263 @@
+"""The TorchDispatchMode that sees every op of the block and runs the policy pipeline.
+
+One instance per dumper block (npu_dumper.dumper owns it, like flop_counter's
+FlopCounterMode owns its mode). Order per eligible op is documented in policy.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import traceback
+from typing import Any, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from dumpfile import schema as S
+
+from . import hints
+from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
+    named_returns, op_info
+from .module_tracking import ModuleTracker, backward_module
+from .policy import OpEvent, Policy
+from .tensors import dtype_name
+from .writer_thread import OpJob, WriterThread
+
+_current_node = torch._C._current_autograd_node
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class OpFilter:
+    """include/exclude op patterns, module-path prefixes, phases. Decided once per op name."""
+
+    def __init__(self, include=None, exclude=None, modules=None, phases=None):
+        self.include = _as_list(include)
+        self.exclude = _as_list(exclude)
+        self.modules = _as_list(modules)
+        self.phases = set(_as_list(phases)) if phases is not None else None
+        if self.phases is not None and not self.phases <= set(S.PHASES):
+            from .errors import DumperError
+            raise DumperError(f"phases must be a subset of {S.PHASES}, got {sorted(self.phases)}")
+        self._by_name: dict[str, bool] = {}
+
+    @property
+    def trivial(self) -> bool:
+        return not (self.include or self.exclude or self.modules or self.phases is not None)
+
+    def op_selected(self, name: str) -> bool:
+        ok = self._by_name.get(name)
+        if ok is None:
+            ok = ((not self.include or any(_matches(p, name) for p in self.include))
+                  and not any(_matches(p, name) for p in self.exclude))
+            self._by_name[name] = ok
+        return ok
+
+    def selected(self, name: str, phase: str, module: str) -> bool:
+        if not self.op_selected(name):
+            return False
+        if self.phases is not None and phase not in self.phases:
+            return False
+        if self.modules and not any(module == m or module.startswith(m + ".") or m == ""
+                                    for m in self.modules):
+            return False
+        return True
+
+
+def _as_list(v) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    return list(v)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Glob or regex against the full overload name, the packet name and the bare name."""
+    parts = name.split(".")
+    candidates = (name, ".".join(parts[:2]), parts[1] if len(parts) > 1 else name)
+    if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
+        return True
+    try:
+        rx = re.compile(pattern)
+    except re.error:
+        return False
+    return any(rx.fullmatch(c) for c in candidates)
+
+
+def user_stack_line() -> str:
+    """The innermost frame outside torch and npu_dumper: 'file:line in func: code'."""
+    for fr in reversed(traceback.extract_stack()):
+        f = os.path.abspath(fr.filename)
+        if f.startswith(_TORCH_DIR) or f.startswith(_OWN_DIR):
+            continue
+        return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
+    return ""
+
+
+class DumpMode(TorchDispatchMode):
+    """Intercepts ops; numbering, attribution, snapshots; hands records to the writer thread."""
+
+    def __init__(self, *, writer: WriterThread | None, registry: CaptureRegistry,
+                 policies: list[Policy], op_filter: OpFilter, tracker: ModuleTracker,
+                 dump_mode: str = "all", record_views: bool = False, record_stack: bool = False):
+        super().__init__()
+        self.writer = writer
+        self.registry = registry
+        self.policies = policies or [Policy()]
+        self.filter = op_filter
+        self.tracker = tracker
+        self.record_inputs = dump_mode in ("input", "all")
+        self.record_outputs = dump_mode in ("output", "all")
+        self.record_views = record_views
+        self.record_stack = record_stack
+        self.seqid = 0
+        self.num_recorded = 0
+        self.first_device: str | None = None
+        self._names: dict[Any, str] = {}
+        self._runners = [p for p in self.policies if type(p).run_op is not Policy.run_op]
+
+    # ---- snapshots -------------------------------------------------------------
+    def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False):
+        if isinstance(v, torch.Tensor):
+            cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
+            if not clone:
+                self.registry.add(cap)
+            caps.append(cap)
+            if self.first_device is None:
+                self.first_device = cap.device
+            return cap
+        if v is None or isinstance(v, (bool, int, float, complex, str)):
+            return Value(v, schema_type)
+        if isinstance(v, torch.dtype):
+            return Named(dtype_name(v), S.TYPE_SCALAR_TYPE, schema_type)
+        if isinstance(v, torch.device):
+            return Named(str(v), S.TYPE_DEVICE, schema_type)
+        if isinstance(v, torch.layout):
+            return Named(str(v).replace("torch.", ""), S.TYPE_LAYOUT, schema_type)
+        if isinstance(v, torch.memory_format):
+            return Named(str(v).replace("torch.", ""), S.TYPE_MEMORY_FORMAT, schema_type)
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            cast = int if isinstance(v, torch.SymInt) else float if isinstance(v, torch.SymFloat) else bool
+            try:
+                return Value(cast(v), schema_type)
+            except Exception:  # noqa: BLE001 - unbacked symbols: keep the expression
+                return Value(str(v), schema_type)
+        if isinstance(v, (list, tuple)):
+            items = list(v)
+            if all(type(x) in (int, float, bool) for x in items):
+                return Value(items, schema_type)
+            inner = schema_type[:-2] if schema_type.endswith("[]") else ""
+            nodes = [self._node(x, inner, caps, clone) for x in items]
+            tensorish = all(isinstance(x, torch.Tensor) or x is None for x in items)
+            return ListOf(nodes, S.TYPE_TENSOR_LIST if tensorish else S.TYPE_LIST, schema_type)
+        return Value(f"<{type(v).__name__}>", schema_type)
+
+    def _write_targets(self, info, args, kwargs) -> list[torch.Tensor]:
+        out = []
+        for name, _, v in named_args(info, args, kwargs):
+            if name in info.written:
+                flat, _ = tree_flatten(v)
+                out.extend(x for x in flat if isinstance(x, torch.Tensor))
+        return out
+
+    def _name(self, func) -> str:
+        n = self._names.get(func)
+        if n is None:
+            n = self._names[func] = str(func)
+        return n
+
+    # ---- the pipeline ----------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        writer = self.writer
+        if writer is not None and writer.failed:
+            writer.check()
+        info = op_info(func)
+        if info.is_view and not self.record_views:
+            return func(*args, **kwargs)
+        self.seqid += 1
+        node = _current_node()
+        tracker = self.tracker
+        if node is None:
+            tracker.tag_pending()
+            phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
+        else:
+            phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
+        name = self._name(func)
+        if not self.filter.trivial and not self.filter.selected(name, phase, module):
+            if info.written:
+                for t in self._write_targets(info, args, kwargs):
+                    self.registry.before_write(t)
+            out = func(*args, **kwargs)
+            if phase == S.PHASE_FORWARD:
+                self._note_forward_outputs(out, module)
+            return out
+
+        ev = OpEvent(func=func, name=name, args=args, kwargs=kwargs, seqid=self.seqid,
+                     phase=phase, module=module, grad_fn=grad_fn)
+        if self.record_stack:
+            ev.stack = user_stack_line()
+        for p in self.policies:
+            p.before_op(ev)
+        args, kwargs = ev.args, ev.kwargs
+        caps: list[TensorCapture] = []
+        inputs = []
+        written = info.written
+        if self.record_inputs:
+            for an, st, v in named_args(info, args, kwargs):
+                inputs.append((an, self._node(v, st, caps, clone=an in written)))
+        if written:
+            for t in self._write_targets(info, args, kwargs):
+                self.registry.before_write(t)
+        try:
+            out = NotImplemented
+            for p in self._runners:
+                out = p.run_op(ev)
+                if out is not NotImplemented:
+                    break
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
+        except BaseException:
+            for c in caps:
+                self.registry.discard(c)
+            raise
+        ev.outputs = out
+        compute_dtype = hints.pop_compute_dtype()
+        if compute_dtype is not None:
+            ev.group_attrs[S.OP_COMPUTE_DTYPE] = compute_dtype
+        outputs = []
+        if self.record_outputs:
+            uninit = info.uninitialized
+            for rn, st, v in named_returns(info, out):
+                outputs.append((rn, self._node(v, st, caps, clone=False, uninit=uninit)))
+        if phase == S.PHASE_FORWARD:
+            self._note_forward_outputs(out, module)
+        record = all(p.should_record(ev) for p in self.policies)
+        if record and writer is not None:
+            attrs = dict(ev.group_attrs)
+            if ev.stack:
+                attrs[S.OP_STACK] = ev.stack
+            job = OpJob(ev.store_op, ev.store_seqid, phase, ev.module, ev.grad_fn, attrs,
+                        inputs, outputs, captures=caps,
+                        nbytes=sum(c.nbytes for c in caps))
+            writer.submit(job)
+            self.num_recorded += 1
+        else:
+            for c in caps:
+                self.registry.discard(c)
+        for p in self.policies:
+            p.after_op(ev, recorded=record)
+        return out
+
+    def _note_forward_outputs(self, out, module: str) -> None:
+        if not torch.is_grad_enabled():
+            return
+        if isinstance(out, torch.Tensor):
+            self.tracker.note_outputs([out], module)
+        elif isinstance(out, (tuple, list)):
+            flat, _ = tree_flatten(out)
+            self.tracker.note_outputs([t for t in flat if isinstance(t, torch.Tensor)], module)

@@ -1,0 +1,100 @@
+"""Which nn.Module an op ran in, forward and backward, without adding ops.
+
+Forward: global module forward pre/post hooks keep a stack of module paths. Names
+come from the outermost module's named_modules(), built lazily once per root.
+Backward: after a forward op returns, autograd has attached its grad_fn; at the
+next op (or block exit) we tag that node's `metadata` with the forward module path
+(`tag_pending`). During backward the mode reads the tag of the node being run
+(torch._C._current_autograd_node()). Only Python-level attribute access: no ops.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.nn.modules.module import (register_module_forward_hook,
+                                     register_module_forward_pre_hook)
+
+METADATA_KEY = "npu_dumper.module"
+
+
+class ModuleTracker:
+    def __init__(self):
+        self._stack: list[str] = []
+        self._names: dict[int, str] = {}       # id(module) -> path, for the current root
+        self._root: Any = None
+        self._handles: list = []
+        self._untagged: list[tuple[Any, str]] = []   # (weakref to a forward output, module)
+
+    @property
+    def current(self) -> str:
+        return self._stack[-1] if self._stack else ""
+
+    def __enter__(self):
+        self._handles = [register_module_forward_pre_hook(self._pre),
+                         register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, *exc):
+        self.tag_pending()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._stack.clear()
+
+    def _name_of(self, module) -> str:
+        if not self._stack:
+            if self._root is not module:
+                self._root = module
+                self._names = {}
+            return ""
+        name = self._names.get(id(module))
+        if name is None:
+            if not self._names:
+                self._names = {id(m): n for n, m in self._root.named_modules(remove_duplicate=False)}
+                name = self._names.get(id(module))
+            if name is None:   # not a registered submodule of the root: name by class under parent
+                parent = self.current
+                name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+        return name
+
+    def _pre(self, module, args):
+        self.tag_pending()
+        self._stack.append(self._name_of(module))
+
+    def _post(self, module, args, output):
+        self.tag_pending()
+        if self._stack:
+            self._stack.pop()
+
+    # ---- backward attribution -----------------------------------------------------
+    def note_outputs(self, outputs: list, module: str) -> None:
+        """Forward op just produced `outputs` inside `module`: tag their grad_fn later."""
+        for t in outputs:
+            try:
+                self._untagged.append((weakref.ref(t), module))
+            except TypeError:
+                pass
+
+    def tag_pending(self) -> None:
+        if not self._untagged:
+            return
+        items, self._untagged = self._untagged, []
+        for ref, module in items:
+            t = ref()
+            if t is None:
+                continue
+            node = t.grad_fn
+            if node is not None:
+                md = node.metadata
+                if METADATA_KEY not in md:
+                    md[METADATA_KEY] = module
+
+
+def backward_module(node) -> str:
+    try:
+        return node.metadata.get(METADATA_KEY, "")
+    except (AttributeError, RuntimeError):
+        return ""

@@ -1,0 +1,120 @@
+"""Live torch tensors <-> stored records (numpy array + dumpfile.TensorMeta).
+
+The one place that knows how each torch dtype is laid out in a dump: numpy-native
+dtypes are stored as themselves, bfloat16/float8 as their raw bits (same-width
+unsigned ints), complex32 as (..., 2) float16 real/imag pairs (schema.STORAGE_NUMPY_DTYPE).
+Replay (npu_dumper.replay) and the ACL policy use `from_record` to rebuild inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from dumpfile import schema as S
+from dumpfile.writer import TensorMeta
+
+# torch dtype -> name without "torch." ("bfloat16"); cached because str(dtype) is slowish.
+_DTYPE_NAME: dict[torch.dtype, str] = {}
+_DTYPE_BY_NAME: dict[str, torch.dtype] = {}
+for _n in dir(torch):
+    _d = getattr(torch, _n, None)
+    if isinstance(_d, torch.dtype):
+        _DTYPE_NAME.setdefault(_d, str(_d).replace("torch.", ""))
+for _d, _n in _DTYPE_NAME.items():
+    _DTYPE_BY_NAME[_n] = _d
+
+# raw-bit dtypes: the unsigned int torch dtype of the same width
+_RAW_BITS_TORCH = {1: torch.uint8, 2: torch.uint16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAME.get(dtype)
+    if name is None:
+        name = _DTYPE_NAME[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Torch dtype from a stored name ("bfloat16"); raises KeyError if this torch lacks it."""
+    return _DTYPE_BY_NAME[name]
+
+
+def device_str(device: torch.device) -> str:
+    return str(device)
+
+
+def format_type(t: torch.Tensor) -> int:
+    """The ACL format a tensor's layout resembles (NPU private formats are not visible here)."""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return S.FORMAT_NHWC
+    return S.FORMAT_ND
+
+
+def meta_of(t: torch.Tensor, *, uninitialized: bool = False) -> TensorMeta:
+    return TensorMeta(dtype=dtype_name(t.dtype), shape=tuple(t.shape), stride=tuple(t.stride())
+                      if t.layout == torch.strided else (), storage_offset=int(t.storage_offset())
+                      if t.layout == torch.strided else 0, device=device_str(t.device),
+                      format_type=format_type(t), uninitialized=uninitialized)
+
+
+def storage_array(t: torch.Tensor) -> np.ndarray:
+    """The array a dump stores for tensor `t` (logical shape, C order, storage dtype).
+
+    Copies to host when needed; the result may share memory with `t` when `t` is
+    a contiguous CPU tensor of a numpy-native dtype.
+    """
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    name = dtype_name(t.dtype)
+    if name in S.RAW_BIT_DTYPES:
+        t = t.contiguous().view(_RAW_BITS_TORCH[t.element_size()])
+    elif name == "complex32":
+        t = torch.view_as_real(t.contiguous())
+    return np.ascontiguousarray(t.numpy())
+
+
+def to_record(t: torch.Tensor, *, uninitialized: bool = False) -> tuple[np.ndarray, TensorMeta]:
+    """Live tensor -> (array to store, metadata)."""
+    return storage_array(t), meta_of(t, uninitialized=uninitialized)
+
+
+def from_record(data: Any, dtype: str | TensorMeta | None = None, *,
+                device: str | torch.device | None = None) -> torch.Tensor:
+    """Stored (or reader-decoded) array -> torch tensor with the recorded dtype, bit-exact.
+
+    `data` may be the raw stored array (uint16 bits for bfloat16) or what
+    dumpfile.DumpFile decodes (float32 for bfloat16): both give the same tensor.
+    `dtype` is the recorded torch dtype name (ValueRecord.dtype) or a TensorMeta;
+    None keeps the array's own dtype.
+    """
+    if isinstance(dtype, TensorMeta):
+        dtype = dtype.dtype
+    arr = np.asarray(data)
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, copy=True, order="C")
+    if arr.dtype == np.bool_ or arr.dtype.kind in "iufcb":
+        t = torch.from_numpy(arr)
+    else:
+        raise TypeError(f"cannot make a tensor from a {arr.dtype} array")
+    if dtype:
+        target = torch_dtype(dtype)
+        stored = np.dtype(S.STORAGE_NUMPY_DTYPE.get(dtype, arr.dtype))
+        if dtype in S.RAW_BIT_DTYPES and arr.dtype == stored:
+            t = t.view(target)                      # raw bits
+        elif dtype == "complex32" and arr.dtype == np.float16:
+            t = torch.view_as_complex(t.float()).to(target) if t.dim() else t.to(target)
+        elif t.dtype != target:
+            t = t.to(target)                        # decoded values: exact for every stored dtype
+    if device is not None:
+        t = t.to(device)
+    return t

@@ -1,0 +1,242 @@
+"""The background writer: turns captured ops into the dump file off the main thread.
+
+The main thread only snapshots (aliases) and enqueues; this thread copies the data
+out, deduplicates (hard links for the same data, views for re-stridings of stored
+data), computes statistics in stats-only mode, writes through dumpfile.DumpWriter
+and flushes at least every `flush_interval` seconds even when no op arrives.
+The queue is bounded in bytes: the main thread waits when it is full (backpressure).
+An exception here is kept and re-raised in the user's thread (`check()`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dumpfile import schema as S
+from dumpfile.writer import DumpWriter, TensorMeta
+
+from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
+from .errors import DumperError
+from .tensors import storage_array
+
+
+@dataclass
+class OpJob:
+    op: str
+    seqid: int
+    phase: str
+    module: str
+    grad_fn: str
+    attrs: dict
+    inputs: list            # [(name, node)]
+    outputs: list
+    nbytes: int = 0
+    captures: list = field(default_factory=list)
+
+
+def _is_dense(shape: tuple, stride: tuple) -> bool:
+    """Non-overlapping and dense: the elements fill a contiguous storage range."""
+    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _extent(shape: tuple, stride: tuple, offset: int) -> tuple[int, int]:
+    """[first, last] storage element a strided tensor touches (non-negative strides)."""
+    return offset, offset + sum((d - 1) * s for d, s in zip(shape, stride))
+
+
+class WriterThread:
+    def __init__(self, writer: DumpWriter, registry: CaptureRegistry, *, stats_only: bool = False,
+                 max_pending_bytes: int = 512 << 20, flush_interval: float = 1.0, dedup: bool = True):
+        self.writer = writer
+        self.registry = registry
+        self.stats_only = stats_only
+        self.max_pending_bytes = max_pending_bytes
+        self.flush_interval = flush_interval
+        self.dedup = dedup
+        self._queue: deque[OpJob | None] = deque()
+        self._cv = threading.Condition()
+        self._pending_bytes = 0
+        self._error: BaseException | None = None
+        self._reported = False
+        # dedup maps; keys hold the capture's storage pointer, write generation and version
+        self._exact: dict[tuple, tuple[str, Any]] = {}
+        self._bases: dict[tuple, list[tuple[int, int, str, Any]]] = {}
+        self.num_links = 0
+        self.num_views = 0
+        self.num_datasets = 0
+        self._thread = threading.Thread(target=self._run, name="npu_dumper-writer", daemon=True)
+        self._thread.start()
+
+    # ---- main-thread side ----------------------------------------------------
+    def submit(self, job: OpJob) -> None:
+        with self._cv:
+            while (self._pending_bytes > self.max_pending_bytes and self._queue
+                   and self._error is None):
+                self._cv.wait(0.5)
+            self._queue.append(job)
+            self._pending_bytes += job.nbytes
+            self._cv.notify_all()
+
+    def check(self) -> None:
+        """Re-raise a writer failure in the caller's thread (once)."""
+        if self._error is not None and not self._reported:
+            self._reported = True
+            err = self._error
+            msg = str(err) if isinstance(err, DumperError) else f"{self.writer.path}: dump writer failed: {err}"
+            if self.writer.path not in msg:
+                msg = f"{self.writer.path}: {msg}"
+            raise DumperError(msg.replace("\n", " ")) from err
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def close(self) -> None:
+        """Write everything queued, then stop the thread."""
+        with self._cv:
+            self._queue.append(None)
+            self._cv.notify_all()
+        self._thread.join()
+
+    # ---- writer-thread side ------------------------------------------------------
+    def _run(self) -> None:
+        w = self.writer
+        while True:
+            with self._cv:
+                while not self._queue:
+                    if not self._cv.wait(self.flush_interval):
+                        break
+                job = self._queue.popleft() if self._queue else False
+            if job is False:            # idle: make what we have durable
+                if self._error is None:
+                    try:
+                        w.flush()
+                    except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                        self._error = e
+                continue
+            if job is None:
+                return
+            try:
+                if self._error is None:
+                    self._write_job(job)
+            except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                self._error = e
+            finally:
+                for cap in job.captures:
+                    cap.done = True
+                    cap.tensor = None
+                    self.registry.discard(cap)
+                with self._cv:
+                    self._pending_bytes -= job.nbytes
+                    self._cv.notify_all()
+
+    def _write_job(self, job: OpJob) -> None:
+        w = self.writer
+        g = w.begin_op(job.op, job.seqid, phase=job.phase, module=job.module,
+                       grad_fn=job.grad_fn, attrs=job.attrs)
+        for group_name, entries in ((S.INPUT_GROUP, job.inputs), (S.OUTPUT_GROUP, job.outputs)):
+            parent = g[group_name]
+            for name, node in entries:
+                self._write_node(parent, name, node)
+            if len(entries) > 1:
+                w.set_order(parent, [n for n, _ in entries])
+        w.end_op()
+
+    def _write_node(self, parent, name: str, node: Any) -> None:
+        w = self.writer
+        if isinstance(node, TensorCapture):
+            self._write_tensor(parent, name, node)
+        elif isinstance(node, Value):
+            w.write_value(parent, name, node.value, node.schema_type or None)
+        elif isinstance(node, Named):
+            w.write_named(parent, name, node.value, node.type_code, schema_type=node.schema_type or None)
+        elif isinstance(node, ListOf):
+            grp = w.create_list(parent, name, node.type_code, len(node.items), node.schema_type or None)
+            for i, item in enumerate(node.items):
+                self._write_node(grp, f"{name}_{i}", item)
+        else:  # pragma: no cover - capture only builds the kinds above
+            w.write_value(parent, name, str(node))
+
+    def _meta(self, cap: TensorCapture) -> TensorMeta:
+        return TensorMeta(dtype=cap.dtype, shape=cap.shape, stride=cap.stride,
+                          storage_offset=cap.offset, device=cap.device,
+                          format_type=S.FORMAT_ND, uninitialized=cap.uninitialized)
+
+    def _write_tensor(self, parent, name: str, cap: TensorCapture) -> None:
+        w = self.writer
+        key = None
+        if self.dedup and cap.ptr and cap.owner is not None:
+            key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
+            hit = self._exact.get(key)
+            if hit is not None and hit[1]() is not None:
+                w.link(parent, name, hit[0])
+                self.num_links += 1
+                return
+            if not self.stats_only and cap.stride and all(s >= 0 for s in cap.stride):
+                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
+                for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
+                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
+                        path = w.write_view(parent, name, b_path, self._meta(cap))
+                        self._exact[key] = (path, cap.owner)
+                        self.num_views += 1
+                        return
+        with cap.lock:
+            t = cap.tensor
+            if self.stats_only:
+                path = w.write_stats(parent, name, tensor_stats(t), self._meta(cap))
+            else:
+                path = w.write_tensor(parent, name, storage_array(t), self._meta(cap))
+            cap.done = True
+            cap.tensor = None
+        self.num_datasets += 1
+        if key is not None:
+            self._exact[key] = (path, cap.owner)
+            if not self.stats_only and cap.stride and _is_dense(cap.shape, cap.stride) \
+                    and all(s >= 0 for s in cap.stride):
+                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
+                self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
+
+
+def tensor_stats(t: torch.Tensor) -> list[float]:
+    """schema.STATS_FIELDS of a tensor: min, max, mean, std, norm over finite values; counts."""
+    numel = t.numel()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if numel == 0:
+        return [math.nan] * 5 + [0.0, 0.0, 0.0]
+    if t.dtype == torch.bool:
+        x = t.to(torch.float64)
+        nan = inf = 0
+    elif t.is_complex():
+        x = t.abs().to(torch.float64)   # statistics of magnitudes
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+    elif t.is_floating_point():
+        x = t.to(torch.float64)
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+    else:
+        x = t.to(torch.float64)
+        nan = inf = 0
+    if nan or inf:
+        x = x[torch.isfinite(x)]
+    if x.numel() == 0:
+        return [math.nan] * 5 + [float(nan), float(inf), float(numel)]
+    mn, mx = torch.aminmax(x)
+    std = float(x.std()) if x.numel() > 1 else 0.0
+    return [float(mn), float(mx), float(x.mean()), std, float(torch.linalg.vector_norm(x)),
+            float(nan), float(inf), float(numel)]
