@@ -62,6 +62,12 @@ def _boundary() -> Iterator[None]:
             raise
         typer.echo(f"accucmp: error: {type(e).__name__}: {_one_line(e)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    except Exception as e:  # a bug: still one line (and never a silent pass), the traceback on demand
+        if os.environ.get("ACCUCMP_DEBUG"):
+            raise
+        typer.echo(f"accucmp: internal error: {type(e).__name__}: {_one_line(e)} "
+                   "(set ACCUCMP_DEBUG=1 for the traceback)", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 # ---- option parsing (plain functions, tested directly) ------------------------

@@ -111,11 +111,19 @@ def _seqid(row: dict[str, Any]) -> str:
     return fmt_value(v)
 
 
+def _text(row: dict[str, Any], key: str) -> str:
+    v = row.get(key)
+    return v if isinstance(v, str) else ""  # empty cells come back as NaN from a csv
+
+
 def describe_row(row: dict[str, Any]) -> str:
     """'aten.mm.default seqid 12 (backward, layers.3) output result' in one line."""
-    op = row.get("NPUDump") or row.get("GroundTruthPath") or "?"
-    where = ", ".join(x for x in (fmt_value(row.get("Phase") or ""), fmt_value(row.get("Module") or "")) if x)
-    path = str(row.get("NPUDumpPath") or row.get("GroundTruthPath") or "")
+    def text_of(key: str) -> str:
+        return _text(row, key)
+
+    path = text_of("NPUDumpPath") or text_of("GroundTruthPath")
+    op = text_of("NPUDump") or (path.strip("/").split("/")[0] if path else "?")
+    where = ", ".join(x for x in (text_of("Phase"), text_of("Module")) if x)
     tensor = "/".join(path.strip("/").split("/")[2:]) if path.count("/") >= 3 else path
     text = f"{op} seqid {_seqid(row)}"
     if where:
@@ -154,15 +162,15 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
         for col in ("SeqId", "Op", "Phase", "Module", "Tensor") + tuple(m for m in _SHOW_METRICS if m in table.columns):
             t.add_column(col, overflow="fold")
         for r in s.worst:
-            path = str(r.get("NPUDumpPath") or "")
-            t.add_row(_seqid(r), str(r.get("NPUDump", "")), fmt_value(r.get("Phase", "")),
-                      fmt_value(r.get("Module", "")), "/".join(path.strip("/").split("/")[2:]),
+            path = _text(r, "NPUDumpPath")
+            t.add_row(_seqid(r), _text(r, "NPUDump"), _text(r, "Phase"),
+                      _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
                       *[fmt_value(r.get(m)) for m in _SHOW_METRICS if m in table.columns])
         console.print(t)
     if s.unmatched and top:
         n = s.counts.get("unmatched", 0)
         console.print(f"[yellow]unmatched[/yellow] ({n}; first {len(s.unmatched)}):")
         for r in s.unmatched:
-            reason = r.get("CompareFailReason") or ""
+            reason = _text(r, "CompareFailReason")
             console.print(f"  {describe_row(r)}: {reason}", soft_wrap=True)
     return s
