@@ -125,7 +125,9 @@ def exit_code_for(table) -> int:
 def _console():
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False, soft_wrap=False)
+    # Piped output (a log, CI) should not wrap at rich's 80-column default.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160") or 160)
+    return Console(stderr=False, highlight=False, soft_wrap=False, width=width)
 
 
 # ---- compare ---------------------------------------------------------------

@@ -21,6 +21,9 @@ RESULTS = ("pass", "fail", "unmatched", "skipped")
 # score column; fall back to metrics where larger is worse.
 _SEVERITY_COLUMNS = ("Severity", "Score", "ErrorUnits", "ErrorRatio", "RelativeEuclideanDistance",
                      "MaxRelativeError", "MeanRelativeError", "MaxAbsoluteError")
+_WORST_COLUMNS = ("Severity", "ErrorUlps", "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError")
+_SHORT = {"CosineSimilarity": "Cosine", "RelativeEuclideanDistance": "RelEuclid", "MaxAbsoluteError": "MaxAbsErr",
+          "MaxRelativeError": "MaxRelErr", "ErrorUlps": "Err(u)"}
 _SHOW_METRICS = ("CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError")
 
 
@@ -50,11 +53,16 @@ def _order(table: pd.DataFrame) -> pd.DataFrame:
         columns=[f"__{k}" for k in keys])
 
 
-def _first_failure(table: pd.DataFrame) -> dict[str, Any] | None:
+def _verdict_module():
     try:
-        from .verdict import first_failure
+        from . import verdict
     except ImportError:
-        first_failure = None
+        return None
+    return verdict
+
+
+def _first_failure(table: pd.DataFrame) -> dict[str, Any] | None:
+    first_failure = getattr(_verdict_module(), "first_failure", None)
     if first_failure is not None:
         row = first_failure(table)
         if row is None:
@@ -76,13 +84,22 @@ def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
     failed = table[table["Result"] == "fail"] if "Result" in table.columns else table.iloc[0:0]
     worst_by = next((c for c in _SEVERITY_COLUMNS if c in table.columns
                      and pd.to_numeric(failed[c], errors="coerce").notna().any()), None)
-    if worst_by is not None and not failed.empty:
+    verdict = _verdict_module()
+    if verdict is not None and "Severity" in table.columns and hasattr(verdict, "worst_ops"):
+        worst = verdict.worst_ops(table, max(top, 1))  # one row per op, its worst tensor
+        worst_by = "Severity"
+    elif worst_by is not None and not failed.empty:
         key = pd.to_numeric(failed[worst_by], errors="coerce")
         worst = failed.assign(__k=key).sort_values("__k", ascending=False, na_position="last",
                                                    kind="stable").drop(columns="__k")
     else:
         worst = _order(failed)
-    unmatched = _order(table[table["Result"] == "unmatched"]) if "Result" in table.columns else table.iloc[0:0]
+    if "Result" not in table.columns:
+        unmatched = table.iloc[0:0]
+    elif verdict is not None and hasattr(verdict, "unmatched_ops"):
+        unmatched = verdict.unmatched_ops(table)  # one row per op
+    else:
+        unmatched = _order(table[table["Result"] == "unmatched"])
     return Summary(
         counts=counts, total=len(table),
         first_failure=_first_failure(table) if counts.get("fail") else None,
@@ -147,11 +164,11 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
         ff = s.first_failure
         console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}", soft_wrap=True)
         metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
-        reason = ff.get("CompareFailReason")
         if metrics:
             console.print("  " + "  ".join(metrics), soft_wrap=True)
-        if isinstance(reason, str) and reason:
-            console.print(f"  reason: {reason}", soft_wrap=True)
+        for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
+            if _text(ff, key) and not (key == "CompareFailReason" and _text(ff, key) in _text(ff, "FailReason")):
+                console.print(f"  {label}: {_text(ff, key)}", soft_wrap=True, markup=False)
     elif s.counts.get("fail", 0) == 0 and s.counts.get("pass", 0):
         console.print("[green]every compared tensor passes[/green]")
     if s.counts.get("pass", 0) == 0 and s.counts.get("fail", 0) == 0 and s.total:
@@ -159,13 +176,16 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
 
     if s.worst and top:
         t = Table(title=f"worst failing ops (by {s.worst_by or 'seqid'})", title_justify="left")
-        for col in ("SeqId", "Op", "Phase", "Module", "Tensor") + tuple(m for m in _SHOW_METRICS if m in table.columns):
-            t.add_column(col, overflow="fold")
+        numeric = [c for c in _WORST_COLUMNS if c in table.columns]
+        for col, width in (("SeqId", 5), ("Op", 16), ("Phase", 8), ("Module", 8), ("Tensor", 8)):
+            t.add_column(col, overflow="fold", min_width=width)
+        for col in numeric:
+            t.add_column(_SHORT.get(col, col), justify="right", no_wrap=True)
         for r in s.worst:
             path = _text(r, "NPUDumpPath")
             t.add_row(_seqid(r), _text(r, "NPUDump"), _text(r, "Phase"),
                       _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
-                      *[fmt_value(r.get(m)) for m in _SHOW_METRICS if m in table.columns])
+                      *[fmt_value(r.get(m)) for m in numeric])
         console.print(t)
     if s.unmatched and top:
         n = s.counts.get("unmatched", 0)

@@ -187,30 +187,3 @@ print("NO_TORCH_OK")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "NO_TORCH_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
-
-@pytest.fixture(autouse=True)
-def _verdict_stub_until_engine_lands(monkeypatch):
-    """Temporary: helper C's verdict.py is not in the tree yet. A minimal stand-in (RED
-    above 64 unit roundoffs fails) so the CLI is tested; removed once verdict.py lands."""
-    try:
-        import accucmp.verdict  # noqa: F401
-        return
-    except ImportError:
-        pass
-    import types
-
-    def apply_verdict(table, thresholds=None):
-        t = table.copy()
-        red = pd.to_numeric(t["RelativeEuclideanDistance"], errors="coerce")
-        limit = (thresholds or {}).get("RelativeEuclideanDistance", 64 * 2 ** -24)
-        for k in thresholds or {}:
-            if k not in ("RelativeEuclideanDistance", "CosineSimilarity"):
-                raise ValueError(f"unknown threshold {k}")
-        unmatched = t["CompareStatus"].eq("unmatched") if "CompareStatus" in t else t["GroundTruthPath"].isna()
-        t["Result"] = np.where(unmatched, "unmatched", np.where(red > limit, "fail", "pass"))
-        return t
-
-    mod = types.ModuleType("accucmp.verdict")
-    mod.apply_verdict = apply_verdict
-    mod.first_failure = lambda t: None if (t["Result"] == "fail").sum() == 0 else t[t["Result"] == "fail"].sort_values("SeqId").iloc[0]
-    monkeypatch.setitem(sys.modules, "accucmp.verdict", mod)
