@@ -1,0 +1,266 @@
+"""Verdicts: thresholds applied to a comparison table, separately from the metrics.
+
+`apply_verdict(table, thresholds)` adds `Result` (pass / fail / unmatched / skipped),
+`FailReason`, `Severity` (measured error / allowed error, > 1 fails) and `ErrorUlps`
+(the error in unit roundoffs of the op's precision). It reads only table columns, so
+it re-runs on a saved result csv with other thresholds.
+
+The rule (docs/COMPARE.md has the reasoning and the measurements behind each default):
+
+* precision: an op's error is bounded by the LEAST precise dtype among everything it
+  touched: all its input and output tensors on both sides and its compute dtype
+  (column PrecisionDtype, filled by compare). u = that dtype's unit roundoff.
+* floating tensors pass when
+      RelativeEuclideanDistance <= max(RelativeEuclideanDistanceUlps * u, RelativeEuclideanDistanceFloor)
+  and  MaxAbsoluteError <= max(MaxAbsoluteErrorUlps * u, MaxAbsoluteErrorFloor) * GoldenAbsMax.
+  With an fp64 golden replay (columns TargetErrorVsFp64 / GoldenErrorVsFp64) the first
+  test becomes: the target's error against fp64 <= Fp64Factor * the golden device's own
+  error against fp64 + Fp64FloorUlps * u.
+* integer and bool tensors must agree exactly (RelativeEuclideanDistance <= ExactTolerance).
+* NaN/Inf where the other side is finite fails; size mismatch and corrupt data fail;
+  empty tensors and outputs of empty-like ops are skipped; unpaired tensors are unmatched.
+* a metric name as a threshold (e.g. CosineSimilarity=0.99) adds an absolute test in the
+  metric's direction; RelativeEuclideanDistance / MaxAbsoluteError given this way replace
+  their dtype-scaled test.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpError
+
+from .metrics import METRICS
+
+RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
+
+DEFAULT_THRESHOLDS: dict[str, float] = {
+    # 2.8 u: worst clean fp32-vs-bf16 replay op measured (layer-norm backward); 12.7 u: a 5% fault
+    "RelativeEuclideanDistanceUlps": 6.0,
+    # fp32 ops with long reductions reach tens of u (~1e-6); a 1% fault is 1e-2
+    "RelativeEuclideanDistanceFloor": 1e-4,
+    # max |x-y| relative to max |y|: catches a few wildly wrong elements that RED averages away
+    "MaxAbsoluteErrorUlps": 64.0,
+    "MaxAbsoluteErrorFloor": 1e-3,
+    # with an fp64 golden replay: target error vs fp64 <= factor * golden error vs fp64 + floor * u
+    "Fp64Factor": 2.0,
+    "Fp64FloorUlps": 4.0,
+    # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
+    "ExactTolerance": 0.0,
+}
+
+
+class VerdictError(DumpError):
+    """Bad threshold name or value, or a table that is not a comparison result."""
+
+
+def thresholds_with(overrides: Mapping[str, float] | None) -> dict[str, float]:
+    """Defaults merged with overrides; metric names allowed too. Unknown names -> VerdictError."""
+    th: dict[str, float] = dict(DEFAULT_THRESHOLDS)
+    by_lower = {k.lower(): k for k in (*DEFAULT_THRESHOLDS, *METRICS)}
+    for name, value in (overrides or {}).items():
+        key = by_lower.get(str(name).strip().lower())
+        if key is None:
+            raise VerdictError(f"unknown threshold {name!r}; known: {', '.join(by_lower.values())}")
+        if key in METRICS and not METRICS[key].numeric:
+            raise VerdictError(f"{key} is a display string and takes no threshold")
+        try:
+            v = float(value)
+        except (TypeError, ValueError) as e:
+            raise VerdictError(f"threshold {key}={value!r}: not a number") from e
+        if math.isnan(v):
+            raise VerdictError(f"threshold {key}: NaN is not a threshold")
+        th[key] = v
+    return th
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def _str(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return ""
+    return str(v)
+
+
+def _is_exact_dtype(d: str) -> bool:
+    return bool(d) and d not in S.FLOATING_DTYPES and d not in S.COMPLEX_DTYPES
+
+
+def _unit_roundoff(row: dict) -> tuple[float, str]:
+    prec = _str(row.get("PrecisionDtype"))
+    cands = [prec, _str(row.get("DataType")), _str(row.get("GoldenDataType")), _str(row.get("ComputeDtype"))]
+    best, u = "", -1.0
+    for d in cands:
+        if S.UNIT_ROUNDOFF.get(d, -1.0) > u:
+            best, u = d, S.UNIT_ROUNDOFF[d]
+    return (u if u > 0 else S.UNIT_ROUNDOFF["float32"]), (best or "float32")
+
+
+def _status(row: dict) -> str:
+    st = _str(row.get("CompareStatus"))
+    if st:
+        return st
+    # a table without the column (an older or hand-made csv): infer from the paths
+    if not _str(row.get("NPUDumpPath")) or not _str(row.get("GroundTruthPath")):
+        return "unmatched"
+    return "compared"
+
+
+def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, str, float, float]:
+    """(Result, FailReason, Severity, ErrorUlps) of one table row."""
+    status = _status(row)
+    reason = _str(row.get("CompareFailReason"))
+    if status == "unmatched":
+        return RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan
+    if status in ("uninitialized", "empty"):
+        return RESULT_SKIPPED, reason, math.nan, math.nan
+    if status in ("size_mismatch", "corrupt"):
+        return RESULT_FAIL, reason or status, math.inf, math.nan
+    if _num(row.get("NonFiniteMismatch")) > 0:
+        return RESULT_FAIL, reason or "NaN/Inf on one side only", math.inf, math.nan
+
+    red = _num(row.get("RelativeEuclideanDistance"))
+    red_note = ""
+    if math.isnan(red):
+        cos = _num(row.get("CosineSimilarity"))
+        if not math.isnan(cos):
+            red = math.sqrt(max(0.0, 1.0 - min(cos, 1.0) ** 2))   # sin(angle) <= RED
+            red_note = " (lower bound from cosine)"
+    if status == "stats":
+        red_note = " (lower bound from statistics)"
+    max_abs = _num(row.get("MaxAbsoluteError"))
+    g_absmax = _num(row.get("GoldenAbsMax"))
+    failures: list[str] = []
+    severity = 0.0
+
+    def check(value: float, bound: float, what: str) -> None:
+        nonlocal severity
+        if math.isnan(value):
+            return
+        s = value / bound if bound > 0 else (0.0 if value <= 0 else math.inf)
+        severity = max(severity, s)
+        if value > bound:
+            failures.append(f"{what} {value:.3g} > {bound:.3g}")
+
+    dtypes = (_str(row.get("DataType")), _str(row.get("GoldenDataType")))
+    exact = all(_is_exact_dtype(d) for d in dtypes if d) and any(dtypes)
+    ulps = math.nan
+    if exact:
+        check(red if not math.isnan(red) else max_abs, th["ExactTolerance"],
+              f"{'/'.join(d for d in dtypes if d)} values differ: RelativeEuclideanDistance{red_note}")
+    else:
+        u, prec = _unit_roundoff(row)
+        t64, g64 = _num(row.get("TargetErrorVsFp64")), _num(row.get("GoldenErrorVsFp64"))
+        if "RelativeEuclideanDistance" in _user(th):
+            check(red, th["RelativeEuclideanDistance"], f"RelativeEuclideanDistance{red_note}")
+            ulps = red / u
+        elif fp64 and not (math.isnan(t64) or math.isnan(g64)):
+            bound = th["Fp64Factor"] * g64 + th["Fp64FloorUlps"] * u
+            check(t64, bound, f"error vs fp64 (golden's own {g64:.3g}; {prec})")
+            ulps = t64 / u
+        else:
+            bound = max(th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"])
+            check(red, bound, f"RelativeEuclideanDistance{red_note} ({red / u:.3g} u of {prec})")
+            ulps = red / u
+        if "MaxAbsoluteError" in _user(th):
+            check(max_abs, th["MaxAbsoluteError"], "MaxAbsoluteError")
+        elif not math.isnan(max_abs):
+            if g_absmax > 0:
+                rel = max_abs / g_absmax
+                bound = max(th["MaxAbsoluteErrorUlps"] * u, th["MaxAbsoluteErrorFloor"])
+                check(rel, bound, f"MaxAbsoluteError/max|golden|{red_note}")
+            elif g_absmax == 0:
+                # golden all zero: relative measures are undefined, judge the absolute error
+                check(max_abs, th["MaxAbsoluteErrorFloor"], "golden is all zero; MaxAbsoluteError")
+    for name, bound in _user(th).items():
+        if name in ("RelativeEuclideanDistance", "MaxAbsoluteError"):
+            continue
+        v = _num(row.get(name))
+        if math.isnan(v):
+            continue
+        if METRICS[name].higher_is_better:
+            if v < bound:
+                failures.append(f"{name} {v:.6g} < {bound:.6g}")
+                severity = max(severity, (1 - v) / (1 - bound) if bound < 1 else math.inf)
+        else:
+            check(v, bound, name)
+    if failures:
+        return RESULT_FAIL, "; ".join(failures), severity, ulps
+    if math.isnan(red) and math.isnan(max_abs) and all(math.isnan(_num(row.get(m))) for m in METRICS
+                                                        if METRICS[m].numeric):
+        # nothing measurable (e.g. every element NaN on both sides, or stats-only with no bound)
+        return RESULT_SKIPPED if status != "stats" else RESULT_PASS, reason or "no metric", severity, ulps
+    return RESULT_PASS, "", severity, ulps
+
+
+def _user(th: Mapping[str, float]) -> dict[str, float]:
+    return {k: v for k, v in th.items() if k in METRICS}
+
+
+def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """A copy of `table` with Result, FailReason, Severity and ErrorUlps (re-runnable)."""
+    if not isinstance(table, pd.DataFrame):
+        raise VerdictError("apply_verdict needs a pandas DataFrame")
+    th = thresholds_with(thresholds)
+    out = table.copy()
+    fp64 = "TargetErrorVsFp64" in out.columns and "GoldenErrorVsFp64" in out.columns
+    verdicts = [judge_row(r, th, fp64=fp64) for r in out.to_dict(orient="records")]
+    cols = list(zip(*verdicts)) if verdicts else [[], [], [], []]
+    out["Result"] = list(cols[0])
+    out["FailReason"] = list(cols[1])
+    out["Severity"] = np.asarray(cols[2], dtype=np.float64)
+    out["ErrorUlps"] = np.asarray(cols[3], dtype=np.float64)
+    return out
+
+
+def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
+    # Index is assigned in execution order by compare_dumps; SeqId is the fallback
+    for key in ("Index", "SeqId"):
+        if key in table.columns:
+            k = pd.to_numeric(table[key], errors="coerce")
+            return table.assign(__k=k).sort_values("__k", kind="stable", na_position="last").drop(columns="__k")
+    return table
+
+
+def first_failure(table: pd.DataFrame) -> pd.Series | None:
+    """The first failing row in execution order, or None."""
+    if "Result" not in table.columns:
+        table = apply_verdict(table)
+    failed = table[table["Result"] == RESULT_FAIL]
+    if failed.empty:
+        return None
+    return _execution_order(failed).iloc[0]
+
+
+def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Failing ops (one row each: its worst tensor), largest Severity first."""
+    if "Result" not in table.columns:
+        table = apply_verdict(table)
+    failed = table[table["Result"] == RESULT_FAIL]
+    if failed.empty:
+        return failed
+    key = ["NPUDump", "SeqId"] if "SeqId" in failed.columns else ["NPUDump"]
+    sev = pd.to_numeric(failed["Severity"], errors="coerce").fillna(0.0)
+    worst = failed.assign(__s=sev).sort_values("__s", ascending=False, kind="stable")
+    worst = worst.drop_duplicates(subset=key, keep="first")
+    return worst.drop(columns="__s").head(n)
+
+
+def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per unmatched op (either side), in execution order."""
+    if "Result" not in table.columns:
+        table = apply_verdict(table)
+    un = table[table["Result"] == RESULT_UNMATCHED]
+    return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
+                                                       if c in un.columns]))

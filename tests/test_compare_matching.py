@@ -1,0 +1,91 @@
+"""Op pairing (k-th call, stream alignment, replay seqids, op map) and tensor pairing."""
+
+import numpy as np
+
+from accucmp.matching import canonical_op, pair_by_seqid, pair_by_stream, pair_tensors, tensor_leaves
+from dumpfile import DumpFile
+from dumpfile import schema as S
+from tests._compare_helpers import write_dump
+
+
+class Op:
+    def __init__(self, op, seqid):
+        self.op, self.seqid = op, seqid
+
+    def __repr__(self):
+        return f"{self.op}#{self.seqid}"
+
+
+def ops(names, start=1):
+    return [Op(n, i) for i, n in enumerate(names, start)]
+
+
+def as_pairs(pairs):
+    return [((p.target.op, p.target.seqid) if p.target else None,
+             (p.golden.op, p.golden.seqid) if p.golden else None) for p in pairs]
+
+
+def test_equal_streams_pair_one_to_one():
+    t, g = ops(["mm", "add", "mm"]), ops(["mm", "add", "mm"], start=10)
+    assert as_pairs(pair_by_stream(t, g)) == [(("mm", 1), ("mm", 10)), (("add", 2), ("add", 11)),
+                                              (("mm", 3), ("mm", 12))]
+
+
+def test_inserted_op_does_not_shift_later_pairs():
+    g = ops(["mm", "add", "relu", "mm", "add", "relu"])
+    t = ops(["mm", "add", "add", "relu", "mm", "add", "relu"])   # an extra add in the target
+    pairs = pair_by_stream(t, g)
+    got = as_pairs(pairs)
+    assert (("mm", 5), ("mm", 4)) in got and (("add", 6), ("add", 5)) in got and (("relu", 7), ("relu", 6)) in got
+    unmatched = [p for p in pairs if p.golden is None]
+    assert len(unmatched) == 1 and unmatched[0].target.op == "add"
+    assert "No data match" in unmatched[0].reason
+    # plain k-th call would have paired the second target add with the second golden add (seqid 5)
+    assert not any(p for p in pairs if p.target and p.golden and p.target.seqid == 3 and p.golden.seqid == 5)
+
+
+def test_missing_op_leaves_golden_only_row_in_place():
+    g = ops(["a", "b", "c", "d"])
+    t = ops(["a", "c", "d"])
+    got = as_pairs(pair_by_stream(t, g))
+    assert got == [(("a", 1), ("a", 1)), (None, ("b", 2)), (("c", 2), ("c", 3)), (("d", 3), ("d", 4))]
+
+
+def test_kth_call_inside_a_replaced_region():
+    g = ops(["x", "mm", "y", "mm", "z"])
+    t = ops(["x", "mm", "w", "mm", "z"])
+    got = as_pairs(pair_by_stream(t, g))
+    assert (("mm", 2), ("mm", 2)) in got and (("mm", 4), ("mm", 4)) in got
+    assert (("w", 3), None) in got and (None, ("y", 3)) in got
+
+
+def test_op_map_pairs_cudnn_with_native():
+    assert canonical_op("aten.cudnn_batch_norm.default") == canonical_op("aten.native_batch_norm.default")
+    t = ops(["aten.mm.default", "aten.cudnn_batch_norm.default"])
+    g = ops(["aten.mm.default", "aten.native_batch_norm.default"])
+    pairs = pair_by_stream(t, g)
+    assert [p.matched_by for p in pairs] == ["name", "map"]
+
+
+def test_replay_pairs_by_identical_seqid():
+    g = ops(["a", "b", "c", "d"])
+    t = [Op("a", 1), Op("c", 3), Op("d", 4)]   # b not replayed
+    pairs = pair_by_seqid(t, g, {("b", 2): "no recorded inputs"})
+    assert as_pairs(pairs) == [(("a", 1), ("a", 1)), (None, ("b", 2)), (("c", 3), ("c", 3)), (("d", 4), ("d", 4))]
+    assert "no recorded inputs" in pairs[1].reason
+    assert all(p.matched_by == "seqid" for p in pairs if p.target and p.golden)
+
+
+def test_tensor_pairing_by_name_rename_and_lists(tmp_path):
+    a = np.ones(3, np.float32)
+    write_dump(tmp_path / "t.h5", [dict(op="aten.cat.default", seqid=1,
+                                        inputs={"tensors": [a, a], "self": a, "dim": 0}, outputs={"result": a})])
+    write_dump(tmp_path / "g.h5", [dict(op="aten.cat.default", seqid=1,
+                                        inputs={"tensors": [a, a, a], "input": a}, outputs={"result": a})])
+    with DumpFile(tmp_path / "t.h5") as tf, DumpFile(tmp_path / "g.h5") as gf:
+        t_in = tensor_leaves(tf.ops()[0].inputs())
+        g_in = tensor_leaves(gf.ops()[0].inputs())
+        assert "dim" not in t_in
+        got = [(n, t is not None, g is not None) for n, t, g in pair_tensors(t_in, g_in)]
+    assert got == [("tensors/tensors_0", True, True), ("tensors/tensors_1", True, True),
+                   ("self", True, True), ("tensors/tensors_2", False, True)]

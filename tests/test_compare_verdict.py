@@ -1,0 +1,156 @@
+"""Dtype-aware verdicts on synthetic fp32 / bf16 tensors; re-running on a saved csv."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from accucmp.metrics import TensorComparison
+from accucmp.verdict import DEFAULT_THRESHOLDS, VerdictError, apply_verdict, first_failure, worst_ops
+from tests._compare_helpers import bf16
+
+RNG = np.random.default_rng(7)
+
+
+def row(x, y, *, dtype="float32", golden_dtype="float32", precision=None, op="aten.mm.default", seqid=1, **extra):
+    tc = TensorComparison()
+    tc.add(x, y)
+    tc.kl_pass(x, y)
+    r = {k: v.value for k, v in tc.results().items()}
+    r.update(tc.extras())
+    r.update({"Index": seqid, "NPUDump": op, "NPUDumpPath": f"/{op}/{seqid}/output/result",
+              "GroundTruthPath": f"/{op}/{seqid}/output/result", "DataType": dtype, "GoldenDataType": golden_dtype,
+              "PrecisionDtype": precision or dtype, "CompareStatus": "compared", "CompareFailReason": "",
+              "SeqId": seqid})
+    r.update(extra)
+    return r
+
+
+def verdict(*rows, thresholds=None):
+    return apply_verdict(pd.DataFrame(list(rows)), thresholds)
+
+
+def golden(n=4096):
+    # a matmul-like output: sums of products, well away from zero on average
+    return (RNG.standard_normal((n, 16)) @ RNG.standard_normal(16)).astype(np.float32)
+
+
+def test_clean_bf16_rounding_passes_and_5_percent_fault_fails():
+    y = golden()
+    clean = bf16(y)
+    faulty = bf16(y * 1.05)
+    t = verdict(row(clean, y, dtype="bfloat16", precision="bfloat16"),
+                row(faulty, y, dtype="bfloat16", precision="bfloat16", seqid=2))
+    assert list(t["Result"]) == ["pass", "fail"]
+    assert t["ErrorUlps"][0] < 1.5
+    assert 11 < t["ErrorUlps"][1] < 14
+    assert "RelativeEuclideanDistance" in t["FailReason"][1]
+
+
+def test_pure_scale_fault_fails_although_cosine_is_one():
+    y = golden()
+    t = verdict(row((y * 1.05).astype(np.float32), y))
+    assert t["CosineSimilarity"][0] == pytest.approx(1.0, abs=1e-12)
+    assert t["Result"][0] == "fail"
+
+
+def test_fp32_one_percent_fails_long_reduction_noise_passes():
+    y = golden()
+    noisy = (y.astype(np.float64) * (1 + RNG.standard_normal(y.size) * 40 * 2.0 ** -24)).astype(np.float32)
+    t = verdict(row(noisy, y), row((y * 1.01).astype(np.float32), y, seqid=2))
+    assert list(t["Result"]) == ["pass", "fail"]
+
+
+def test_precision_is_the_least_precise_dtype_the_op_touched():
+    # fp32 output of an op that read bf16 inputs (autocast): bf16 rounding must pass
+    y = golden()
+    t = verdict(row(bf16(y), y, dtype="float32", precision="bfloat16"),
+                row(bf16(y), y, dtype="float32", precision="float32", seqid=2))
+    assert list(t["Result"]) == ["pass", "fail"]
+
+
+def test_few_wild_elements_fail_through_max_error():
+    y = bf16(golden(100_000))
+    x = y.copy()
+    x[123] = y[123] + 3 * np.abs(y).max()
+    t = verdict(row(x, y, dtype="bfloat16", precision="bfloat16"))
+    assert t["Result"][0] == "fail" and "MaxAbsoluteError" in t["FailReason"][0]
+
+
+def test_integer_and_bool_must_be_exact():
+    a = np.array([1, 2, 3], np.int64)
+    t = verdict(row(a, a, dtype="int64", golden_dtype="int64", precision=""),
+                row(a + np.array([0, 0, 1]), a, dtype="int64", golden_dtype="int64", precision="", seqid=2))
+    assert list(t["Result"]) == ["pass", "fail"]
+
+
+def test_status_rows():
+    base = {"NPUDump": "op", "NPUDumpPath": "/op/1/output/r", "GroundTruthPath": "/op/1/output/r",
+            "CompareFailReason": "why", "Index": 0}
+    t = verdict({**base, "CompareStatus": "unmatched", "GroundTruthPath": ""},
+                {**base, "CompareStatus": "uninitialized"}, {**base, "CompareStatus": "empty"},
+                {**base, "CompareStatus": "size_mismatch"}, {**base, "CompareStatus": "corrupt"},
+                {**base, "CompareStatus": "compared", "NonFiniteMismatch": 3})
+    assert list(t["Result"]) == ["unmatched", "skipped", "skipped", "fail", "fail", "fail"]
+
+
+def test_golden_all_zero_target_not():
+    z = np.zeros(8, np.float32)
+    x = z.copy()
+    x[0] = 0.5
+    t = verdict(row(z, z), row(x, z, seqid=2))
+    assert list(t["Result"]) == ["pass", "fail"]
+
+
+def test_fp64_rule_uses_the_golden_devices_own_error():
+    y = golden()
+    r = row(y, y)   # metrics irrelevant here: the fp64 columns decide
+    u = 2.0 ** -8
+    ok = {**r, "PrecisionDtype": "bfloat16", "TargetErrorVsFp64": 5 * u, "GoldenErrorVsFp64": 3 * u}
+    bad = {**r, "PrecisionDtype": "bfloat16", "TargetErrorVsFp64": 12.7 * u, "GoldenErrorVsFp64": 2.8 * u, "Index": 2}
+    t = verdict(ok, bad)
+    assert list(t["Result"]) == ["pass", "fail"]
+    assert "fp64" in t["FailReason"][1]
+
+
+def test_overrides_and_errors():
+    y = golden()
+    r = row((y * 1.01).astype(np.float32), y)
+    assert verdict(r)["Result"][0] == "fail"
+    # the max-error test still sees 1% of max|golden|; replacing both lets it pass
+    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05})["Result"][0] == "fail"
+    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05, "MaxAbsoluteError": 10})["Result"][0] == "pass"
+    assert verdict(r, thresholds={"relativeeuclideandistanceulps": 1e6, "MaxAbsoluteErrorUlps": 1e6}
+                   )["Result"][0] == "pass"
+    assert verdict(row(y, y), thresholds={"CosineSimilarity": 1.5})["Result"][0] == "fail"
+    with pytest.raises(VerdictError):
+        verdict(r, thresholds={"Nope": 1})
+    with pytest.raises(VerdictError):
+        verdict(r, thresholds={"StandardDeviation": 1})
+    assert set(DEFAULT_THRESHOLDS) >= {"RelativeEuclideanDistanceUlps", "Fp64Factor"}
+
+
+def test_rerun_on_saved_csv(tmp_path):
+    y = golden()
+    t = verdict(row(bf16(y), y, dtype="bfloat16", precision="bfloat16"),
+                row(bf16(y * 1.05), y, dtype="bfloat16", precision="bfloat16", seqid=2))
+    p = tmp_path / "result.csv"
+    t.to_csv(p, index=False)
+    back = pd.read_csv(p)
+    again = apply_verdict(back)
+    assert list(again["Result"]) == list(t["Result"])
+    loose = apply_verdict(back, {"RelativeEuclideanDistanceUlps": 20})
+    assert list(loose["Result"]) == ["pass", "pass"]
+
+
+def test_first_failure_and_worst_ops():
+    y = golden()
+    t = verdict(row(y, y, seqid=1), row((y * 1.02).astype(np.float32), y, seqid=2, op="a"),
+                row((y * 1.5).astype(np.float32), y, seqid=3, op="b"))
+    ff = first_failure(t)
+    assert ff["SeqId"] == 2 and ff["NPUDump"] == "a"
+    w = worst_ops(t)
+    assert list(w["NPUDump"]) == ["b", "a"]
+    assert first_failure(t.iloc[:1]) is None
+    assert math.isnan(t["Severity"][0]) is False and t["Severity"][0] < 1
