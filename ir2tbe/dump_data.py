@@ -170,7 +170,8 @@ class TensorEntry:
         from dumpfile.reader import decode_raw   # numpy-only helper shared with the h5 reader
         storage, name = DATA_TYPES[self.data_type]
         arr = np.frombuffer(self.raw, dtype=np.dtype(storage).newbyteorder("<")).reshape(self.shape)
-        return decode_raw(arr.astype(np.dtype(storage), copy=False), name)
+        out = decode_raw(arr.astype(np.dtype(storage), copy=False), name)
+        return out if out.flags.writeable else out.copy()   # frombuffer views are read-only
 
 
 @dataclass
