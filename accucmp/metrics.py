@@ -272,7 +272,11 @@ class TensorComparison:
             return MetricResult(1.0)
         if x_zero or y_zero:
             return MetricResult(math.nan, f"{'target' if x_zero else 'golden'} is all zero: cosine undefined")
-        return MetricResult(min(1.0, self.sxy / (nx * ny)))
+        # sqrt(sxx*syy) rather than nx*ny: identical tensors then give exactly 1
+        denom = math.sqrt(self.sxx * self.syy)
+        if not math.isfinite(denom) or denom == 0.0:
+            denom = nx * ny
+        return MetricResult(min(1.0, self.sxy / denom))
 
     def _m_MaxAbsoluteError(self, *_):
         return MetricResult(self.max_ad)
