@@ -9,13 +9,15 @@ import io
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .summary import describe_row, fmt_value, summarize
 
 # Metrics plotted, with whether a log scale suits them (errors span decades).
-_PLOTTED = (("RelativeEuclideanDistance", True), ("CosineSimilarity", False),
-            ("MaxRelativeError", True), ("MaxAbsoluteError", True))
+# Severity is the verdict's measured/allowed error (dtype-aware): above 1 fails.
+_PLOTTED = (("Severity", True), ("RelativeEuclideanDistance", True), ("CosineSimilarity", False),
+            ("MaxAbsoluteError", True))
 MAX_TABLE_ROWS = 20000
 
 _CSS = """
@@ -51,6 +53,20 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
     styles = {"forward": ("#1f77b4", "o", "forward"), "backward": ("#ff7f0e", "s", "backward")}
     for ax, (m, log) in zip(axes[:, 0], metrics):
         y = _numeric(table, m)
+        if log:
+            # exact agreement (0) has no place on a log axis: draw it on a floor line
+            pos = y[(y > 0) & ~y.isin([math.inf])]
+            floor = float(pos.min()) / 10 if len(pos) else 1e-12
+            if m == "Severity":
+                floor = min(floor, 0.1)  # keep the pass/fail line (1.0) above "exact"
+            y = y.where(~(y <= 0), floor)
+            if (y == floor).any():
+                ax.axhline(floor, color="#bbbbbb", linewidth=0.6)
+                ax.annotate("exact (0)", (0.005, floor), xycoords=("axes fraction", "data"), fontsize=6,
+                            color="#888888", va="bottom")
+            y = y.where(~y.isin([math.inf]), np.nan)
+        if m == "Severity":
+            ax.axhline(1.0, color="#b00020", linewidth=0.8, linestyle=":")
         for ph, (color, marker, label) in list(styles.items()) + [("", ("#7f7f7f", ".", "other"))]:
             sel = (phase == ph) if ph else ~phase.isin(list(styles))
             sel &= y.notna() & x.notna()
@@ -65,7 +81,7 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
         if log and (y > 0).any():
             ax.set_yscale("log")
         ax.set_ylabel(m, fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(which="both", labelsize=7)
         ax.grid(alpha=0.25)
         if first is not None:
             fx = pd.to_numeric(pd.Series([first.get(xcol)]), errors="coerce").iloc[0]
@@ -73,7 +89,11 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
                 ax.axvline(fx, color="#b00020", linestyle="--", linewidth=1)
     if first is not None:
         axes[0, 0].set_title(f"first failure: {describe_row(first)}", fontsize=9, color="#b00020", loc="left")
-    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=4)
+    handles = {}
+    for ax in axes[:, 0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    axes[0, 0].legend(handles.values(), handles.keys(), fontsize=7, loc="upper right", ncol=4)
     axes[-1, 0].set_xlabel(f"{xcol} (execution order)", fontsize=8)
     fig.tight_layout()
     buf = io.StringIO()
