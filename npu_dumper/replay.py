@@ -1,0 +1,462 @@
+"""Load-replay: feed each live op the inputs a recorded (golden) op saw, dump its outputs.
+
+    with torch.utils.dumper(use_load=True, load_file_path="gpu.h5", dump_path="npu.h5"):
+        loss = model(x).sum(); loss.backward()
+
+Then `accucmp compare -m npu.h5 -g gpu.h5` shows each op's own error, not error
+inherited from earlier ops: every matched op ran on exactly the golden inputs.
+
+Matching (REFERENCE §3, refined): the k-th live call of op X takes the k-th recorded
+call of X when their signatures agree; otherwise the first unused recorded call of X,
+or of a name the op map says is equivalent, whose signature agrees. A signature is,
+for each argument present on both sides, the tensor shape and dtype family (float /
+int / bool / complex; Int ~ Long, float32 ~ bfloat16) or the exact non-tensor value.
+
+On a match the recorded values replace the live inputs, cast to the live dtype and
+device and laid out with the live strides (a contiguous stand-in for a transposed
+input would change fp32 results by a few rounding units); arguments the op writes
+(in-place self, out=, batch-norm running stats) get the recorded values copied into
+the live tensor instead, so the in-place semantics hold. Outputs are stored under the
+running op's name and the recorded seqid, with attrs replayed=True, source_seqid.
+Unmatched ops run on their live inputs and are not stored. Replacing arguments at the
+dispatch level is below autograd, so the graph and gradients are untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpError
+from dumpfile.reader import DumpFile, OpRecord, ValueRecord
+
+from .errors import DumperError
+from .opmap import OpMap, get_op_map
+from .policy import OpEvent, Policy
+from .recorded import NotReplayable, resolve_op, tensor_from_record
+
+_SUMMARY_NAMES = 5
+
+
+class ReplayError(DumperError):
+    """The load file cannot be used for replay (missing, not HDF5, not a dump, is dump_path)."""
+
+
+# ---- signatures ------------------------------------------------------------------
+def _family(dtype_name: str) -> str:
+    if dtype_name in S.FLOATING_DTYPES:
+        return "float"
+    if dtype_name in S.COMPLEX_DTYPES:
+        return "complex"
+    if dtype_name == "bool":
+        return "bool"
+    return "int" if dtype_name else "?"
+
+
+_TORCH_FAMILY: dict[torch.dtype, str] = {}
+
+
+def _torch_family(dtype: torch.dtype) -> str:
+    fam = _TORCH_FAMILY.get(dtype)
+    if fam is None:
+        fam = _TORCH_FAMILY[dtype] = _family(str(dtype).replace("torch.", ""))
+    return fam
+
+
+def _live_key(value: Any) -> Any:
+    """What must agree between a live argument and a recorded one."""
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), _torch_family(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return ("L", tuple(_live_key(v) for v in value))
+    if isinstance(value, torch.dtype):
+        return ("D", str(value).replace("torch.", ""))
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return None                      # placement, not numerics: never blocks a match
+    if isinstance(value, bool):
+        return ("B", value)
+    if isinstance(value, (int, float)):
+        return ("N", float(value))
+    if isinstance(value, torch.SymInt):
+        return ("N", float(int(value)))
+    return ("V", value) if value is None or isinstance(value, str) else None
+
+
+def _recorded_key(rec: ValueRecord) -> Any:
+    if rec.is_tensor:
+        return ("T", tuple(rec.shape), _family(rec.dtype))
+    if rec.is_list:
+        return ("L", tuple(_recorded_key(c) for c in rec.children))
+    t = rec.type
+    if t == S.TYPE_SCALAR_TYPE:
+        return ("D", rec.read())
+    if t in (S.TYPE_DEVICE, S.TYPE_LAYOUT, S.TYPE_MEMORY_FORMAT):
+        return None
+    v = rec.read()
+    if t in (S.TYPE_INT_LIST, S.TYPE_INT_ARRAY_REF, S.TYPE_FLOAT_LIST, S.TYPE_BOOL_LIST):
+        vals = v if isinstance(v, list) else [v]
+        return ("L", tuple(("B", x) if isinstance(x, bool) else ("N", float(x)) for x in vals))
+    if isinstance(v, bool):
+        return ("B", v)
+    if isinstance(v, (int, float)):
+        return ("N", float(v))
+    return ("V", v) if v is None or isinstance(v, str) else None
+
+
+def _live_list_as_values(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and not any(isinstance(v, torch.Tensor) for v in value)
+
+
+@dataclass
+class _Recorded:
+    """A recorded op, its inputs read lazily once."""
+
+    record: OpRecord
+    used: bool = False
+    _inputs: dict[str, ValueRecord] | None = None
+    _keys: dict[str, Any] | None = None
+
+    @property
+    def inputs(self) -> dict[str, ValueRecord]:
+        if self._inputs is None:
+            self._inputs = self.record.inputs()
+        return self._inputs
+
+    def key(self, name: str) -> Any:
+        if self._keys is None:
+            self._keys = {}
+        if name not in self._keys:
+            self._keys[name] = _recorded_key(self.inputs[name])
+        return self._keys[name]
+
+
+@dataclass
+class ReplaySummary:
+    recorded_ops: int = 0
+    live_ops: int = 0
+    matched: int = 0
+    by_map: int = 0                          # matched through the op-name map
+    unmatched: Counter = field(default_factory=Counter)          # live op name -> count
+    unmatched_why: dict[str, str] = field(default_factory=dict)  # live op name -> first reason
+    casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
+    never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
+
+    def __str__(self) -> str:
+        line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
+                f"({self.recorded_ops} recorded, {len(self.never_used)} of them unused)")
+        if self.by_map:
+            line += f"; {self.by_map} through the op-name map"
+        if self.unmatched:
+            n = sum(self.unmatched.values())
+            parts = [f"{op} x{c} ({self.unmatched_why.get(op, '?')})"
+                     for op, c in self.unmatched.most_common(_SUMMARY_NAMES)]
+            more = "" if len(self.unmatched) <= _SUMMARY_NAMES else f", +{len(self.unmatched) - _SUMMARY_NAMES} more"
+            line += f"; unmatched {n} (run on live inputs, not dumped): " + ", ".join(parts) + more
+        if self.never_used:
+            line += f"; recorded but never matched: {', '.join(self.never_used[:_SUMMARY_NAMES])}"
+            if len(self.never_used) > _SUMMARY_NAMES:
+                line += f", +{len(self.never_used) - _SUMMARY_NAMES} more"
+        if self.casts:
+            line += "; dtype casts: " + ", ".join(f"{k} x{v}" for k, v in self.casts.most_common())
+        return line
+
+
+class ReplayPolicy(Policy):
+    """The load-replay policy (see module doc). `summary` is filled in at block exit."""
+
+    def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
+                 dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
+                 verbose: bool = True):
+        self.load_file_path = os.fspath(load_file_path) if load_file_path is not None else ""
+        self.dump_path = os.fspath(dump_path) if dump_path is not None else None
+        self.op_map = op_map if isinstance(op_map, OpMap) else get_op_map(op_map)
+        self.keep_live_strides = keep_live_strides
+        self.verbose = verbose
+        self.summary = ReplaySummary()
+        self._file: DumpFile | None = None
+        self._by_name: dict[str, list[_Recorded]] = {}
+        self._by_packet: dict[str, list[_Recorded]] = defaultdict(list)
+        self._calls: Counter = Counter()
+        self._before_write = None
+        self._written_args: dict[Any, frozenset] = {}
+
+    # ---- block entry -----------------------------------------------------------
+    def begin(self, session: Any = None) -> None:
+        path = self.load_file_path
+        if not path:
+            raise ReplayError("load_file_path is empty: give the dump to replay")
+        dump_path = self.dump_path or getattr(session, "dump_path", None)
+        if dump_path and os.path.abspath(os.fspath(dump_path)) == os.path.abspath(path):
+            raise ReplayError(f"{path}: load_file_path and dump_path are the same file "
+                              "(the replay would overwrite the golden dump)")
+        try:
+            self._file = DumpFile(path)
+        except DumpError as e:
+            raise ReplayError(str(e)) from None
+        if self._file.stats_only:
+            self._file.close()
+            raise ReplayError(f"{path}: statistics-only dump holds no tensor values to replay")
+        ops = self._file.ops()
+        if not ops:
+            self._file.close()
+            raise ReplayError(f"{path}: the dump holds no ops")
+        for rec in ops:
+            entry = _Recorded(rec)
+            self._by_name.setdefault(rec.op, []).append(entry)
+            self._by_packet[_packet(rec.op)].append(entry)
+        self.summary = ReplaySummary(recorded_ops=len(ops))
+        # the dumper's copy-on-write hook: data captured earlier must be saved before we
+        # overwrite a live tensor in place
+        registry = getattr(session, "registry", None) or \
+            getattr(getattr(session, "_writer", None), "registry", None)
+        self._before_write = getattr(registry, "before_write", None)
+
+    # ---- per op --------------------------------------------------------------------
+    def before_op(self, ev: OpEvent) -> None:
+        self.summary.live_ops += 1
+        k = self._calls[ev.name]
+        self._calls[ev.name] += 1
+        live = _named_live_args(ev.func, ev.args, ev.kwargs)
+        entry, why = self._match(ev.name, k, live)
+        if entry is None:
+            self._unmatched(ev, why)
+            return
+        try:
+            new_args, new_kwargs = self._substitute(ev, entry, live)
+        except _NoFit as e:
+            self._unmatched(ev, str(e))
+            return
+        entry.used = True
+        ev.args, ev.kwargs = new_args, new_kwargs
+        ev.store_seqid = entry.record.seqid
+        ev.group_attrs[S.OP_REPLAYED] = True
+        ev.group_attrs[S.OP_SOURCE_SEQID] = ev.seqid
+        ev.notes["replay_matched"] = True
+        self.summary.matched += 1
+        if entry.record.op != ev.name:
+            self.summary.by_map += 1
+            ev.group_attrs["source_op"] = entry.record.op
+
+    def should_record(self, ev: OpEvent) -> bool:
+        return bool(ev.notes.get("replay_matched"))
+
+    def end(self, session: Any = None) -> None:
+        self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
+                                   for lst in self._by_name.values() for e in lst if not e.used]
+        self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.verbose:
+            print(str(self.summary), flush=True)
+
+    # ---- matching ------------------------------------------------------------------
+    def _match(self, name: str, k: int, live: dict[str, Any]) -> tuple[_Recorded | None, str]:
+        same = self._by_name.get(name, ())
+        renames = self.op_map.renames
+        why = ""
+        if k < len(same) and not same[k].used:
+            why = _mismatch(same[k], live, {})
+            if not why:
+                return same[k], ""
+        for entry in same:
+            if not entry.used and not _mismatch(entry, live, {}):
+                return entry, ""
+        for other in self.op_map.equivalents(name):
+            for entry in self._by_packet.get(other, ()):
+                if not entry.used and not _mismatch(entry, live, renames):
+                    return entry, ""
+        if not same and not any(self._by_packet.get(o) for o in self.op_map.equivalents(name)):
+            return None, "not in the recording"
+        if not any(not e.used for e in same):
+            return None, "more live calls than recorded ones"
+        return None, why or "no unused recorded call with matching inputs"
+
+    def _unmatched(self, ev: OpEvent, why: str) -> None:
+        self.summary.unmatched[ev.name] += 1
+        self.summary.unmatched_why.setdefault(ev.name, why)
+
+    # ---- substitution --------------------------------------------------------------
+    def _substitute(self, ev: OpEvent, entry: _Recorded, live: dict[str, Any]) -> tuple[tuple, dict]:
+        renames = self.op_map.renames
+        written = self._written(ev.func)
+        replaced: dict[str, Any] = {}
+        for name, value in live.items():
+            rec = _find(entry.inputs, name, renames)
+            if rec is None or not _has_tensor(value):
+                continue
+            try:
+                replaced[name] = self._replace(value, rec, in_place=name in written, arg=name)
+            except NotReplayable as e:
+                raise _NoFit(str(e)) from None
+        args = list(ev.args)
+        kwargs = dict(ev.kwargs)
+        positions = _positions(ev.func)
+        for name, value in replaced.items():
+            i = positions.get(name)
+            if i is not None and i < len(args):
+                args[i] = value
+            else:
+                kwargs[name] = value
+        return tuple(args), kwargs
+
+    def _replace(self, live: Any, rec: ValueRecord, *, in_place: bool, arg: str) -> Any:
+        if isinstance(live, torch.Tensor):
+            if not rec.is_tensor:
+                raise NotReplayable(f"input '{arg}' is not a tensor in the recording")
+            if rec.numel != live.numel():
+                raise NotReplayable(f"input '{arg}': recorded {rec.numel} elements do not fit "
+                                    f"the live {live.numel()}")
+            src = tensor_from_record(rec)
+            if src.dtype != live.dtype:
+                self.summary.casts[f"{rec.dtype}->{str(live.dtype).replace('torch.', '')}"] += 1
+            src = src.reshape(live.shape)
+            if in_place:
+                if self._before_write is not None:
+                    self._before_write(live)
+                with torch.no_grad():
+                    live.copy_(src)
+                return live
+            return _like(live, src, self.keep_live_strides)
+        if isinstance(live, (list, tuple)):
+            if len(rec.children) != len(live):
+                raise NotReplayable(f"input '{arg}': recorded list has {len(rec.children)} items, "
+                                    f"live {len(live)}")
+            out = [self._replace(v, c, in_place=in_place, arg=f"{arg}_{i}")
+                   if isinstance(v, torch.Tensor) else v
+                   for i, (v, c) in enumerate(zip(live, rec.children))]
+            return type(live)(out) if isinstance(live, tuple) else out
+        return live
+
+    def _written(self, func: Any) -> frozenset:
+        w = self._written_args.get(func)
+        if w is None:
+            try:
+                from .capture import op_info        # includes hidden writes (batch-norm stats)
+                w = op_info(func).written
+            except ImportError:
+                w = frozenset(a.name for a in func._schema.arguments
+                              if a.alias_info is not None and a.alias_info.is_write)
+            self._written_args[func] = w
+        return w
+
+
+class _NoFit(Exception):
+    pass
+
+
+def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
+    """`src`'s values with `live`'s dtype, device and (when it is a plain layout) strides."""
+    if keep_strides and live.layout == torch.strided and _dense_non_overlapping(live):
+        out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)
+        return out.copy_(src)
+    return src.to(device=live.device, dtype=live.dtype).contiguous()
+
+
+def _dense_non_overlapping(t: torch.Tensor) -> bool:
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for s, n in dims:
+        if s < span:
+            return False
+        span = s * n
+    return True
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _find(inputs: dict[str, ValueRecord], name: str, renames: dict[str, tuple[str, ...]]) -> ValueRecord | None:
+    rec = inputs.get(name)
+    if rec is None:
+        for alt in renames.get(name, ()):
+            rec = inputs.get(alt)
+            if rec is not None:
+                break
+    return rec
+
+
+def _mismatch(entry: _Recorded, live: dict[str, Any], renames: dict) -> str:
+    """'' when every argument present on both sides agrees, else the first difference."""
+    inputs = entry.inputs
+    for name, value in live.items():
+        rname = name if name in inputs else next((a for a in renames.get(name, ()) if a in inputs), None)
+        if rname is None:
+            continue
+        lk = _live_key(value)
+        if lk is None:
+            continue
+        rk = entry.key(rname)
+        if rk is None or lk == rk:
+            continue
+        if lk[0] == "D" and rk[0] == "D" and _describes_live_tensors(lk[1], live) \
+                and _family(lk[1]) == _family(rk[1]):
+            continue     # e.g. softmax_backward's input_dtype: follows the (cast) inputs
+        if lk[0] == "T" and rk[0] == "T":
+            if lk[1] != rk[1]:
+                return f"input '{name}' shape {list(lk[1])} vs recorded {list(rk[1])}"
+            return f"input '{name}' is {lk[2]} vs recorded {rk[2]}"
+        return f"argument '{name}' differs from the recording"
+    return ""
+
+
+def _describes_live_tensors(dtype_name: str, live: dict[str, Any]) -> bool:
+    """A dtype argument equal to a live tensor input's dtype describes the inputs (which
+    replay casts) rather than asking for a conversion (as _to_copy's dtype does)."""
+    flat, _ = tree_flatten(list(live.values()))
+    return any(isinstance(t, torch.Tensor) and str(t.dtype) == f"torch.{dtype_name}" for t in flat)
+
+
+def _packet(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 else name
+
+
+_POSITIONS: dict[Any, dict[str, int]] = {}
+
+
+def _positions(func: Any) -> dict[str, int]:
+    p = _POSITIONS.get(func)
+    if p is None:
+        p = _POSITIONS[func] = {a.name: i for i, a in enumerate(func._schema.arguments) if not a.kwarg_only}
+    return p
+
+
+def _named_live_args(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    schema_args = func._schema.arguments
+    n = len(args)
+    for i, a in enumerate(schema_args):
+        if i < n and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+    return out
+
+
+__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
+
+
+class _CallableModule(types.ModuleType):
+    """`npu_dumper.replay(dump_h5, out_h5, ...)` is golden replay (the issue's spelling),
+    while `npu_dumper.replay` stays this module (ReplayPolicy): whichever of the two the
+    package attribute ends up bound to, calling it works."""
+
+    def __call__(self, dump_h5, out_h5, *args, **kwargs):
+        from .golden import replay as golden_replay
+        return golden_replay(dump_h5, out_h5, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
