@@ -1,0 +1,371 @@
+"""`accucmp demo`: the whole workflow on a sample model, on a machine with no NPU and no GPU.
+
+1. golden: one training step of a sample model on CPU in float32, dumped.
+2. target: the same step replayed from the golden dump (load mode: every op gets the
+   golden inputs) under emulated Ascend numerics (npu_dumper.emulation.emulate_npu:
+   cube ops in float16) and, unless turned off, one planted fault (inject_fault: a
+   non-cube op made 5% wrong, as a buggy device kernel would be).
+3. compare + verdict: one row per tensor; float16-level differences of the emulated
+   cube ops pass (the dump says they computed in float16), the planted fault fails.
+4. reports: the terminal summary, result_*.csv and result_*.html.
+5. IR to kernels: the first failing op (else the op with the largest error) is cut
+   out of the target dump and mapped to its kernels with ir2tbe, writing CANN-layout
+   kernel dumps, on the same emulated "device".
+
+Everything here is a plain function; accucmp/cli_demo.py is the thin command.
+torch is imported inside the functions (the `accucmp` CLI must start without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dumpfile.errors import DumpError
+
+DEFAULT_MODEL = "mlp"
+DEFAULT_SIZE = "full"
+DEFAULT_REL = 0.05
+FAULT_AUTO = "auto"
+FAULT_NONE = "none"
+
+GOLDEN_NAME = "golden_cpu_fp32.h5"
+TARGET_NAME = "target_npu_emulated.h5"
+WORST_OP_NAME = "worst_op.h5"
+KERNELS_DIR = "kernels"
+
+
+class DemoError(DumpError):
+    """The demo could not run (unknown model, bad --fault, unusable output directory)."""
+
+
+@dataclass(frozen=True)
+class FaultSite:
+    """Where a planted fault goes: the `call`-th call of `op` (golden seqid `seqid`)."""
+    op: str
+    call: int | None
+    rel: float = DEFAULT_REL
+    seqid: int | None = None     # the golden dump's seqid of that call, when known
+
+    def describe(self) -> str:
+        which = f"call {self.call} of " if self.call else "every call of "
+        at = f" (seqid {self.seqid})" if self.seqid else ""
+        return f"{which}{self.op}{at}, {self.rel:g} relative"
+
+
+@dataclass
+class DemoResult:
+    model: str
+    size: str
+    out_dir: Path
+    golden: Path
+    target: Path
+    fault: FaultSite | None
+    table: Any = None                               # the judged comparison (pandas)
+    reports: list[Path] = field(default_factory=list)
+    first_failure: dict | None = None
+    mapped_op: tuple[str, int] | None = None
+    kernel_summary: str = ""
+    kernel_map: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fault_found(self) -> bool | None:
+        """Whether the first failing op is the planted one (None without a fault)."""
+        if self.fault is None:
+            return None
+        ff = self.first_failure
+        return bool(ff) and ff.get("NPUDump") == self.fault.op and (
+            self.fault.seqid is None or int(ff.get("SeqId")) == self.fault.seqid)
+
+    @property
+    def ok(self) -> bool:
+        """The demo showed what it should: the planted fault first, or no failure without one."""
+        if self.fault is None:
+            return self.first_failure is None
+        return bool(self.fault_found)
+
+
+# ---- choosing where to plant the fault --------------------------------------------
+
+def _floating(rec) -> bool:
+    from dumpfile import schema as S
+    return rec.is_tensor and rec.dtype in S.FLOATING_DTYPES and rec.numel > 0 and not rec.uninitialized
+
+
+def _leaves(values: dict) -> list:
+    out = []
+    for rec in values.values():
+        out.extend(_leaves({c.name: c for c in rec.children}) if rec.is_list else [rec])
+    return out
+
+
+def pick_fault_site(golden_path: str | os.PathLike, rel: float = DEFAULT_REL) -> FaultSite:
+    """A non-cube forward op inside the model, about halfway through the forward pass.
+
+    Chosen from the dump, not from a list of names, so it works on any model: the op
+    must run inside a module, read and write floating tensors, not write its inputs,
+    and not be a cube op (those are the emulation's float16 ops) nor a random one.
+    """
+    from dumpfile.reader import DumpFile
+    from npu_dumper.emulation import is_cube_op
+    from npu_dumper.recorded import is_random, resolve_op
+
+    calls: Counter = Counter()
+    candidates: list[FaultSite] = []
+    with DumpFile(golden_path) as df:
+        for rec in df.ops():
+            calls[rec.op] += 1
+            if rec.phase != "forward" or not rec.module:
+                continue
+            try:
+                func = resolve_op(rec.op)
+            except Exception:  # noqa: BLE001 - an op this torch lacks is no candidate
+                func = None
+            if func is None or is_cube_op(func) or is_random(func) or _writes_args(func):
+                continue
+            if any(map(_floating, _leaves(rec.inputs()))) and any(map(_floating, _leaves(rec.outputs()))):
+                candidates.append(FaultSite(rec.op, calls[rec.op], rel, rec.seqid))
+    if not candidates:
+        raise DemoError(f"{golden_path}: no non-cube forward op inside a module to plant a fault in; "
+                        "name one with --fault OP[:REL[:CALL]]")
+    return candidates[len(candidates) // 2]
+
+
+def _writes_args(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    return bool(schema) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def resolve_fault(fault: str | None, golden_path: str | os.PathLike) -> FaultSite | None:
+    """--fault value -> FaultSite: 'auto', 'none', or OP[:REL[:CALL]]."""
+    from npu_dumper.emulation import parse_fault
+
+    if fault is None or fault.strip().lower() in (FAULT_NONE, "", "off", "no"):
+        return None
+    if fault.strip().lower() == FAULT_AUTO:
+        return pick_fault_site(golden_path)
+    spec = parse_fault(fault.strip())
+    return FaultSite(spec["op"], spec.get("call"), spec.get("rel", DEFAULT_REL),
+                     _golden_seqid(golden_path, spec["op"], spec.get("call")))
+
+
+def _golden_seqid(golden_path, op: str, call: int | None) -> int | None:
+    if call is None:
+        return None
+    from dumpfile.reader import DumpFile
+
+    with DumpFile(golden_path) as df:
+        seqids = [r.seqid for r in df.ops() if r.op == op]
+    return seqids[call - 1] if len(seqids) >= call else None
+
+
+# ---- the steps --------------------------------------------------------------------
+
+def dump_golden(spec, size: str, seed: int, path: Path) -> int:
+    """One step on CPU float32, dumped. Returns the number of ops recorded."""
+    from npu_dumper import dumper
+
+    model, inputs = spec.build(seed=seed, size=size), spec.make_inputs(seed=seed, size=size)
+    with dumper(dump_path=str(path)) as d:
+        spec.train_step(model, inputs)
+    return d.num_ops
+
+
+def replay_on_emulated_npu(spec, size: str, seed: int, golden: Path, path: Path,
+                           fault: FaultSite | None, saturate: bool = False) -> int:
+    """The same step replayed from `golden` with NPU numerics (and the fault) below the dumper."""
+    from npu_dumper import dumper
+    from npu_dumper.emulation import emulate_npu, inject_fault
+
+    model, inputs = spec.build(seed=seed, size=size), spec.make_inputs(seed=seed, size=size)
+    with contextlib.ExitStack() as device:
+        device.enter_context(emulate_npu(saturate=saturate))
+        if fault is not None:
+            device.enter_context(inject_fault(fault.op, rel=fault.rel, call=fault.call))
+        with dumper(use_load=True, load_file_path=str(golden), dump_path=str(path)) as d:
+            spec.train_step(model, inputs)
+    return d.num_ops
+
+
+def compare_and_report(target: Path, golden: Path, out_dir: Path, formats=("csv", "html")):
+    """compare + verdict + reports; returns (judged table, report paths, meta)."""
+    from .compare import compare_dumps
+    from .outputs import write_results
+    from .verdict import apply_verdict
+
+    result = compare_dumps(str(target), str(golden))
+    table = apply_verdict(result.table)
+    meta = dict(getattr(result, "meta", {}) or {})
+    meta.setdefault("target", str(target))
+    meta.setdefault("golden", str(golden))
+    paths = write_results(table, out_dir, list(formats), meta=meta)
+    return table, paths, meta
+
+
+def op_to_map(table) -> tuple[str, int] | None:
+    """The first failing op, else the op with the largest Severity; None for an empty table."""
+    import pandas as pd
+
+    from .verdict import first_failure
+
+    row = first_failure(table)
+    if row is None:
+        if table.empty or "Severity" not in table.columns:
+            return None
+        sev = pd.to_numeric(table["Severity"], errors="coerce")
+        if sev.notna().sum() == 0:
+            return None
+        row = table.loc[sev.idxmax()]
+    return str(row["NPUDump"]), int(row["SeqId"])
+
+
+def map_to_kernels(target: Path, op: str, seqid: int, out_dir: Path, fault: FaultSite | None,
+                   saturate: bool = False):
+    """Cut /op/seqid/ out of the target dump and map it to kernels on the emulated device."""
+    from ir2tbe.acl_config import AclConfig
+    from ir2tbe.runner import run_dump_file
+    from npu_dumper.emulation import emulate_npu, inject_fault
+
+    from .extract import extract_ops
+
+    worst = out_dir / WORST_OP_NAME
+    if worst.exists():
+        worst.unlink()
+    path = f"/{op}/{seqid}/"
+    extract_ops(target, worst, [(path, path)])
+    config = AclConfig(dump_path=str(out_dir / KERNELS_DIR), dump_mode="all", dump_op_switch="on")
+    with contextlib.ExitStack() as device:
+        device.enter_context(emulate_npu(saturate=saturate))
+        if fault is not None and fault.op == op and fault.seqid in (None, seqid):
+            # The mapped op is the planted one: the emulated device's kernel misbehaves
+            # on it here too (it runs once, as its own single-op model).
+            device.enter_context(inject_fault(fault.op, rel=fault.rel))
+        return run_dump_file(worst, config)
+
+
+def run_demo(model: str = DEFAULT_MODEL, out_dir: str | os.PathLike = "accucmp_demo", *,
+             size: str = DEFAULT_SIZE, fault: str | None = FAULT_AUTO, seed: int = 0,
+             saturate: bool = False, map_kernels: bool = True, console=None, top: int = 5,
+             formats=("csv", "html")) -> DemoResult:
+    """Run the demo end to end; prints to `console` (rich) when given."""
+    import sample_models
+
+    try:
+        spec = sample_models.get(model)
+    except KeyError as e:
+        raise DemoError(f"--model {model}: {e.args[0]}") from None
+    if size not in spec.sizes:
+        raise DemoError(f"--size {size}: model {model} has sizes {', '.join(spec.sizes)}")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
+    say = console.print if console is not None else (lambda *a, **k: None)
+    golden, target = out / GOLDEN_NAME, out / TARGET_NAME
+    res = DemoResult(model, size, out, golden, target, None)
+    clock = time.perf_counter
+
+    t = clock()
+    say(f"[bold]1/5[/bold] golden: one training step of [bold]{model}[/bold] ({spec.description}), "
+        f"CPU float32 -> {golden}")
+    n = dump_golden(spec, size, seed, golden)
+    res.timings["golden"] = clock() - t
+    say(f"     {n} ops recorded")
+
+    res.fault = resolve_fault(fault, golden)
+    t = clock()
+    planted = f"; planted fault: {res.fault.describe()}" if res.fault else "; no planted fault"
+    say(f"[bold]2/5[/bold] target: load-replay of the golden dump under emulated NPU numerics "
+        f"(cube ops in float16{', saturating' if saturate else ''}){planted} -> {target}")
+    n = replay_on_emulated_npu(spec, size, seed, golden, target, res.fault, saturate)
+    res.timings["target"] = clock() - t
+    say(f"     {n} ops recorded")
+
+    t = clock()
+    say("[bold]3/5[/bold] compare target against golden")
+    table, paths, meta = compare_and_report(target, golden, out, formats)
+    res.table, res.reports = table, paths
+    res.timings["compare"] = clock() - t
+    from .verdict import first_failure
+
+    ff = first_failure(table)
+    res.first_failure = None if ff is None else ff.to_dict()
+    if console is not None:
+        from .summary import print_summary
+        print_summary(table, console=console, meta=meta, top=top)
+    say("[bold]4/5[/bold] reports: " + ", ".join(str(p) for p in paths))
+
+    if map_kernels:
+        t = clock()
+        res.mapped_op = op_to_map(table)
+        if res.mapped_op is None:
+            say("[bold]5/5[/bold] nothing to map to kernels (no tensor compared)")
+        else:
+            op, seqid = res.mapped_op
+            say(f"[bold]5/5[/bold] IR to kernels: {op} seqid {seqid} -> {out / KERNELS_DIR}")
+            run = map_to_kernels(target, op, seqid, out, res.fault, saturate)
+            res.kernel_summary, res.kernel_map = run.summary(), Path(run.map_path)
+            say("     " + res.kernel_summary.replace("\n", "\n     "))
+            for o in run.mapped:
+                _say_kernels(say, o.mapping)
+        res.timings["kernels"] = clock() - t
+
+    _say_conclusion(say, res)
+    return res
+
+
+_FP16_TINY = 2.0 ** -14
+
+
+def underflowing_cube_ops(table) -> list[tuple[str, int]]:
+    """Failing ops computed in float16 whose failing tensors' golden values are all below
+    float16's smallest normal number: the rows show gradient underflow, not a kernel bug."""
+    import pandas as pd
+
+    if table is None or table.empty or "ComputeDtype" not in table.columns:
+        return []
+    failed = table[(table["Result"] == "fail") & (table["ComputeDtype"].astype(str) == "float16")]
+    absmax = pd.to_numeric(failed["GoldenAbsMax"], errors="coerce")
+    tiny = failed[absmax < _FP16_TINY]
+    return sorted({(str(r.NPUDump), int(r.SeqId)) for r in tiny.itertuples()}, key=lambda x: x[1])
+
+
+def _say_kernels(say, mapping, limit: int = 8) -> None:
+    names = [k.name for k in mapping.kernels]
+    shown = ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+    say(f"     {mapping.ir_op} runs as: {shown}")
+    if mapping.max_abs_diff is not None:
+        say(f"     its kernel sequence vs the op as the device ran it: max abs diff {mapping.max_abs_diff:.3g}"
+            + ("  <- the device's kernel disagrees with the op's own definition" if mapping.max_abs_diff > 0 else ""))
+
+
+def _say_conclusion(say, res: DemoResult) -> None:
+    total = sum(res.timings.values())
+    if res.fault is not None:
+        ff = res.first_failure
+        where = f"{ff.get('NPUDump')} seqid {int(ff.get('SeqId'))}" if ff else "nothing"
+        if res.fault_found:
+            say(f"[bold green]found it:[/bold green] the first failing op is the planted fault, {where}; "
+                "float16 cube ops that differ only at float16 level pass.")
+        else:
+            say(f"[bold red]unexpected:[/bold red] planted {res.fault.describe()}, but the first failing op is {where}.")
+    elif res.first_failure is None:
+        say("[bold green]all ops pass[/bold green]: emulated float16 cube ops stay within float16 error.")
+    else:
+        ff = res.first_failure
+        say(f"[bold yellow]first failing op:[/bold yellow] {ff.get('NPUDump')} seqid {int(ff.get('SeqId'))}")
+    underflow = underflowing_cube_ops(res.table)
+    if underflow:
+        say(f"[bold yellow]also real:[/bold yellow] {len(underflow)} float16 cube op(s) fail because their golden "
+            f"values lie below float16's smallest normal number ({_FP16_TINY:.2g}): "
+            + ", ".join(f"{op} seqid {q}" for op, q in underflow[:3])
+            + ". On an NPU these values underflow in float16 (what loss scaling is for).")
+    say(f"done in {total:.1f} s. Next: open {res.reports[-1] if res.reports else res.out_dir}, "
+        f"or run `accucmp compare -m {res.target} -g {res.golden}` yourself.")
