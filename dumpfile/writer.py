@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import h5py
 import numpy as np
+from h5py import h5a, h5d, h5p, h5s, h5t
 
 from . import schema as S
 from .errors import DumpWriteError
@@ -24,6 +25,47 @@ _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
     ("seqid", np.int64), ("op", _STR), ("phase", np.int8), ("module", _STR), ("grad_fn", _STR),
 ])
+
+
+_SCALAR_SPACE = h5s.create(h5s.SCALAR)
+# Arrays at least this big are written with os.pwrite (see DumpWriter.write_tensor).
+DIRECT_WRITE_MIN_BYTES = 64 << 10
+_FILE_TYPES: dict[np.dtype, Any] = {}
+_MEM_TYPES: dict[np.dtype, Any] = {}
+
+
+def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
+    """Create new attributes on a fresh object through h5py's low-level API.
+
+    h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
+    it (safe for overwriting); on a new object that is pure overhead and made
+    attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
+    Existing names fall back to the high-level path (overwrite semantics).
+    """
+    oid = obj.id
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        if isinstance(v, str):
+            arr = np.array(v, dtype=_STR)
+        else:
+            arr = np.asarray(v)
+            if arr.dtype.kind in "UO":
+                obj.attrs[k] = v
+                continue
+        name = k.encode()
+        if h5a.exists(oid, name):
+            obj.attrs[k] = v
+            continue
+        dt = arr.dtype
+        ftype = _FILE_TYPES.get(dt)
+        if ftype is None:
+            ftype = _FILE_TYPES[dt] = h5t.py_create(dt, logical=True)
+            _MEM_TYPES[dt] = h5t.py_create(dt)
+        space = _SCALAR_SPACE if arr.ndim == 0 else h5s.create_simple(arr.shape)
+        aid = h5a.create(oid, name, ftype, space)
+        if arr.size:
+            aid.write(np.ascontiguousarray(arr), mtype=_MEM_TYPES[dt])
 
 
 @dataclass
@@ -49,8 +91,9 @@ class TensorMeta:
             S.ATTR_SHAPE: np.asarray(self.shape, dtype=np.int64),
             S.ATTR_DTYPE: self.dtype,
             S.ATTR_DEVICE: self.device,
-            S.ATTR_STORAGE_OFFSET: int(self.storage_offset),
         }
+        if self.storage_offset:        # absent means 0
+            a[S.ATTR_STORAGE_OFFSET] = int(self.storage_offset)
         if self.uninitialized:
             a[S.ATTR_UNINITIALIZED] = True
         a.update(self.extra)
@@ -88,7 +131,7 @@ class DumpWriter:
 
     def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
                  root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0,
-                 append: bool = False):
+                 append: bool = False, direct_write: bool = True):
         if mode not in S.MODES:
             raise ValueError(f"mode must be one of {S.MODES}, got {mode!r}")
         self.path = os.fspath(path)
@@ -98,6 +141,14 @@ class DumpWriter:
         except OSError as e:
             raise DumpWriteError(f"{self.path}: cannot create dump file ({e})") from e
         f = self._f
+        # A second descriptor for raw tensor bytes: os.pwrite releases the GIL, h5py does not,
+        # so large writes overlap the user's Python (see write_tensor).
+        self._fd = -1
+        if direct_write and f.driver == "sec2" and f.userblock_size == 0:
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY)
+            except OSError:
+                self._fd = -1
         if not append or S.ROOT_FORMAT not in f.attrs:
             f.attrs[S.ROOT_FORMAT] = S.FORMAT_NAME
             f.attrs[S.ROOT_FORMAT_VERSION] = S.FORMAT_VERSION
@@ -127,14 +178,10 @@ class DumpWriter:
         if path in self._f:
             raise DumpWriteError(f"{self.path}: op group {path} already exists")
         g = self._f.create_group(path)
-        g.attrs[S.OP_SEQID] = int(seqid)
-        g.attrs[S.OP_NAME] = op
-        g.attrs[S.OP_PHASE] = phase
-        g.attrs[S.OP_MODULE] = module or ""
-        g.attrs[S.OP_GRAD_FN] = grad_fn or ""
-        for k, v in (attrs or {}).items():
-            if v is not None:
-                g.attrs[k] = v
+        set_attrs(g, {S.OP_SEQID: int(seqid), S.OP_NAME: op, S.OP_PHASE: phase,
+                      S.OP_MODULE: module or "", S.OP_GRAD_FN: grad_fn or ""})
+        if attrs:
+            set_attrs(g, attrs)
         g.create_group(S.INPUT_GROUP)
         g.create_group(S.OUTPUT_GROUP)
         self._pending_index.append(
@@ -159,19 +206,47 @@ class DumpWriter:
                 f"{self.path}: {parent.name}/{name}: {meta.dtype} must be stored as {expected}, "
                 f"got {data.dtype}")
         data = np.ascontiguousarray(data)
-        kw: dict[str, Any] = {}
-        if compression and data.size:
-            kw = {"compression": compression, "chunks": True}
-        ds = parent.create_dataset(name, data=data, **kw)
-        ds.attrs.update(meta.attrs(S.TYPE_TENSOR))
+        if self._fd >= 0 and not compression and data.nbytes >= DIRECT_WRITE_MIN_BYTES \
+                and data.dtype.isnative:
+            ds = self._write_direct(parent, name, data)
+        else:
+            kw: dict[str, Any] = {}
+            if compression and data.size:
+                kw = {"compression": compression, "chunks": True}
+            ds = parent.create_dataset(name, data=data, **kw)
+        set_attrs(ds, meta.attrs(S.TYPE_TENSOR))
         self.bytes_written += data.nbytes
         return ds.name
+
+    def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+        """Contiguous dataset allocated at creation (no fill), bytes written with os.pwrite.
+
+        The bytes land in the file range HDF5 allocated to the dataset; numpy's native
+        layout equals the HDF5 type h5py maps it to, so the file is an ordinary dataset.
+        """
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+        ds = parent.create_dataset(name, shape=data.shape, dtype=data.dtype, dcpl=dcpl)
+        offset = ds.id.get_offset()
+        if offset is None:      # not contiguous after all: let HDF5 write it
+            ds[...] = data
+            return ds
+        view = memoryview(data.reshape(-1).view(np.uint8))
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], offset + written)
+        except OSError as e:    # disk full surfaces here
+            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        return ds
 
     def write_stats(self, parent: h5py.Group, name: str, stats: Sequence[float],
                     meta: TensorMeta) -> str:
         ds = parent.create_dataset(name, data=np.asarray(stats, dtype=np.float64))
-        ds.attrs.update(meta.attrs(S.TYPE_TENSOR_STATS))
-        ds.attrs[S.ATTR_STATS_FIELDS] = ",".join(S.STATS_FIELDS)
+        a = meta.attrs(S.TYPE_TENSOR_STATS)
+        a[S.ATTR_STATS_FIELDS] = ",".join(S.STATS_FIELDS)
+        set_attrs(ds, a)
         return ds.name
 
     def write_view(self, parent: h5py.Group, name: str, base_path: str, meta: TensorMeta) -> str:
@@ -182,8 +257,9 @@ class DumpWriter:
         """
         base = self._f[base_path]
         ds = parent.create_dataset(name, data=base.ref, dtype=h5py.ref_dtype)
-        ds.attrs.update(meta.attrs(S.TYPE_TENSOR_VIEW))
-        ds.attrs[S.ATTR_BASE] = base.name
+        a = meta.attrs(S.TYPE_TENSOR_VIEW)
+        a[S.ATTR_BASE] = base.name
+        set_attrs(ds, a)
         return ds.name
 
     def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
@@ -286,6 +362,9 @@ class DumpWriter:
             self._f.attrs[S.ROOT_COMPLETE] = bool(complete)
         finally:
             self._f.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def __enter__(self):
         return self

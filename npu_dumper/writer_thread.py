@@ -178,7 +178,11 @@ class WriterThread:
         w = self.writer
         key = None
         if self.dedup and cap.ptr and cap.owner is not None:
-            key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
+            if self.stats_only:   # statistics do not depend on element order: W and W.t() share
+                key = (cap.ptr, cap.gen, cap.version, cap.dtype,
+                       tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
+            else:
+                key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
             hit = self._exact.get(key)
             if hit is not None and hit[1]() is not None:
                 w.link(parent, name, hit[0])
@@ -210,7 +214,12 @@ class WriterThread:
 
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
-    """schema.STATS_FIELDS of a tensor: min, max, mean, std, norm over finite values; counts."""
+    """schema.STATS_FIELDS of a tensor: min, max, mean, std, norm over finite values; counts.
+
+    Reductions run in the tensor's own precision with torch's double accumulators on
+    CPU (std_mean is Welford), so no float64 copy of a large tensor is made. Complex
+    tensors: statistics of magnitudes. std is the sample std (n-1); 0 for one element.
+    """
     numel = t.numel()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -218,25 +227,28 @@ def tensor_stats(t: torch.Tensor) -> list[float]:
         t = t.to_dense()
     if numel == 0:
         return [math.nan] * 5 + [0.0, 0.0, 0.0]
-    if t.dtype == torch.bool:
-        x = t.to(torch.float64)
-        nan = inf = 0
-    elif t.is_complex():
-        x = t.abs().to(torch.float64)   # statistics of magnitudes
-        nan = int(torch.isnan(x).sum())
-        inf = int(torch.isinf(x).sum())
-    elif t.is_floating_point():
-        x = t.to(torch.float64)
-        nan = int(torch.isnan(x).sum())
-        inf = int(torch.isinf(x).sum())
+    nan = inf = 0
+    if t.is_complex():
+        x = t.abs()
+    elif t.dtype in (torch.float32, torch.float64):
+        x = t
+    elif t.is_floating_point() or t.dtype == torch.bool:
+        x = t.float()                     # exact for every narrower float and for bool
     else:
-        x = t.to(torch.float64)
-        nan = inf = 0
-    if nan or inf:
+        x = t.double()                    # integers: exact below 2**53
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
         x = x[torch.isfinite(x)]
-    if x.numel() == 0:
+    n = x.numel()
+    if n == 0:
         return [math.nan] * 5 + [float(nan), float(inf), float(numel)]
     mn, mx = torch.aminmax(x)
-    std = float(x.std()) if x.numel() > 1 else 0.0
-    return [float(mn), float(mx), float(x.mean()), std, float(torch.linalg.vector_norm(x)),
-            float(nan), float(inf), float(numel)]
+    if n > 1:
+        std_t, mean_t = torch.std_mean(x)
+        std, mean = float(std_t), float(mean_t)
+    else:
+        std, mean = 0.0, float(x.reshape(-1)[0])
+    # sum of squares from the same moments: no cancellation (all terms non-negative)
+    norm = math.sqrt(max(0.0, (n - 1) * std * std + n * mean * mean))
+    return [float(mn), float(mx), mean, std, norm, float(nan), float(inf), float(numel)]

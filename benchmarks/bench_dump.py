@@ -1,0 +1,95 @@
+"""Dump overhead on the reference workload, measured side by side in one run.
+
+Workload: 6 x (Linear(1024,1024) + GELU), LayerNorm, batch 64, fp32, MSE loss,
+forward + backward on CPU; an SGD step between dumped steps, outside the dump, so
+the weights change. Prints ms/step for plain / full dump / stats-only, the ratios,
+MB written per step and files per step, with torch.set_num_threads(1) and default.
+
+    python benchmarks/bench_dump.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import npu_dumper
+
+
+def make_model() -> torch.nn.Module:
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.GELU()]
+    layers.append(torch.nn.LayerNorm(1024))
+    return torch.nn.Sequential(*layers)
+
+
+def one_step(model, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+
+
+def measure(kind: str, model, opt, x, y, steps: int, tmp: str) -> tuple[float, float, int]:
+    """Median ms/step, MB written/step, files/step for one configuration."""
+    times, sizes = [], []
+    for i in range(steps):
+        opt.zero_grad(set_to_none=True)
+        path = os.path.join(tmp, f"{kind}_{i}.h5")
+        t0 = time.perf_counter()
+        if kind == "plain":
+            one_step(model, x, y)
+        else:
+            with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=(kind == "stats")):
+                one_step(model, x, y)
+        times.append(time.perf_counter() - t0)
+        opt.step()           # outside the dump: weights change between dumped steps
+        if kind != "plain":
+            sizes.append(os.path.getsize(path))
+            os.remove(path)
+    ms = statistics.median(times[1:] if steps > 2 else times) * 1e3
+    mb = statistics.median(sizes) / 1e6 if sizes else 0.0
+    return ms, mb, (1 if sizes else 0)
+
+
+def run(threads: int | None, steps: int) -> None:
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 1024), torch.randn(64, 1024)
+    with tempfile.TemporaryDirectory() as tmp:
+        # interleave configurations so drift (thermal, page cache) hits all alike
+        results: dict[str, list] = {"plain": [], "full": [], "stats": []}
+        for _ in range(3):
+            for kind in results:
+                results[kind].append(measure(kind, model, opt, x, y, steps, tmp))
+    med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), v[0][2])
+           for k, v in results.items()}
+    plain = med["plain"][0]
+    label = f"threads={torch.get_num_threads()}"
+    print(f"[{label}] plain      {plain:8.1f} ms/step")
+    for k, name in (("full", "full dump "), ("stats", "stats-only")):
+        ms, mb, files = med[k]
+        print(f"[{label}] {name} {ms:8.1f} ms/step  ratio {ms / plain:5.2f}x  "
+              f"{mb:6.1f} MB/step  {files} file/step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    default_threads = torch.get_num_threads()
+    run(1, args.steps)
+    run(default_threads, args.steps)
+    print("targets at 1 thread: full <= 2.5x, stats-only <= 1.2x, <= 60 MB/step")
+
+
+if __name__ == "__main__":
+    main()
