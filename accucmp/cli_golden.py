@@ -20,7 +20,7 @@ def golden_command(
     remap_devices: Annotated[bool, typer.Option(
         "--remap-devices", help="Run ops whose arguments name another device on --device.")] = False,
     dump_inputs: Annotated[bool, typer.Option(
-        "--with-inputs", help="Also write the upcast inputs.")] = False,
+        "--with-inputs/--outputs-only", help="Also write the upcast inputs (compare rows for inputs).")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")] = True,
 ) -> None:
     """Recompute every op of a dump from its own recorded inputs in float64 (no second device).

@@ -66,12 +66,13 @@ class GoldenResult:
 
 def replay(dump_h5: str | os.PathLike, out_h5: str | os.PathLike, device: str = "cpu",
            dtype: torch.dtype | str = torch.float64, *, remap_devices: bool = False,
-           dump_inputs: bool = False, progress: bool | None = None) -> GoldenResult:
+           dump_inputs: bool = True, progress: bool | None = None) -> GoldenResult:
     """Recompute every op of `dump_h5` into `out_h5` (mode "golden").
 
     device/dtype: where and in which floating dtype ops are recomputed.
     remap_devices: run ops whose arguments name a device on `device` instead of listing them.
-    dump_inputs: also write the (upcast) inputs, so compare rows for inputs have a partner.
+    dump_inputs: also write the (upcast) inputs, so compare rows for inputs have a partner
+      (default; False halves the file).
     progress: rich progress bar on stderr; default: when there are >= 200 ops.
     """
     dtype = _as_dtype(dtype)
@@ -129,6 +130,13 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
     if not call.ok:
         return call.why_not
     recorded_outputs = rec.outputs()
+    inputs = call.arg_names
+    if dump_inputs:
+        # in-place / out= arguments are overwritten by the call: keep them as they were
+        written = {a.name for a in call.func._schema.arguments
+                   if a.alias_info is not None and a.alias_info.is_write}
+        inputs = {n: (v.clone() if n in written and isinstance(v, torch.Tensor) else v)
+                  for n, v in inputs.items()}
     try:
         with torch.no_grad():
             out = call.call()
@@ -144,7 +152,7 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
                             attrs=attrs)
     if dump_inputs:
         names = []
-        for name, value in call.arg_names.items():
+        for name, value in inputs.items():
             _write_value(writer, group[S.INPUT_GROUP], name, value, device)
             names.append(name)
         writer.set_order(group[S.INPUT_GROUP], names)

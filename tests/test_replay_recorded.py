@@ -166,3 +166,36 @@ def test_tensor_to_storage_bf16_is_raw_bits():
     data, name = tensor_to_storage(t)
     assert name == "bfloat16" and data.dtype == np.uint16
     assert (data.astype(np.uint32) << 16).view(np.float32).tolist() == [1.0, -2.5, 3.140625]
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_golden_replay_of_a_real_cpu_fp32_dump_is_within_fp32_rounding(tmp_path, name):
+    import npu_dumper  # noqa: F401
+    import sample_models
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+
+    spec = sample_models.get(name)
+    model, inputs = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
+    ref = str(tmp_path / "ref.h5")
+    with torch.utils.dumper(use_dump=True, dump_path=ref):
+        spec.train_step(model, inputs)
+    res = replay(ref, tmp_path / "golden.h5", progress=False)
+    assert res.replayed == res.total > 10 and not res.not_replayed
+    table = apply_verdict(compare_dumps(ref, str(tmp_path / "golden.h5")).table)
+    assert set(table["Result"]) <= {"pass", "skipped"}, table[table["Result"] != "pass"]["FailReason"].tolist()
+    fp32 = table[(table["DataType"] == "float32") & (table["IO"] == "output")]
+    red_ulps = fp32["RelativeEuclideanDistance"].astype(float) / 2.0 ** -24
+    assert len(fp32) > 10 and red_ulps.max() < 16            # a few rounding units per op
+    inputs_rows = table[table["IO"] == "input"]
+    assert (inputs_rows["MaxAbsoluteError"].astype(float).fillna(0) == 0).all()   # same inputs
+
+
+def test_golden_inputs_of_in_place_ops_are_as_before_the_op(tmp_path):
+    x = torch.full((3,), 2.0)
+    record(tmp_path / "i.h5", [(aten.mul_.Tensor, (x.clone(), torch.full((3,), 3.0)), {})])
+    replay(tmp_path / "i.h5", tmp_path / "g.h5", progress=False)
+    with DumpFile(tmp_path / "g.h5") as g:
+        op = g.ops()[0]
+        assert np.asarray(op.inputs()["self"].read()).tolist() == [2.0, 2.0, 2.0]
+        assert np.asarray(list(op.outputs().values())[0].read()).tolist() == [6.0, 6.0, 6.0]
