@@ -65,7 +65,7 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
         space = _SCALAR_SPACE if arr.ndim == 0 else h5s.create_simple(arr.shape)
         aid = h5a.create(oid, name, ftype, space)
         if arr.size:
-            aid.write(np.ascontiguousarray(arr), mtype=_MEM_TYPES[dt])
+            aid.write(np.asarray(arr, order="C"), mtype=_MEM_TYPES[dt])
 
 
 @dataclass
@@ -205,7 +205,7 @@ class DumpWriter:
             raise DumpWriteError(
                 f"{self.path}: {parent.name}/{name}: {meta.dtype} must be stored as {expected}, "
                 f"got {data.dtype}")
-        data = np.ascontiguousarray(data)
+        data = np.asarray(data, order="C")   # (ascontiguousarray would make 0-d arrays 1-d)
         if self._fd >= 0 and not compression and data.nbytes >= DIRECT_WRITE_MIN_BYTES \
                 and data.dtype.isnative:
             ds = self._write_direct(parent, name, data)
