@@ -16,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import h5py
 import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.reader import DumpFile, ValueRecord, decode_raw
 
 from . import matching
 from .metrics import (METRIC_NAMES, MetricResult, TensorComparison, aligned, compare_stats,
@@ -89,7 +90,7 @@ def _check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
         raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
     numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if rec.type == S.TYPE_TENSOR:
-        ds = rec.file.h5[rec.path]
+        ds = getattr(rec, "dataset", None) or rec.file.h5[rec.path]
         stored = int(ds.size or 0)
         if rec.dtype == "complex32":
             stored //= 2
@@ -239,16 +240,90 @@ def _stats_of(chunks) -> dict[str, float]:
             "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
 
 
-def _op_dtypes(op) -> list[str]:
-    out = []
+# Reading every attribute of every dataset (DumpFile.values) costs ~10 HDF5
+# attribute reads per tensor and dominated small-tensor compares; these read only
+# what a comparison needs. Storage dtypes that say the torch dtype by themselves
+# skip the "dtype" attribute; ambiguous ones (uint8/uint16 raw bits, float16 pairs)
+# read it.
+_UNAMBIGUOUS_STORAGE = {np.dtype(k): k for k in ("float32", "float64", "int8", "int16", "int32", "int64",
+                                                 "bool", "complex64", "complex128", "uint32", "uint64")}
+
+
+def _attr(obj, name, default=None):
+    if name not in obj.attrs:
+        return default
+    v = obj.attrs[name]
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+def _light_record(f: DumpFile, path: str, name: str) -> ValueRecord:
+    obj = f.h5[path]
+    code = _attr(obj, S.ATTR_TYPE)
+    if code is None:
+        code = S.TYPE_LIST if isinstance(obj, h5py.Group) else S.TYPE_TENSOR
+    code = int(code)
+    if code in (S.TYPE_TENSOR_VIEW, S.TYPE_TENSOR_STATS) or (code not in S.TENSOR_TYPES and code not in S.LIST_TYPES):
+        return f._record(path, name)          # rare, or not a tensor: the reader's full record
+    if code in S.LIST_TYPES:
+        rec = ValueRecord(f, path, name, code, {S.ATTR_TYPE: code})
+        kids = sorted(obj.keys(), key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit()
+                                                 else 1 << 62, k))
+        rec.children = [_light_record(f, f"{path}/{k}", k) for k in kids]
+        return rec
+    attrs: dict[str, Any] = {S.ATTR_TYPE: code}
+    dtype = _UNAMBIGUOUS_STORAGE.get(obj.dtype)
+    attrs[S.ATTR_DTYPE] = dtype or _attr(obj, S.ATTR_DTYPE, str(obj.dtype))
+    shape = _attr(obj, S.ATTR_SHAPE)
+    if shape is not None:
+        attrs[S.ATTR_SHAPE] = shape
+    if S.ATTR_UNINITIALIZED in obj.attrs:
+        attrs[S.ATTR_UNINITIALIZED] = obj.attrs[S.ATTR_UNINITIALIZED]
+    rec = _LightTensor(f, path, name, code, attrs)
+    rec.dataset = obj
+    return rec
+
+
+class _LightTensor(ValueRecord):
+    """A plain tensor record holding its open dataset (each h5py lookup by path costs)."""
+
+    dataset: Any = None
+
+    def read(self):
+        return decode_raw(self.dataset[()], self.dtype)
+
+
+def _light_values(f: DumpFile, group_path: str) -> dict[str, ValueRecord]:
+    grp = f.h5.get(group_path)
+    if grp is None:
+        return {}
+    names = list(grp.keys())
+    order = grp.attrs.get("order")
+    if order is not None:
+        listed = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(order).reshape(-1)]
+        names = [n for n in listed if n in set(names)] + [n for n in names if n not in set(listed)]
+    return {n: _light_record(f, f"{group_path}/{n}", n) for n in names}
+
+
+@dataclass
+class _OpTensors:
+    inputs: dict[str, ValueRecord]
+    outputs: dict[str, ValueRecord]
+    compute_dtype: str
+
+
+def _op_tensors(op) -> _OpTensors:
     if op is None:
-        return out
-    for group in (op.inputs(), op.outputs()):
-        out += [_dtype_of(r) for r in matching.tensor_leaves(group).values()]
-    cd = op.attrs.get(S.OP_COMPUTE_DTYPE)
-    if cd:
-        out.append(str(cd))
-    return out
+        return _OpTensors({}, {}, "")
+    f = op.file
+    ins = matching.tensor_leaves(_light_values(f, f"{op.path}/{S.INPUT_GROUP}"))
+    outs = matching.tensor_leaves(_light_values(f, f"{op.path}/{S.OUTPUT_GROUP}"))
+    cd = _attr(f.h5[op.path], S.OP_COMPUTE_DTYPE, "")
+    return _OpTensors(ins, outs, str(cd or ""))
+
+
+def _op_dtypes(ot: _OpTensors) -> list[str]:
+    out = [_dtype_of(r) for r in (*ot.inputs.values(), *ot.outputs.values())]
+    return out + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
 def _open(path, role: str) -> DumpFile:
@@ -341,15 +416,13 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
     any_op = t_op or g_op
     phase = any_op.phase
     module = any_op.module
-    precision = _least_precise(_op_dtypes(t_op) + _op_dtypes(g_op))
-    compute = ""
-    for op in (t_op, g_op):
-        if op is not None and op.attrs.get(S.OP_COMPUTE_DTYPE):
-            compute = str(op.attrs[S.OP_COMPUTE_DTYPE])
+    t_ts, g_ts = _op_tensors(t_op), _op_tensors(g_op)
+    precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
+    compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
     for io in (S.INPUT_GROUP, S.OUTPUT_GROUP):
-        t_vals = matching.tensor_leaves(t_op.inputs() if io == S.INPUT_GROUP else t_op.outputs()) if t_op else {}
-        g_vals = matching.tensor_leaves(g_op.inputs() if io == S.INPUT_GROUP else g_op.outputs()) if g_op else {}
+        t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
+        g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
         for name, t, g in matching.pair_tensors(t_vals, g_vals):
             rec = t or g
             row: dict[str, Any] = {c: math.nan for c in metric_cols}
@@ -384,7 +457,7 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
             fp = None
             if ff is not None and g is not None and g.path in ff.h5:
                 try:
-                    fp = ff._record(g.path, g.name)
+                    fp = _light_record(ff, g.path, g.name)
                     fp = fp if fp.is_tensor else None
                 except (KeyError, ValueError, OSError):
                     fp = None
