@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dumpfile import DumpFile
+from dumpfile import DumpFile, ValueRecord
 from dumpfile import schema as S
 
 
@@ -92,6 +92,10 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                 continue
             if limit is not None and len(lines) >= limit:
                 break
+            if not stats:
+                lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "",
+                                    _light_values(f, op.path)))
+                continue
             vals = []
             for side, label, rec in _flatten("in", op.inputs()) + _flatten("out", op.outputs()):
                 if rec.is_tensor:
@@ -105,6 +109,48 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
             lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals))
         info["shown"] = len(lines)
     return lines, info
+
+
+def _light_values(f: DumpFile, op_path: str) -> list[TensorLine]:
+    """Names, kinds, dtypes and shapes reading only the 3 attributes needed (h5py attribute
+    reads cost tens of microseconds each; the full record reads every attribute)."""
+    out: list[TensorLine] = []
+    for side, sub in (("in", S.INPUT_GROUP), ("out", S.OUTPUT_GROUP)):
+        grp = f.h5.get(f"{op_path}/{sub}")
+        if grp is None:
+            continue
+        names = list(grp.keys())
+        order = grp.attrs.get("order")
+        if order is not None:
+            known = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(order).reshape(-1)]
+            names = [n for n in known if n in names] + [n for n in names if n not in known]
+        _light_walk(f, grp, names, side, "", out)
+    return out
+
+
+def _light_walk(f: DumpFile, grp, names, side: str, prefix: str, out: list[TensorLine]) -> None:
+    import h5py
+
+    for name in names:
+        obj = grp[name]
+        a = obj.attrs
+        code = a.get(S.ATTR_TYPE)
+        if isinstance(obj, h5py.Group):
+            kids = sorted(obj.keys(), key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit()
+                                                     else 1 << 62, k))
+            _light_walk(f, obj, kids, side, f"{prefix}{name}/", out)
+            continue
+        code = S.TYPE_TENSOR if code is None else int(code)
+        label = f"{prefix}{name}"
+        if code in S.TENSOR_TYPES:
+            dtype = a.get(S.ATTR_DTYPE)
+            dtype = dtype.decode() if isinstance(dtype, bytes) else (dtype or str(obj.dtype))
+            shape = a.get(S.ATTR_SHAPE)
+            shape = tuple(int(x) for x in np.asarray(shape).reshape(-1)) if shape is not None else tuple(obj.shape or ())
+            out.append(TensorLine(side, label, S.TYPE_NAMES.get(code, "Tensor"), dtype, shape))
+        else:
+            rec = ValueRecord(f, obj.name, name, code, dict(a))
+            out.append(TensorLine(side, label, S.TYPE_NAMES.get(code, str(code)), value=_short(rec.read())))
 
 
 def _fmt(v: float) -> str:
