@@ -233,7 +233,7 @@ def _stats_of(chunks) -> dict[str, float]:
         if c.size:
             lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
             s += float(c.sum())
-            ss += float(np.dot(c, c))
+            ss += float(np.einsum("i,i->", c, c))
     mean = s / n if n else math.nan
     var = max(ss / n - mean * mean, 0.0) if n else math.nan
     return {"min": lo, "max": hi, "mean": mean, "std": math.sqrt(var), "norm": math.sqrt(ss),
