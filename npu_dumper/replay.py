@@ -188,6 +188,9 @@ class ReplayPolicy(Policy):
         self._calls: Counter = Counter()
         self._before_write = None
         self._written_args: dict[Any, frozenset] = {}
+        self.cache_bytes = 1 << 30          # recorded tensors kept for reuse (insertion-order eviction)
+        self._cache: dict[Any, torch.Tensor] = {}
+        self._cache_bytes = 0
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
@@ -253,6 +256,8 @@ class ReplayPolicy(Policy):
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
+        self._cache.clear()
+        self._cache_bytes = 0
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -316,7 +321,7 @@ class ReplayPolicy(Policy):
             if rec.numel != live.numel():
                 raise NotReplayable(f"input '{arg}': recorded {rec.numel} elements do not fit "
                                     f"the live {live.numel()}")
-            src = tensor_from_record(rec)
+            src = self._load(rec)
             if src.dtype != live.dtype:
                 self.summary.casts[f"{rec.dtype}->{str(live.dtype).replace('torch.', '')}"] += 1
             src = src.reshape(live.shape)
@@ -337,6 +342,28 @@ class ReplayPolicy(Policy):
             return type(live)(out) if isinstance(live, tuple) else out
         return live
 
+    def _load(self, rec: ValueRecord) -> torch.Tensor:
+        """A recorded tensor (recorded dtype, CPU), cached: the dump stores a tensor used by
+        several ops once (hard links, views of one base), and handing the same tensor to each
+        lets the dump of the replay store it once too."""
+        try:
+            obj = self._file.h5[rec.path]
+            key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
+                   tuple(np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1).tolist()))
+        except (KeyError, ValueError, TypeError):
+            return tensor_from_record(rec)
+        t = self._cache.get(key)
+        if t is None:
+            t = tensor_from_record(rec)
+            nbytes = t.numel() * t.element_size()
+            while self._cache and self._cache_bytes + nbytes > self.cache_bytes:
+                old = self._cache.pop(next(iter(self._cache)))
+                self._cache_bytes -= old.numel() * old.element_size()
+            if nbytes <= self.cache_bytes:
+                self._cache[key] = t
+                self._cache_bytes += nbytes
+        return t
+
     def _written(self, func: Any) -> frozenset:
         w = self._written_args.get(func)
         if w is None:
@@ -356,6 +383,9 @@ class _NoFit(Exception):
 
 def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
     """`src`'s values with `live`'s dtype, device and (when it is a plain layout) strides."""
+    if src.dtype == live.dtype and src.device == live.device and (
+            not keep_strides or src.stride() == live.stride() or live.numel() <= 1):
+        return src                       # already what the op would have seen: no copy
     if keep_strides and live.layout == torch.strided and _dense_non_overlapping(live):
         out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)
         return out.copy_(src)

@@ -1,0 +1,94 @@
+"""Load-replay overhead on the reference workload, measured side by side in one run.
+
+Workload: 6 x (Linear(1024,1024) + GELU), LayerNorm, batch 64, fp32, MSE loss,
+forward + backward on CPU, torch.set_num_threads(1). One reference dump is made
+first; then plain steps, load-replay steps and plain dump steps alternate, and the
+median ms/step and the ratios to the plain step are printed. Target: replay <= 3x.
+Also times golden fp64 replay of the reference dump (`accucmp golden`).
+
+    python benchmarks/bench_replay.py [--steps N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import npu_dumper
+from npu_dumper.golden import replay as golden_replay
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.GELU()]
+    layers.append(torch.nn.LayerNorm(1024))
+    return torch.nn.Sequential(*layers)
+
+
+def one_step(model, x, y):
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = make_model()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 1024, generator=g), torch.randn(64, 1024, generator=g)
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = os.path.join(tmp, "ref.h5")
+        with npu_dumper.dumper(use_dump=True, dump_path=ref) as d:
+            one_step(model, x, y)
+        n_ops = d.summary.get("ops_recorded")
+        for _ in range(2):                      # warm-up
+            one_step(model, x, y)
+        times = {"plain": [], "load-replay": [], "dump": []}
+        summary = ""
+        for i in range(args.steps):
+            for kind in times:
+                t0 = time.perf_counter()
+                if kind == "plain":
+                    one_step(model, x, y)
+                elif kind == "dump":
+                    with npu_dumper.dumper(use_dump=True, dump_path=os.path.join(tmp, f"d{i}.h5")):
+                        one_step(model, x, y)
+                else:
+                    out = io.StringIO()
+                    with contextlib.redirect_stdout(out):
+                        with npu_dumper.dumper(use_load=True, load_file_path=ref,
+                                               dump_path=os.path.join(tmp, f"r{i}.h5")):
+                            one_step(model, x, y)
+                    summary = out.getvalue().strip()
+                times[kind].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        res = golden_replay(ref, os.path.join(tmp, "golden.h5"), progress=False)
+        golden_s = time.perf_counter() - t0
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"workload: 6 x Linear(1024)+GELU, LayerNorm, batch 64, fp32, fwd+bwd, CPU, "
+          f"{args.threads} thread(s), {n_ops} ops/step, median of {args.steps}")
+    for k, v in med.items():
+        print(f"  {k:12s} {v:8.1f} ms/step   {v / med['plain']:5.2f}x plain")
+    print(f"  replay summary: {summary}")
+    print(f"  golden fp64 replay of the dump: {golden_s * 1e3:.0f} ms for {res.total} ops "
+          f"({res.replayed} replayed) = {golden_s * 1e3 / med['plain']:.1f}x a plain step")
+    ratio = med["load-replay"] / med["plain"]
+    print(f"load-replay / plain = {ratio:.2f}x (target <= 3x): {'OK' if ratio <= 3 else 'OVER'}")
+
+
+if __name__ == "__main__":
+    main()
