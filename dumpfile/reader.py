@@ -240,8 +240,13 @@ class DumpFile:
             ops = [OpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
                             S.PHASE_BY_CODE.get(int(r["phase"]), ""),
                             _attr_str(r["module"]), _attr_str(r["grad_fn"])) for r in rows]
-            # keep only rows whose group exists (a copy may have dropped some)
-            ops = [o for o in ops if o.path in self.h5] if len(ops) < 200_000 else ops
+            # keep only rows whose group exists (a tool may have dropped some groups): one
+            # link listing per op name, no group opened per row
+            present: dict[str, set[str]] = {}
+            for name in {o.op for o in ops}:
+                grp = self.h5.get(name)
+                present[name] = set(grp.keys()) if isinstance(grp, h5py.Group) else set()
+            ops = [o for o in ops if str(o.seqid) in present[o.op]]
         else:
             ops = []
             for op_name in self.h5.keys():

@@ -68,6 +68,10 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
             aid.write(np.asarray(arr, order="C"), mtype=_MEM_TYPES[dt])
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 @dataclass
 class TensorMeta:
     """What the file says about a tensor besides its values."""
@@ -131,7 +135,8 @@ class DumpWriter:
 
     def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
                  root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0,
-                 append: bool = False, direct_write: bool = True):
+                 append: bool = False, direct_write: bool = True,
+                 reserve_bytes: int = 4 << 20):
         if mode not in S.MODES:
             raise ValueError(f"mode must be one of {S.MODES}, got {mode!r}")
         self.path = os.fspath(path)
@@ -149,6 +154,8 @@ class DumpWriter:
                 self._fd = os.open(self.path, os.O_WRONLY)
             except OSError:
                 self._fd = -1
+        self._open_path: str | None = None
+        self._reserve = self._make_reserve(reserve_bytes)
         if not append or S.ROOT_FORMAT not in f.attrs:
             f.attrs[S.ROOT_FORMAT] = S.FORMAT_NAME
             f.attrs[S.ROOT_FORMAT_VERSION] = S.FORMAT_VERSION
@@ -186,13 +193,28 @@ class DumpWriter:
         g.create_group(S.OUTPUT_GROUP)
         self._pending_index.append(
             (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
+        self._open_path = path
         return g
+
+    def abort_op(self) -> None:
+        """Drop the op begun last and not ended (its write failed): no half-written op remains."""
+        path, self._open_path = self._open_path, None
+        if path is None:
+            return
+        if self._pending_index:
+            self._pending_index.pop()
+        try:
+            if path in self._f:
+                del self._f[path]
+        except (OSError, RuntimeError, KeyError):
+            pass
 
     def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
         """Record argument order: HDF5 lists members alphabetically."""
         parent.attrs["order"] = np.array(list(names), dtype=object).astype(_STR)
 
     def end_op(self) -> None:
+        self._open_path = None
         self.num_ops += 1
         self.maybe_flush()
 
@@ -346,9 +368,43 @@ class DumpWriter:
         self._f.attrs[S.ROOT_NUM_OPS] = self.num_ops
         try:
             self._f.flush()
-        except OSError as e:  # disk full surfaces here
-            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
+            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
         self._last_flush = time.monotonic()
+
+    # ---- disk full --------------------------------------------------------------------
+    def _make_reserve(self, nbytes: int) -> str | None:
+        """Hold some disk space in a side file, given back when a write fails with ENOSPC
+        so that the final metadata flush can still succeed and the file stays readable."""
+        if nbytes <= 0:
+            return None
+        d, base = os.path.split(os.path.abspath(self.path))
+        reserve = os.path.join(d, f".{base}.reserve")
+        try:
+            st = os.statvfs(d)
+            nbytes = min(nbytes, st.f_bavail * st.f_frsize // 8)
+            if nbytes <= 0:
+                return None
+            fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            try:
+                os.unlink(reserve)
+            except OSError:
+                pass
+            return None
+        return reserve
+
+    def release_reserve(self) -> None:
+        if self._reserve is not None:
+            try:
+                os.unlink(self._reserve)
+            except OSError:
+                pass
+            self._reserve = None
 
     @property
     def file(self) -> h5py.File:
@@ -356,12 +412,21 @@ class DumpWriter:
 
     def close(self, complete: bool = True) -> None:
         if not self._f.id.valid:
+            self.release_reserve()
             return
+        if not complete:       # after a failure: give the space back first
+            self.release_reserve()
         try:
             self.flush()
             self._f.attrs[S.ROOT_COMPLETE] = bool(complete)
+        except (OSError, RuntimeError) as e:
+            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
         finally:
-            self._f.close()
+            try:
+                self._f.close()
+            except (OSError, RuntimeError):
+                pass
+            self.release_reserve()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dumpfile import schema as S
+from dumpfile.errors import DumpError
 from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
@@ -94,7 +95,7 @@ class WriterThread:
         if self._error is not None and not self._reported:
             self._reported = True
             err = self._error
-            msg = str(err) if isinstance(err, DumperError) else f"{self.writer.path}: dump writer failed: {err}"
+            msg = str(err) if isinstance(err, DumpError) else f"{self.writer.path}: dump writer failed: {err}"
             if self.writer.path not in msg:
                 msg = f"{self.writer.path}: {msg}"
             raise DumperError(msg.replace("\n", " ")) from err
@@ -133,6 +134,8 @@ class WriterThread:
                     self._write_job(job)
             except BaseException as e:  # noqa: BLE001 - surfaced via check()
                 self._error = e
+                self.writer.release_reserve()
+                self.writer.abort_op()
             finally:
                 for cap in job.captures:
                     cap.done = True

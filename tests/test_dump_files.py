@@ -1,0 +1,241 @@
+"""npu_dumper dump files: path errors, durability (SIGKILL), writer failures, h5 tools, big indexes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import npu_dumper
+from dumpfile import DumpFile, DumpWriter, TensorMeta
+from dumpfile import schema as S
+from npu_dumper.errors import DumperError
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert "\n" not in msg
+    return msg
+
+
+# ---- bad dump_path: refused at entry, before the model runs ----------------------------
+@pytest.mark.parametrize("make_path, needle", [
+    (lambda p: p / "missing" / "d.h5", "does not exist"),
+    (lambda p: p / "d.hdf5", "must be an existing directory or a file name ending in .h5"),
+])
+def test_bad_dump_path_refused_before_the_model_runs(tmp_path, make_path, needle):
+    ran = []
+    path = make_path(tmp_path)
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(path)):
+            ran.append(1)
+    assert not ran
+    assert needle in _one_line(ei.value) and str(path) in str(ei.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_directory_refused(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        with pytest.raises(DumperError, match="not writable"):
+            with npu_dumper.dumper(use_dump=True, dump_path=str(d / "x.h5")):
+                pass
+    finally:
+        d.chmod(0o700)
+
+
+def test_directory_dump_path_gets_time_stamped_name(tmp_path):
+    x = torch.ones(2)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path)) as d:
+        x + 1
+    name = os.path.basename(d.path)
+    assert os.path.dirname(d.path) == str(tmp_path)
+    assert name.startswith("dump_") and name.endswith(".h5") and name[5:19].isdigit()
+    with DumpFile(d.path) as f:
+        assert len(f) == 1 and f.complete
+
+
+def test_nested_dumper_refused(tmp_path):
+    x = torch.ones(1)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "a.h5")):
+        with pytest.raises(DumperError, match="nested"):
+            with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "b.h5")):
+                pass
+        x * 2
+    # the outer dump still works and a later dumper is allowed
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "c.h5")) as d:
+        x * 2
+    assert d.num_ops == 1
+
+
+def test_load_file_equal_to_dump_path_refused(tmp_path):
+    p = tmp_path / "a.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        torch.ones(1) * 2
+    with pytest.raises(DumperError, match="load_file_path"):
+        with npu_dumper.dumper(use_load=True, load_file_path=str(p), dump_path=str(p)):
+            pass
+
+
+def test_bad_options_refused(tmp_path):
+    with pytest.raises(DumperError, match="dump_mode"):
+        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "a.h5"), dump_mode="outputs")
+    with pytest.raises(DumperError, match="phases"):
+        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "a.h5"), phases=["fwd"])
+
+
+def test_disabled_dumper_is_a_no_op(tmp_path):
+    with npu_dumper.dumper() as d:
+        torch.ones(1) * 2
+    assert d.path is None and d.num_ops == 0
+
+
+# ---- failures in the writer reach the user ---------------------------------------------
+def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
+    def boom(self, *a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(DumpWriter, "write_tensor", boom)
+    p = tmp_path / "full.h5"
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+            for _ in range(50):
+                torch.ones(3) * 2
+                time.sleep(0.002)
+    msg = _one_line(ei.value)
+    assert str(p) in msg and "No space left" in msg
+    with h5py.File(p) as f:            # readable, marked incomplete
+        assert not f.attrs["complete"]
+
+
+def test_disk_full_gives_clear_error_and_readable_file(tmp_path):
+    """A real ENOSPC from a tiny tmpfs when we may mount one; else skip."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        p = mnt / "d.h5"
+        x = torch.randn(64, 1024)
+        with pytest.raises(DumperError) as ei:
+            with npu_dumper.dumper(use_dump=True, dump_path=str(p), flush_interval=0.0):
+                for _ in range(40):
+                    x = x * 1.0001
+        assert str(p) in _one_line(ei.value)
+        with DumpFile(p) as f:         # readable up to the last flush
+            ops = f.ops()
+            assert ops and all(o.op == "aten.mul.Tensor" for o in ops)
+            np.testing.assert_array_equal(ops[0].inputs()["self"].read().shape, (64, 1024))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ---- durability: SIGKILL mid-dump ----------------------------------------------------------
+def test_sigkill_mid_dump_leaves_readable_file(tmp_path):
+    p = tmp_path / "killed.h5"
+    marker = tmp_path / "started"
+    code = textwrap.dedent(f"""
+        import time, torch, npu_dumper, pathlib
+        x = torch.randn(32, 32)
+        with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, flush_interval=0.2):
+            for i in range(1000000):
+                x = torch.tanh(x * 1.01)
+                if i == 20:
+                    pathlib.Path({str(marker)!r}).touch()
+                time.sleep(0.001)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
+            time.sleep(0.05)
+        time.sleep(1.5)                 # several flushes happen
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with h5py.File(p, "r") as f:
+        assert not f.attrs["complete"]
+        assert f.attrs["num_ops"] > 20
+    with DumpFile(p) as f:
+        ops = f.ops()
+        assert len(ops) > 20
+        assert [o.seqid for o in ops] == list(range(1, len(ops) + 1))
+        for o in ops[-3:]:             # the last flushed ops read back
+            assert o.inputs()["self"].read().shape == (32, 32)
+    if shutil.which("h5ls"):
+        r = subprocess.run(["h5ls", str(p)], capture_output=True, text=True)
+        assert r.returncode == 0 and "aten.tanh.default" in r.stdout
+
+
+# ---- the original's tools ----------------------------------------------------------------
+@pytest.mark.skipif(not shutil.which("h5copy") or not shutil.which("h5dump"),
+                    reason="hdf5-tools (h5copy, h5dump) not installed: apt-get install hdf5-tools")
+def test_h5copy_pv_and_h5dump_work_on_a_dump(tmp_path):
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    p = tmp_path / "d.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        lin(lin(x)).sum().backward()
+    out = tmp_path / "out.h5"
+    for seq in ("1", "2"):
+        r = subprocess.run(["h5copy", "-pv", "-i", str(p), "-o", str(out), "-s",
+                            f"/aten.addmm.default/{seq}/", "-d", f"/aten.addmm.default/{seq}/"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run(["h5dump", "-H", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "mat2" in r.stdout and "DataType" in r.stdout
+    r = subprocess.run(["h5dump", "-d", "/aten.addmm.default/1/input/mat1", str(p)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "H5T_IEEE_F32LE" in r.stdout
+    with DumpFile(out) as f:           # no index in the copy: listed by walking links
+        ops = f.ops()
+        assert [(o.op, o.seqid) for o in ops] == [("aten.addmm.default", 1), ("aten.addmm.default", 2)]
+        np.testing.assert_array_equal(ops[0].inputs()["mat1"].read(), x.numpy())
+        np.testing.assert_array_equal(ops[0].inputs()["mat2"].read(), lin.weight.detach().t().numpy())
+
+
+# ---- reading a big dump without opening every group --------------------------------------
+def test_reader_lists_100k_ops_from_the_index(tmp_path):
+    p = tmp_path / "big.h5"
+    n = 100_000
+    names = ("aten.add.Tensor", "aten.mul.Tensor", "aten.addmm.default")
+    with DumpWriter(p, flush_interval=1e9) as w:
+        # real groups, made with the low-level API (the high-level one would take a minute)
+        parents = {nm: w.file.create_group(nm).id for nm in names}
+        for i in range(1, n + 1):
+            nm = names[i % 3]
+            h5py.h5g.create(parents[nm], str(i).encode())
+            w._pending_index.append((i, nm, 0, "", ""))
+            w.num_ops += 1
+    opened = []
+    orig = h5py.Group.__getitem__
+
+    def counting(self, key):
+        opened.append(key)
+        return orig(self, key)
+
+    with DumpFile(p) as f:
+        h5py.Group.__getitem__ = counting
+        try:
+            t0 = time.perf_counter()
+            ops = f.ops()
+            elapsed = time.perf_counter() - t0
+        finally:
+            h5py.Group.__getitem__ = orig
+    assert len(ops) == n
+    assert all(a.seqid <= b.seqid for a, b in zip(ops, ops[1:]))
+    assert len(opened) < 10, "listing must not open op groups"
+    print(f"listed {len(ops)} ops in {elapsed:.2f} s")
