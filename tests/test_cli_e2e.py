@@ -66,3 +66,23 @@ def test_perturbed_op_is_first_failure_then_extract_and_replay(tmp_path):
     t2 = pd.read_csv(next(p for p in (tmp_path / "o2").iterdir() if p.suffix == ".csv"))
     assert set(t2.loc[t2["Result"] == "pass", "SeqId"]) == {2, mm}
     assert os.path.getsize(ext) < os.path.getsize(golden)
+
+
+def test_golden_fp64_and_jobs_through_the_cli(tmp_path):
+    pytest.importorskip("accucmp.cli_golden")
+    step = _model_and_step()
+    golden, faulty, g64 = (str(tmp_path / n) for n in ("golden.h5", "faulty.h5", "g64.h5"))
+    with npu_dumper.dumper(use_dump=True, dump_path=golden):
+        step()
+    with emulation.inject_fault(op="aten.addmm.default", rel=0.01, call=2):
+        with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=faulty):
+            step()
+    r = runner.invoke(app, ["golden", "-i", golden, "-o", g64, "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["compare", "-m", faulty, "-g", golden, "--golden-fp64", g64, "--jobs", "2",
+                            "-out", str(tmp_path / "o")])
+    assert r.exit_code == 1, r.output
+    assert "first failure (execution order): aten.addmm.default seqid 3" in r.output
+    table = pd.read_csv(next(p for p in (tmp_path / "o").iterdir() if p.suffix == ".csv"))
+    assert {"TargetErrorVsFp64", "GoldenErrorVsFp64"} <= set(table.columns)
+    assert set(table.loc[table["Result"] == "fail", "SeqId"]) == {3}
