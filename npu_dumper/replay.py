@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import types
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -118,17 +119,21 @@ def _live_list_as_values(value: Any) -> bool:
 
 @dataclass
 class _Recorded:
-    """A recorded op, its inputs read lazily once."""
+    """A recorded op, its inputs read lazily once (by the prefetch thread or on demand)."""
 
     record: OpRecord
+    index: int = 0
     used: bool = False
     _inputs: dict[str, ValueRecord] | None = None
     _keys: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def inputs(self) -> dict[str, ValueRecord]:
         if self._inputs is None:
-            self._inputs = self.record.inputs()
+            with self.lock:
+                if self._inputs is None:
+                    self._inputs = self.record.inputs()
         return self._inputs
 
     def key(self, name: str) -> Any:
@@ -175,7 +180,7 @@ class ReplayPolicy(Policy):
 
     def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
                  dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
-                 verbose: bool = True):
+                 verbose: bool = True, prefetch_ops: int = 32):
         self.load_file_path = os.fspath(load_file_path) if load_file_path is not None else ""
         self.dump_path = os.fspath(dump_path) if dump_path is not None else None
         self.op_map = op_map if isinstance(op_map, OpMap) else get_op_map(op_map)
@@ -191,6 +196,13 @@ class ReplayPolicy(Policy):
         self.cache_bytes = 1 << 30          # recorded tensors kept for reuse (insertion-order eviction)
         self._cache: dict[Any, torch.Tensor] = {}
         self._cache_bytes = 0
+        self._cache_lock = threading.Lock()
+        self.prefetch_ops = prefetch_ops
+        self._order: list[_Recorded] = []
+        self._cv = threading.Condition()
+        self._consumed = 0
+        self._stop = False
+        self._prefetcher: threading.Thread | None = None
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
@@ -212,8 +224,9 @@ class ReplayPolicy(Policy):
         if not ops:
             self._file.close()
             raise ReplayError(f"{path}: the dump holds no ops")
-        for rec in ops:
-            entry = _Recorded(rec)
+        for i, rec in enumerate(ops):
+            entry = _Recorded(rec, index=i)
+            self._order.append(entry)
             self._by_name.setdefault(rec.op, []).append(entry)
             self._by_packet[_packet(rec.op)].append(entry)
         self.summary = ReplaySummary(recorded_ops=len(ops))
@@ -222,6 +235,36 @@ class ReplayPolicy(Policy):
         registry = getattr(session, "registry", None) or \
             getattr(getattr(session, "_writer", None), "registry", None)
         self._before_write = getattr(registry, "before_write", None)
+        if self.prefetch_ops > 0:
+            self._prefetcher = threading.Thread(target=self._prefetch_loop, name="npu_dumper-replay-prefetch",
+                                                daemon=True)
+            self._prefetcher.start()
+
+    # ---- prefetch: read the recording ahead of the live stream -----------------------
+    def _prefetch_loop(self) -> None:
+        """Reads the next recorded ops' metadata and tensors while the model computes (torch
+        kernels release the GIL). Matching mostly follows seqid order; a miss just loads on
+        demand. Errors are left for the main thread to meet and report."""
+        for entry in self._order:
+            with self._cv:
+                while not self._stop and entry.index > self._consumed + self.prefetch_ops:
+                    self._cv.wait()
+                if self._stop:
+                    return
+            if entry.used:
+                continue
+            try:
+                for name, rec in entry.inputs.items():
+                    if rec.is_tensor:
+                        self._load(rec)
+                    elif rec.is_list and any(c.is_tensor for c in rec.children):
+                        for c in rec.children:
+                            if c.is_tensor:
+                                self._load(c)
+                    else:
+                        entry.key(name)
+            except Exception:  # noqa: BLE001 - the main thread reloads and reports
+                continue
 
     # ---- per op --------------------------------------------------------------------
     def before_op(self, ev: OpEvent) -> None:
@@ -239,6 +282,10 @@ class ReplayPolicy(Policy):
             self._unmatched(ev, str(e))
             return
         entry.used = True
+        if entry.index > self._consumed:
+            with self._cv:
+                self._consumed = entry.index
+                self._cv.notify()
         ev.args, ev.kwargs = new_args, new_kwargs
         ev.store_seqid = entry.record.seqid
         ev.group_attrs[S.OP_REPLAYED] = True
@@ -256,6 +303,12 @@ class ReplayPolicy(Policy):
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
+        if self._prefetcher is not None:
+            with self._cv:
+                self._stop = True
+                self._cv.notify_all()
+            self._prefetcher.join()
+            self._prefetcher = None
         self._cache.clear()
         self._cache_bytes = 0
         if self._file is not None:
@@ -352,16 +405,20 @@ class ReplayPolicy(Policy):
                    tuple(np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1).tolist()))
         except (KeyError, ValueError, TypeError):
             return tensor_from_record(rec)
-        t = self._cache.get(key)
+        with self._cache_lock:
+            t = self._cache.get(key)
         if t is None:
             t = tensor_from_record(rec)
             nbytes = t.numel() * t.element_size()
-            while self._cache and self._cache_bytes + nbytes > self.cache_bytes:
-                old = self._cache.pop(next(iter(self._cache)))
-                self._cache_bytes -= old.numel() * old.element_size()
-            if nbytes <= self.cache_bytes:
-                self._cache[key] = t
-                self._cache_bytes += nbytes
+            with self._cache_lock:
+                if key in self._cache:
+                    return self._cache[key]
+                while self._cache and self._cache_bytes + nbytes > self.cache_bytes:
+                    old = self._cache.pop(next(iter(self._cache)))
+                    self._cache_bytes -= old.numel() * old.element_size()
+                if nbytes <= self.cache_bytes:
+                    self._cache[key] = t
+                    self._cache_bytes += nbytes
         return t
 
     def _written(self, func: Any) -> frozenset:
