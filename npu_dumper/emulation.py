@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import DumperError
-from .hints import note_compute_dtype
+from .hints import note_compute_dtype, pop_compute_dtype
 
 aten = torch.ops.aten
 
@@ -233,6 +233,9 @@ class emulate_npu:
         return self
 
     def __exit__(self, *exc):
+        # A cube op that ran with no dumper above it left its note; it must not be
+        # attributed to the first op of some later dumper block.
+        pop_compute_dtype()
         return self._mode.__exit__(*exc)
 
 
