@@ -95,7 +95,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
-                       dtype: torch.dtype | None = None, keep_strides: bool = False) -> torch.Tensor:
+                       dtype: torch.dtype | None = None, keep_strides: bool = False,
+                       base_cache: dict | None = None) -> torch.Tensor:
     """A stored tensor as a torch tensor, exact in its recorded dtype, then cast to `dtype`.
 
     bfloat16 / float8 are rebuilt from their stored bits. With keep_strides the result
@@ -106,7 +107,7 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
     name = rec.dtype
     tdtype = torch_dtype(name) if name else None
     if rec.type == S.TYPE_TENSOR_VIEW:
-        t = _view_tensor(rec)
+        t = _view_tensor(rec, base_cache)
     elif rec.type == S.TYPE_TENSOR and name in S.RAW_BIT_DTYPES:
         t = _raw_bits_tensor(rec.file.h5[rec.path][()], tdtype)
     elif name == "complex32":
@@ -151,7 +152,7 @@ def _stored_tensor(ds: Any) -> torch.Tensor:
     return t.to(torch_dtype(name)) if name and t.dtype != torch_dtype(name) else t
 
 
-def _view_tensor(rec: ValueRecord) -> torch.Tensor:
+def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tensor:
     """A Type-VIEW record rebuilt in torch: the base's elements are put back where they
     lay in storage (base Stride/storage_offset), then the view is read with its own
     strides. Every index is bounds-checked (attributes come from files); errors are
@@ -170,6 +171,29 @@ def _view_tensor(rec: ValueRecord) -> torch.Tensor:
         if not bpath or bpath not in h5:
             raise NotReplayable(f"{rec.name}: view of {bpath or 'a dataset'} that is not in this file")
         base = h5[bpath]
+    key = hash(base.id)
+    cached = base_cache.get(key) if base_cache is not None else None
+    if cached is None:
+        cached = _base_storage(rec, base)
+        if base_cache is not None:
+            base_cache[key] = cached
+    storage, boff = cached
+    n = storage.numel()
+    shape = rec.shape
+    stride = tuple(int(x) for x in np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
+    rel = int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff
+    if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
+        raise NotReplayable(f"{rec.name}: bad view shape/stride")
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return torch.empty(shape, dtype=bt.dtype)
+    last = rel + sum((d - 1) * s for d, s in zip(shape, stride))
+    if rel < 0 or last >= n:
+        raise NotReplayable(f"{rec.name}: view reaches outside the data of its base")
+    return storage.as_strided(shape, stride, rel)
+
+
+def _base_storage(rec: ValueRecord, base: Any) -> tuple[torch.Tensor, int]:
+    """The flat storage a view's base dataset occupied, and the base's storage offset."""
     bt = _stored_tensor(base)
     bstride = tuple(int(x) for x in np.asarray(base.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
     boff = int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0))
@@ -182,17 +206,7 @@ def _view_tensor(rec: ValueRecord) -> torch.Tensor:
     storage = torch.empty(n, dtype=bt.dtype)
     if n:
         storage.as_strided(tuple(bt.shape), bstride).copy_(bt)
-    shape = rec.shape
-    stride = tuple(int(x) for x in np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
-    rel = int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff
-    if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
-        raise NotReplayable(f"{rec.name}: bad view shape/stride")
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        return torch.empty(shape, dtype=bt.dtype)
-    last = rel + sum((d - 1) * s for d, s in zip(shape, stride))
-    if rel < 0 or last >= n:
-        raise NotReplayable(f"{rec.name}: view reaches outside the data of its base")
-    return storage.as_strided(shape, stride, rel)
+    return storage, boff
 
 
 def with_strides(t: torch.Tensor, stride: tuple[int, ...], device: Any = None) -> torch.Tensor:

@@ -197,6 +197,7 @@ class ReplayPolicy(Policy):
         self._cache: dict[Any, torch.Tensor] = {}
         self._cache_bytes = 0
         self._cache_lock = threading.Lock()
+        self._bases: dict[Any, tuple[torch.Tensor, int]] = {}   # view bases: one storage each
         self.prefetch_ops = prefetch_ops
         self._order: list[_Recorded] = []
         self._cv = threading.Condition()
@@ -310,6 +311,7 @@ class ReplayPolicy(Policy):
             self._prefetcher.join()
             self._prefetcher = None
         self._cache.clear()
+        self._bases.clear()
         self._cache_bytes = 0
         if self._file is not None:
             self._file.close()
@@ -408,7 +410,7 @@ class ReplayPolicy(Policy):
         with self._cache_lock:
             t = self._cache.get(key)
         if t is None:
-            t = tensor_from_record(rec)
+            t = tensor_from_record(rec, base_cache=self._bases)
             nbytes = t.numel() * t.element_size()
             with self._cache_lock:
                 if key in self._cache:
