@@ -26,6 +26,10 @@ from .tensors import dtype_name
 HIDDEN_WRITES: dict[Any, tuple[str, ...]] = {}
 # Ops whose outputs hold uninitialised memory: recorded, marked `uninitialized`.
 UNINITIALIZED_OUTPUTS: set[Any] = set()
+# Opaque backend buffers (RNN workspaces): bytes with no numeric meaning, possibly
+# uninitialised. Packet -> return indices / argument names marked `uninitialized`.
+OPAQUE_RETURNS: dict[Any, tuple[int, ...]] = {}
+OPAQUE_ARGS: dict[Any, tuple[str, ...]] = {}
 
 
 def _register_defaults() -> None:
@@ -41,6 +45,16 @@ def _register_defaults() -> None:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             UNINITIALIZED_OUTPUTS.add(pkt)
+    for name, returns, arg in (("mkldnn_rnn_layer", (3,), None),
+                               ("mkldnn_rnn_layer_backward", (), "workspace"),
+                               ("_cudnn_rnn", (3,), None), ("_cudnn_rnn_backward", (), "reserve"),
+                               ("miopen_rnn", (3,), None), ("miopen_rnn_backward", (), "reserve")):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            if returns:
+                OPAQUE_RETURNS[pkt] = returns
+            if arg:
+                OPAQUE_ARGS[pkt] = (arg,)
 
 
 _register_defaults()
@@ -74,6 +88,8 @@ class OpInfo:
     return_types: tuple[str, ...]
     uninitialized: bool
     is_view: bool
+    opaque_returns: frozenset[int] = frozenset()
+    opaque_args: frozenset[str] = frozenset()
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -121,6 +137,8 @@ def op_info(func) -> OpInfo:
         return_types=tuple(_schema_type(r.type) for r in rets),
         uninitialized=packet in UNINITIALIZED_OUTPUTS,
         is_view=bool(func.is_view),
+        opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
+        opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
     )
     _OP_INFO[func] = info
     return info

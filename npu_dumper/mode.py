@@ -208,8 +208,10 @@ class DumpMode(TorchDispatchMode):
         inputs = []
         written = info.written
         if self.record_inputs:
+            opaque = info.opaque_args
             for an, st, v in named_args(info, args, kwargs):
-                inputs.append((an, self._node(v, st, caps, clone=an in written)))
+                inputs.append((an, self._node(v, st, caps, clone=an in written,
+                                              uninit=an in opaque)))
         if written:
             for t in self._write_targets(info, args, kwargs):
                 self.registry.before_write(t)
@@ -231,9 +233,10 @@ class DumpMode(TorchDispatchMode):
             ev.group_attrs[S.OP_COMPUTE_DTYPE] = compute_dtype
         outputs = []
         if self.record_outputs:
-            uninit = info.uninitialized
-            for rn, st, v in named_returns(info, out):
-                outputs.append((rn, self._node(v, st, caps, clone=False, uninit=uninit)))
+            uninit, opaque = info.uninitialized, info.opaque_returns
+            for i, (rn, st, v) in enumerate(named_returns(info, out)):
+                outputs.append((rn, self._node(v, st, caps, clone=False,
+                                               uninit=uninit or i in opaque)))
         if phase == S.PHASE_FORWARD:
             self._note_forward_outputs(out, module)
         record = all(p.should_record(ev) for p in self.policies)

@@ -362,3 +362,18 @@ def test_stats_only(tmp_path):
 def test_torch_utils_installed():
     assert torch.utils.dumper is npu_dumper.dumper
     assert callable(torch.utils.get_op_map)
+
+
+def test_rnn_workspace_marked_uninitialized(tmp_path):
+    lstm = torch.nn.LSTM(4, 5)
+    x = torch.randn(3, 2, 4)
+    path, _ = dump_step(tmp_path, lambda: lstm(x)[0].sum().backward())
+    with DumpFile(path) as f:
+        rnn = [o for o in f.ops() if o.op == "aten.mkldnn_rnn_layer.default"]
+        if not rnn:
+            pytest.skip("this torch build runs CPU LSTM without mkldnn_rnn_layer")
+        outs = list(rnn[0].outputs().values())
+        assert [o.uninitialized for o in outs] == [False, False, False, True]
+        bwd = [o for o in f.ops() if o.op == "aten.mkldnn_rnn_layer_backward.default"]
+        assert bwd and bwd[0].inputs()["workspace"].uninitialized
+        assert not bwd[0].inputs()["input"].uninitialized
