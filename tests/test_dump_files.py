@@ -162,16 +162,17 @@ def test_sigkill_mid_dump_leaves_readable_file(tmp_path):
         while not marker.exists():
             assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
             time.sleep(0.05)
-        time.sleep(1.5)                 # several flushes happen
+        time.sleep(2.5)                 # several flushes happen (flush_interval=0.2)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
-        assert f.attrs["num_ops"] > 20
+        flushed = int(f.attrs["num_ops"])
+        assert flushed > 20
     with DumpFile(p) as f:
         ops = f.ops()
-        assert len(ops) > 20
+        assert len(ops) >= flushed
         assert [o.seqid for o in ops] == list(range(1, len(ops) + 1))
         for o in ops[-3:]:             # the last flushed ops read back
             assert o.inputs()["self"].read().shape == (32, 32)
