@@ -178,7 +178,9 @@ class DumpMode(TorchDispatchMode):
             writer.check()
         info = op_info(func)
         if info.is_view and not self.record_views:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            hints.pop_compute_dtype()
+            return out
         self.seqid += 1
         node = _current_node()
         tracker = self.tracker
@@ -188,11 +190,15 @@ class DumpMode(TorchDispatchMode):
         else:
             phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
         name = self._name(func)
+        # A compute-dtype note belongs to the op that made it: one left by an op that was
+        # skipped or filtered (or raised) must not be written on the next recorded op.
+        hints.pop_compute_dtype()
         if not self.filter.trivial and not self.filter.selected(name, phase, module):
             if info.written:
                 for t in self._write_targets(info, args, kwargs):
                     self.registry.before_write(t)
             out = func(*args, **kwargs)
+            hints.pop_compute_dtype()
             if phase == S.PHASE_FORWARD:
                 self._note_forward_outputs(out, module)
             return out
