@@ -2,14 +2,29 @@
 
 See docs/FORMAT.md. `schema` holds names and codes, `writer.DumpWriter` writes,
 `reader.DumpFile` reads.
+
+The reader and writer (h5py, numpy) load on first use, so that importing
+`dumpfile.errors` or `dumpfile.schema` stays instant: `accucmp --help` depends on it.
 """
+
+from importlib import import_module
 
 from . import schema
 from .errors import DumpError, DumpFormatError, DumpWriteError
-from .reader import DumpFile, OpRecord, ValueRecord, decode_raw, view_of
-from .writer import DumpWriter, TensorMeta
 
-__all__ = [
-    "schema", "DumpError", "DumpFormatError", "DumpWriteError", "DumpFile", "OpRecord",
-    "ValueRecord", "DumpWriter", "TensorMeta", "decode_raw", "view_of",
-]
+_LAZY = {
+    "DumpFile": "reader", "OpRecord": "reader", "ValueRecord": "reader",
+    "decode_raw": "reader", "view_of": "reader",
+    "DumpWriter": "writer", "TensorMeta": "writer",
+}
+
+__all__ = ["schema", "DumpError", "DumpFormatError", "DumpWriteError", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dumpfile' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

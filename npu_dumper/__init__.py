@@ -13,6 +13,10 @@ from .dumper import dumper
 from .errors import DumperError
 from .load import load
 from .tensors import from_record, to_record
+from .emulation import emulate_npu, inject_fault
+# The replay module is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs
+# the golden replay (npu_dumper.golden.replay), the name the issue and docs use.
+from . import replay
 
 
 def get_op_map(*args, **kwargs):
@@ -24,4 +28,5 @@ def get_op_map(*args, **kwargs):
 torch.utils.dumper = dumper
 torch.utils.get_op_map = get_op_map
 
-__all__ = ["dumper", "load", "DumperError", "to_record", "from_record", "get_op_map"]
+__all__ = ["dumper", "load", "DumperError", "to_record", "from_record", "get_op_map",
+           "emulate_npu", "inject_fault", "replay"]

@@ -82,8 +82,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     """Record every op of the block into one HDF5 file (see docs/FORMAT.md).
 
     Modes (what the original's users type): `use_dump=True` dumps; `load_file_path`
-    given (with use_load or use_dump) replays that dump; `check_overflow=True` dumps
-    only overflowing ops; `load_with_acl_dump=True` adds the ACL kernel dump to replay.
+    given (with use_load, use_dump or neither) replays that dump; `check_overflow=True`
+    dumps only overflowing ops (replaying load_file_path's inputs when one is given); `load_with_acl_dump=True` adds the ACL kernel dump to replay.
     `dump_path` alone (no mode flag) also dumps. With no flag and no path the block
     does nothing (as the original with use_dump=False).
     """
@@ -120,10 +120,14 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if dump_mode not in S.DUMP_MODES:
             raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
         self.filter = OpFilter(include, exclude, modules, phases)
-        if self.load_file_path and (use_load or use_dump or load_with_acl_dump):
-            self.mode = S.MODE_LOAD
-        elif check_overflow:
+        if use_load and not self.load_file_path:
+            raise DumperError("use_load=True needs load_file_path (the dump to replay)")
+        # The guide writes `use_dump=True, load_file_path=...` and the overflow example
+        # passes load_file_path too: a load file given always means "replay it".
+        if check_overflow:
             self.mode = S.MODE_OVERFLOW
+        elif self.load_file_path:
+            self.mode = S.MODE_LOAD
         elif use_dump or self.dump_path:
             self.mode = S.MODE_DUMP
         else:
@@ -148,7 +152,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     # ---- policies (lazy imports: their modules belong to other packages) -------------
     def _make_policies(self) -> list[Policy]:
         policies: list[Policy] = []
-        if self.mode == S.MODE_LOAD:
+        if self.load_file_path:
             from .replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
             policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map))
@@ -274,3 +278,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             "ops_recorded": self._mode.num_recorded, "datasets": wt.num_datasets,
             "links": wt.num_links, "views": wt.num_views, "bytes_written": w.bytes_written,
         }
+        # Each mode's own report (replay matches, overflows, kernel dumps) under its name.
+        for policy in self.policies:
+            report = getattr(policy, "summary", None)
+            if report is not None:
+                self.summary[type(policy).__name__.removesuffix("Policy").lower()] = report

@@ -28,14 +28,6 @@ from npu_dumper.recorded import resolve_op
 MODELS = sample_models.names()
 SIZE = sample_models.TINY
 
-# Known integration bug (reported): CPU LSTM runs as aten.mkldnn_rnn_layer, whose
-# 4th output (and mkldnn_rnn_layer_backward's `workspace` input) is an opaque uint8
-# buffer holding uninitialised bytes. The dumper records it as data and compare
-# judges it exactly, so two identical runs "differ" there. strict: remove the mark
-# when the dumper/compare treat that buffer as uninitialised.
-_WORKSPACE_BUG = pytest.mark.xfail(
-    strict=True, reason="mkldnn_rnn_layer workspace output is uninitialised memory, recorded and compared as data")
-MODELS_CLEAN = [pytest.param(n, marks=_WORKSPACE_BUG) if n == "lstm_lm" else n for n in MODELS]
 
 
 def run_step(name: str, path, *, below=(), **dumper_kwargs) -> None:
@@ -71,7 +63,7 @@ def golden(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", MODELS_CLEAN)
+@pytest.mark.parametrize("name", MODELS)
 def test_two_dumps_of_one_run_compare_identical_and_exit_0(name, golden, tmp_path, monkeypatch):
     again = tmp_path / "again.h5"
     run_step(name, again)
@@ -87,7 +79,7 @@ def test_two_dumps_of_one_run_compare_identical_and_exit_0(name, golden, tmp_pat
     assert set(table["Result"]) <= {"pass", "skipped"}
 
 
-@pytest.mark.parametrize("name", MODELS_CLEAN)
+@pytest.mark.parametrize("name", MODELS)
 def test_emulated_npu_replay_differs_only_in_cube_ops_and_passes(name, golden, tmp_path):
     target = tmp_path / "npu.h5"
     run_step(name, target, below=[emulate_npu()], use_load=True, load_file_path=str(golden(name)))
@@ -106,7 +98,7 @@ def test_emulated_npu_replay_differs_only_in_cube_ops_and_passes(name, golden, t
     assert (pd.to_numeric(others["MaxAbsoluteError"], errors="coerce").fillna(0) == 0).all()
 
 
-@pytest.mark.parametrize("name", MODELS_CLEAN)
+@pytest.mark.parametrize("name", MODELS)
 def test_injected_fault_is_the_only_failure_under_load_replay(name, golden, tmp_path):
     site = pick_fault_site(golden(name))
     assert not is_cube_op(resolve_op(site.op))
@@ -120,7 +112,7 @@ def test_injected_fault_is_the_only_failure_under_load_replay(name, golden, tmp_
     assert ff["IO"] == "output"
 
 
-@pytest.mark.parametrize("name", MODELS_CLEAN)
+@pytest.mark.parametrize("name", MODELS)
 def test_injected_fault_is_the_first_failure_in_a_plain_compare(name, golden, tmp_path):
     site = pick_fault_site(golden(name))
     target = tmp_path / "faulty.h5"
