@@ -28,33 +28,43 @@ _INDEX_DTYPE = np.dtype([
 
 
 _SCALAR_SPACE = h5s.create(h5s.SCALAR)
+_STATS_FIELDS = ",".join(S.STATS_FIELDS)
 # Arrays at least this big are written with os.pwrite (see DumpWriter.write_tensor).
 DIRECT_WRITE_MIN_BYTES = 64 << 10
 _FILE_TYPES: dict[np.dtype, Any] = {}
 _MEM_TYPES: dict[np.dtype, Any] = {}
 
 
-def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
+_STR_ARRAYS: dict[str, np.ndarray] = {}     # interned string attribute values (names, dtypes)
+_SIMPLE_SPACES: dict[tuple, Any] = {}
+
+
+def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False) -> None:
     """Create new attributes on a fresh object through h5py's low-level API.
 
     h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
     it (safe for overwriting); on a new object that is pure overhead and made
     attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
-    Existing names fall back to the high-level path (overwrite semantics).
+    Existing names fall back to the high-level path (overwrite semantics); `fresh=True`
+    promises the object was just created by this writer and skips that check.
     """
     oid = obj.id
     for k, v in attrs.items():
         if v is None:
             continue
         if isinstance(v, str):
-            arr = np.array(v, dtype=_STR)
+            arr = _STR_ARRAYS.get(v)
+            if arr is None:
+                arr = np.array(v, dtype=_STR)
+                if len(_STR_ARRAYS) < 4096:
+                    _STR_ARRAYS[v] = arr
         else:
             arr = np.asarray(v)
             if arr.dtype.kind in "UO":
                 obj.attrs[k] = v
                 continue
         name = k.encode()
-        if h5a.exists(oid, name):
+        if not fresh and h5a.exists(oid, name):
             obj.attrs[k] = v
             continue
         dt = arr.dtype
@@ -62,7 +72,12 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
         if ftype is None:
             ftype = _FILE_TYPES[dt] = h5t.py_create(dt, logical=True)
             _MEM_TYPES[dt] = h5t.py_create(dt)
-        space = _SCALAR_SPACE if arr.ndim == 0 else h5s.create_simple(arr.shape)
+        if arr.ndim == 0:
+            space = _SCALAR_SPACE
+        else:
+            space = _SIMPLE_SPACES.get(arr.shape)
+            if space is None:
+                space = _SIMPLE_SPACES[arr.shape] = h5s.create_simple(arr.shape)
         aid = h5a.create(oid, name, ftype, space)
         if arr.size:
             aid.write(np.asarray(arr, order="C"), mtype=_MEM_TYPES[dt])
@@ -186,9 +201,13 @@ class DumpWriter:
             raise DumpWriteError(f"{self.path}: op group {path} already exists")
         g = self._f.create_group(path)
         set_attrs(g, {S.OP_SEQID: int(seqid), S.OP_NAME: op, S.OP_PHASE: phase,
-                      S.OP_MODULE: module or "", S.OP_GRAD_FN: grad_fn or ""})
+                      S.OP_MODULE: module or "", S.OP_GRAD_FN: grad_fn or ""}, fresh=True)
         if attrs:
-            set_attrs(g, attrs)
+            set_attrs(g, {k: v for k, v in attrs.items()
+                          if k not in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)},
+                      fresh=True)
+            set_attrs(g, {k: v for k, v in attrs.items()
+                          if k in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)})
         g.create_group(S.INPUT_GROUP)
         g.create_group(S.OUTPUT_GROUP)
         self._pending_index.append(
@@ -236,7 +255,7 @@ class DumpWriter:
             if compression and data.size:
                 kw = {"compression": compression, "chunks": True}
             ds = parent.create_dataset(name, data=data, **kw)
-        set_attrs(ds, meta.attrs(S.TYPE_TENSOR))
+        set_attrs(ds, meta.attrs(S.TYPE_TENSOR), fresh=True)
         self.bytes_written += data.nbytes
         return ds.name
 
@@ -267,8 +286,8 @@ class DumpWriter:
                     meta: TensorMeta) -> str:
         ds = parent.create_dataset(name, data=np.asarray(stats, dtype=np.float64))
         a = meta.attrs(S.TYPE_TENSOR_STATS)
-        a[S.ATTR_STATS_FIELDS] = ",".join(S.STATS_FIELDS)
-        set_attrs(ds, a)
+        a[S.ATTR_STATS_FIELDS] = _STATS_FIELDS
+        set_attrs(ds, a, fresh=True)
         return ds.name
 
     def write_view(self, parent: h5py.Group, name: str, base_path: str, meta: TensorMeta) -> str:
@@ -281,12 +300,14 @@ class DumpWriter:
         ds = parent.create_dataset(name, data=base.ref, dtype=h5py.ref_dtype)
         a = meta.attrs(S.TYPE_TENSOR_VIEW)
         a[S.ATTR_BASE] = base.name
-        set_attrs(ds, a)
+        set_attrs(ds, a, fresh=True)
         return ds.name
 
     def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
         """Hard link: the same stored tensor under a second path (written once)."""
-        parent[name] = self._f[existing_path]
+        # low level: the high-level `parent[name] = f[path]` opens the target object first
+        parent.id.links.create_hard(name.encode(), self._f.id, existing_path.encode(),
+                                    lcpl=parent._lcpl, lapl=parent._lapl)
         return f"{parent.name}/{name}"
 
     def write_value(self, parent: h5py.Group, name: str, value: Any,

@@ -185,7 +185,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
         raise NotReplayable(f"{rec.name}: bad view shape/stride")
     if int(np.prod(shape, dtype=np.int64)) == 0:
-        return torch.empty(shape, dtype=bt.dtype)
+        return torch.empty(shape, dtype=storage.dtype)
     last = rel + sum((d - 1) * s for d, s in zip(shape, stride))
     if rel < 0 or last >= n:
         raise NotReplayable(f"{rec.name}: view reaches outside the data of its base")

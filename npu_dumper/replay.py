@@ -43,7 +43,7 @@ from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
 from .policy import OpEvent, Policy
-from .recorded import NotReplayable, resolve_op, tensor_from_record
+from .recorded import NotReplayable, _base_storage, resolve_op, tensor_from_record
 
 _SUMMARY_NAMES = 5
 
@@ -195,6 +195,7 @@ class ReplayPolicy(Policy):
         self._written_args: dict[Any, frozenset] = {}
         self.cache_bytes = 1 << 30          # recorded tensors kept for reuse (insertion-order eviction)
         self._cache: dict[Any, torch.Tensor] = {}
+        self._by_path: dict[str, torch.Tensor] = {}              # dataset path -> cached tensor
         self._cache_bytes = 0
         self._cache_lock = threading.Lock()
         self._bases: dict[Any, tuple[torch.Tensor, int]] = {}   # view bases: one storage each
@@ -311,6 +312,7 @@ class ReplayPolicy(Policy):
             self._prefetcher.join()
             self._prefetcher = None
         self._cache.clear()
+        self._by_path.clear()
         self._bases.clear()
         self._cache_bytes = 0
         if self._file is not None:
@@ -400,28 +402,62 @@ class ReplayPolicy(Policy):
     def _load(self, rec: ValueRecord) -> torch.Tensor:
         """A recorded tensor (recorded dtype, CPU), cached: the dump stores a tensor used by
         several ops once (hard links, views of one base), and handing the same tensor to each
-        lets the dump of the replay store it once too."""
+        lets the dump of the replay store it once too.
+
+        The prefetch thread calls this ahead of the live stream, so the main thread mostly
+        finds the tensor by path and makes no h5py call (h5py serialises every call behind
+        one lock, which the dump's writer thread holds much of the time)."""
+        t = self._by_path.get(rec.path)
+        if t is not None:
+            return t
         try:
             obj = self._file.h5[rec.path]
-            key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
-                   tuple(np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1).tolist()))
+            stride = tuple(np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1).tolist())
+            key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape, stride)
         except (KeyError, ValueError, TypeError):
             return tensor_from_record(rec)
         with self._cache_lock:
             t = self._cache.get(key)
         if t is None:
-            t = tensor_from_record(rec, base_cache=self._bases)
+            t = self._strided_base(rec, obj, stride)
+            if t is None:
+                t = tensor_from_record(rec, base_cache=self._bases)
             nbytes = t.numel() * t.element_size()
             with self._cache_lock:
                 if key in self._cache:
                     return self._cache[key]
                 while self._cache and self._cache_bytes + nbytes > self.cache_bytes:
-                    old = self._cache.pop(next(iter(self._cache)))
+                    old_key, old = next(iter(self._cache.items()))
+                    del self._cache[old_key]
                     self._cache_bytes -= old.numel() * old.element_size()
+                    self._by_path = {p: v for p, v in self._by_path.items() if v is not old}
                 if nbytes <= self.cache_bytes:
                     self._cache[key] = t
                     self._cache_bytes += nbytes
+                    self._by_path[rec.path] = t
         return t
+
+    def _strided_base(self, rec: ValueRecord, obj: Any, stride: tuple) -> torch.Tensor | None:
+        """A stored tensor whose recorded layout is dense but not row-major (`W.t()` as addmm's
+        mat2), laid out in storage as it was recorded: the live op gets it without a
+        re-striding copy, and views recorded against it (`W` in the backward mm) share it.
+        None when the plain path applies."""
+        if rec.type != S.TYPE_TENSOR or rec.dtype in ("complex32",):
+            return None
+        shape = rec.shape
+        if len(stride) != len(shape) or any(s < 0 for s in stride) or len(shape) < 2 \
+                or tuple(torch.empty(shape, device="meta").stride()) == stride \
+                or not _dense_layout(shape, stride):
+            return None
+        key = hash(obj.id)
+        cached = self._bases.get(key)
+        try:
+            if cached is None:
+                cached = self._bases[key] = _base_storage(rec, obj)
+            storage, boff = cached
+            return storage.as_strided(shape, stride, int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff)
+        except (NotReplayable, RuntimeError, ValueError):
+            return None
 
     def _written(self, func: Any) -> frozenset:
         w = self._written_args.get(func)
@@ -452,7 +488,12 @@ def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Te
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    return _dense_layout(tuple(t.shape), tuple(t.stride()))
+
+
+def _dense_layout(shape: tuple, stride: tuple) -> bool:
+    """No two elements share memory (the layout can be written into)."""
+    dims = sorted((s, n) for s, n in zip(stride, shape) if n > 1)
     span = 1
     for s, n in dims:
         if s < span:

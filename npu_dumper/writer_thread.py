@@ -250,18 +250,23 @@ def tensor_stats(t: torch.Tensor) -> list[float]:
         mn, mx = torch.aminmax(x)
         fmn, fmx = float(mn), float(mx)
     n = x.numel()
-    # Fast path: two vectorised passes (torch's cascade sum; the norm with float64
-    # accumulation); moments derived from them. Slow path (float64 Welford) when the
-    # spread is tiny against the mean (cancellation) or a sum overflowed.
+    # Moments from a sum and a sum of squares, both torch's cascade sums (relative error
+    # ~1e-7 in float32, no float64 copy, ~6x cheaper than a float64-accumulated norm).
+    # The variance is derived by subtraction, so the precision each tier can promise
+    # depends on mean^2 / var; a tier is used only where it keeps std to ~1e-7 relative.
     mean = float(x.sum()) / n
-    # float64 accumulation for the norm: a float32 one is off by ~1e-5 on 1M elements
-    norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))
-    var = (norm * norm - n * mean * mean) / (n - 1) if n > 1 else 0.0
-    if n > 1 and (var <= 1e-4 * mean * mean or not math.isfinite(var)):
-        xd = x.double()
-        std_t, mean_t = torch.std_mean(xd)
-        std, mean = float(std_t), float(mean_t)
-        norm = float(torch.linalg.vector_norm(xd))
-    else:
-        std = math.sqrt(max(var, 0.0))
-    return [fmn, fmx, mean, std, norm, float(nan), float(inf), float(numel)]
+    sumsq = float((x * x).sum())
+    var = (sumsq - n * mean * mean) / (n - 1) if n > 1 else 0.0
+    if n > 1 and not (var >= mean * mean and math.isfinite(var)):
+        # float64-accumulated norm: exact enough while the spread is not tiny against the mean
+        norm64 = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+        sumsq = norm64 * norm64
+        var = (sumsq - n * mean * mean) / (n - 1)
+        if var <= 1e-4 * mean * mean or not math.isfinite(var):
+            xd = x.double()          # cancellation or overflow: float64 Welford
+            std_t, mean_t = torch.std_mean(xd)
+            std, mean = float(std_t), float(mean_t)
+            return [fmn, fmx, mean, std, float(torch.linalg.vector_norm(xd)), float(nan), float(inf),
+                    float(numel)]
+    std = math.sqrt(max(var, 0.0))
+    return [fmn, fmx, mean, std, math.sqrt(sumsq), float(nan), float(inf), float(numel)]
