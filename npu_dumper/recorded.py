@@ -203,9 +203,13 @@ def _base_storage(rec: ValueRecord, base: Any) -> tuple[torch.Tensor, int]:
     if n and (any(s < 0 for s in bstride) or not _non_overlapping(tuple(bt.shape), bstride)
               or sum((d - 1) * s for d, s in zip(bt.shape, bstride)) != n - 1):
         raise NotReplayable(f"{rec.name}: the base of this view is not dense")
-    storage = torch.empty(n, dtype=bt.dtype)
-    if n:
-        storage.as_strided(tuple(bt.shape), bstride).copy_(bt)
+    if not n:
+        return torch.empty(0, dtype=bt.dtype), boff
+    # Dense: permuting the dims into storage order (outermost = largest stride) and making
+    # that contiguous *is* the storage. A contiguous-destination copy with strided reads is
+    # markedly faster than scattering into a strided destination (transposed weights).
+    order = sorted(range(bt.dim()), key=lambda d: (-bstride[d], -d))
+    storage = bt.permute(order).contiguous().reshape(-1)
     return storage, boff
 
 
