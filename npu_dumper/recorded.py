@@ -200,7 +200,7 @@ def _base_storage(rec: ValueRecord, base: Any) -> tuple[torch.Tensor, int]:
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())
     n = bt.numel()
-    if n and (any(s < 0 for s in bstride) or not _non_overlapping(tuple(bt.shape), bstride)
+    if n and (any(s < 0 for s in bstride) or not non_overlapping(tuple(bt.shape), bstride)
               or sum((d - 1) * s for d, s in zip(bt.shape, bstride)) != n - 1):
         raise NotReplayable(f"{rec.name}: the base of this view is not dense")
     if not n:
@@ -223,14 +223,15 @@ def with_strides(t: torch.Tensor, stride: tuple[int, ...], device: Any = None) -
     try:
         out = torch.empty_strided(tuple(t.shape), stride, dtype=t.dtype, device=device)
         # an overlapping layout would silently lose elements: check it is a permutation
-        if out.numel() > 1 and not _non_overlapping(tuple(t.shape), stride):
+        if out.numel() > 1 and not non_overlapping(tuple(t.shape), stride):
             return t.to(device)
         return out.copy_(t)
     except RuntimeError:
         return t.to(device)
 
 
-def _non_overlapping(shape, stride) -> bool:
+def non_overlapping(shape, stride) -> bool:
+    """No two elements of this layout share memory (so it can be written into)."""
     dims = sorted((s, n) for s, n in zip(stride, shape) if n > 1)
     span = 1
     for s, n in dims:

@@ -43,7 +43,7 @@ from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
 from .policy import OpEvent, Policy
-from .recorded import NotReplayable, _base_storage, resolve_op, tensor_from_record
+from .recorded import NotReplayable, _base_storage, non_overlapping, resolve_op, tensor_from_record
 
 _SUMMARY_NAMES = 5
 
@@ -447,7 +447,7 @@ class ReplayPolicy(Policy):
         shape = rec.shape
         if len(stride) != len(shape) or any(s < 0 for s in stride) or len(shape) < 2 \
                 or tuple(torch.empty(shape, device="meta").stride()) == stride \
-                or not _dense_layout(shape, stride):
+                or not non_overlapping(shape, stride):
             return None
         key = hash(obj.id)
         cached = self._bases.get(key)
@@ -488,18 +488,7 @@ def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Te
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    return _dense_layout(tuple(t.shape), tuple(t.stride()))
-
-
-def _dense_layout(shape: tuple, stride: tuple) -> bool:
-    """No two elements share memory (the layout can be written into)."""
-    dims = sorted((s, n) for s, n in zip(stride, shape) if n > 1)
-    span = 1
-    for s, n in dims:
-        if s < span:
-            return False
-        span = s * n
-    return True
+    return non_overlapping(tuple(t.shape), tuple(t.stride()))
 
 
 def _has_tensor(value: Any) -> bool:
