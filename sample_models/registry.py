@@ -81,6 +81,14 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {}
 
 
+def image_classification_inputs(gen: torch.Generator, batch: int, cfg: dict):
+    """RGB images of cfg["input_hw"] pixels and class labels below cfg["num_classes"]."""
+    hw = cfg["input_hw"]
+    x = torch.randn(batch, 3, hw, hw, generator=gen)
+    target = torch.randint(0, cfg["num_classes"], (batch,), generator=gen)
+    return x, target
+
+
 def register(spec: ModelSpec) -> ModelSpec:
     if spec.name in MODELS:
         raise ValueError(f"sample model {spec.name!r} is already registered")

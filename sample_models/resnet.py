@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import FULL, TINY, ModelSpec, register
+from .registry import FULL, TINY, ModelSpec, image_classification_inputs, register
 
 
 class BasicBlock(nn.Module):
@@ -50,18 +50,11 @@ class SmallResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-def _inputs(gen, batch, cfg):
-    hw = cfg["input_hw"]
-    x = torch.randn(batch, 3, hw, hw, generator=gen)
-    target = torch.randint(0, cfg["num_classes"], (batch,), generator=gen)
-    return x, target
-
-
 SPEC = register(ModelSpec(
     name="resnet",
     description="small ResNet: 3 stages of basic blocks with BatchNorm; cross-entropy loss",
     factory=SmallResNet,
-    inputs=_inputs,
+    inputs=image_classification_inputs,
     loss_fn=F.cross_entropy,
     configs={
         FULL: {"width": 16, "blocks": (2, 2, 2), "num_classes": 10, "input_hw": 32},

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import FULL, TINY, ModelSpec, register
+from .registry import FULL, TINY, ModelSpec, image_classification_inputs, register
 
 
 def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -75,18 +75,11 @@ class ShuffleNetV2Small(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def _inputs(gen, batch, cfg):
-    hw = cfg["input_hw"]
-    x = torch.randn(batch, 3, hw, hw, generator=gen)
-    target = torch.randint(0, cfg["num_classes"], (batch,), generator=gen)
-    return x, target
-
-
 SPEC = register(ModelSpec(
     name="shufflenet",
     description="ShuffleNetV2-style net: channel split, depthwise conv, channel shuffle; cross-entropy",
     factory=ShuffleNetV2Small,
-    inputs=_inputs,
+    inputs=image_classification_inputs,
     loss_fn=F.cross_entropy,
     configs={
         FULL: {"stem": 24, "widths": (48, 96, 192), "repeats": 2, "num_classes": 10, "input_hw": 32},
