@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import h5py
+from h5py import h5a, h5d, h5g, h5o, h5s, h5t
 import numpy as np
 import pandas as pd
 
@@ -90,8 +92,10 @@ def _check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
         raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
     numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if rec.type == S.TYPE_TENSOR:
-        ds = getattr(rec, "dataset", None) or rec.file.h5[rec.path]
-        stored = int(ds.size or 0)
+        if isinstance(rec, _LightTensor):
+            stored = rec.stored_size
+        else:
+            stored = int(rec.file.h5[rec.path].size or 0)
         if rec.dtype == "complex32":
             stored //= 2
         if S.ATTR_SHAPE in rec.attrs and stored != numel:
@@ -241,67 +245,167 @@ def _stats_of(chunks) -> dict[str, float]:
 
 
 # Reading every attribute of every dataset (DumpFile.values) costs ~10 HDF5
-# attribute reads per tensor and dominated small-tensor compares; these read only
-# what a comparison needs. Storage dtypes that say the torch dtype by themselves
-# skip the "dtype" attribute; ambiguous ones (uint8/uint16 raw bits, float16 pairs)
-# read it.
+# attribute reads per tensor, and h5py's high-level objects cost ~50-90 us each to
+# create; on thousands of small tensors that dominated the compare. These read only
+# what a comparison needs, through h5py's low-level API: one group opened per
+# input/output side, members opened relative to it, attributes read only when
+# present. Storage dtypes that say the torch dtype by themselves skip the "dtype"
+# attribute; ambiguous ones (uint8/uint16 raw bits, float16 pairs) read it.
 _UNAMBIGUOUS_STORAGE = {np.dtype(k): k for k in ("float32", "float64", "int8", "int16", "int32", "int64",
                                                  "bool", "complex64", "complex128", "uint32", "uint64")}
+_B_TYPE, _B_DTYPE, _B_SHAPE = S.ATTR_TYPE.encode(), S.ATTR_DTYPE.encode(), S.ATTR_SHAPE.encode()
+_B_UNINIT, _B_ORDER = S.ATTR_UNINITIALIZED.encode(), b"order"
+_B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
+_FAST_READ_KINDS = frozenset("biufc")
+# Tensors up to this many elements are read when their record is made (at most a
+# few ops' worth are held at a time: see _compare_files).
+_EAGER_ELEMENTS = 1 << 14
 
 
-def _attr(obj, name, default=None):
-    if name not in obj.attrs:
+def _ll_attr(oid, name: bytes, default=None):
+    """An attribute of a low-level object id, as h5py's attrs[name] returns it; `default` when absent."""
+    if not h5a.exists(oid, name):
         return default
-    v = obj.attrs[name]
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    aid = h5a.open(oid, name)
+    shape = aid.shape
+    if shape is None:                       # empty dataspace, as h5py returns it
+        return h5py.Empty(aid.dtype)
+    dtype = aid.dtype
+    if dtype.subdtype is not None or dtype.kind not in "biufOS":
+        return h5py.AttributeManager(_IdHolder(oid))[name.decode()]
+    arr = np.zeros(shape, dtype=dtype)
+    if dtype.kind in "OS":
+        aid.read(arr, mtype=h5t.py_create(dtype))
+        sinfo = h5t.check_string_dtype(dtype)
+        if sinfo is not None and sinfo.length is None:
+            arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.flat], dtype=dtype).reshape(shape)
+    else:
+        aid.read(arr)
+    return arr[()] if arr.ndim == 0 else arr
 
 
-def _light_record(f: DumpFile, path: str, name: str) -> ValueRecord:
-    obj = f.h5[path]
-    code = _attr(obj, S.ATTR_TYPE)
+class _IdHolder:
+    """What h5py.AttributeManager needs of its parent: an `id`."""
+
+    def __init__(self, oid):
+        self.id = oid
+
+
+def _str_attr(oid, name: bytes, default: str = "") -> str:
+    v = _ll_attr(oid, name)
+    if v is None or isinstance(v, h5py.Empty):
+        return default
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _link_names(gid) -> list[str]:
+    names: list[bytes] = []
+    gid.links.iterate(names.append)     # name order, as Group.keys()
+    return [n.decode("utf-8", "surrogateescape") for n in names]
+
+
+def _light_record(f: DumpFile, path: str, name: str, eager: int = 0) -> ValueRecord:
+    """The record at `path` (opened from the file root)."""
+    return _light_member(f, f.h5.id, path.encode("utf-8", "surrogateescape"), path, name, eager)
+
+
+def _light_member(f: DumpFile, parent_id, link: bytes, path: str, name: str, eager: int) -> ValueRecord:
+    """The record of `link` in the open group `parent_id`; tensors of at most `eager`
+    elements are read now, while their dataset is open (reopening one by path costs
+    as much as reading it)."""
+    oid = h5o.open(parent_id, link)
+    is_group = isinstance(oid, h5g.GroupID)
+    code = _ll_attr(oid, _B_TYPE)
     if code is None:
-        code = S.TYPE_LIST if isinstance(obj, h5py.Group) else S.TYPE_TENSOR
+        code = S.TYPE_LIST if is_group else S.TYPE_TENSOR
     code = int(code)
-    if code in (S.TYPE_TENSOR_VIEW, S.TYPE_TENSOR_STATS) or (code not in S.TENSOR_TYPES and code not in S.LIST_TYPES):
-        return f._record(path, name)          # rare, or not a tensor: the reader's full record
     if code in S.LIST_TYPES:
         rec = ValueRecord(f, path, name, code, {S.ATTR_TYPE: code})
-        kids = sorted(obj.keys(), key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit()
-                                                 else 1 << 62, k))
-        rec.children = [_light_record(f, f"{path}/{k}", k) for k in kids]
+        kids = sorted(_link_names(oid) if is_group else [],
+                      key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 1 << 62, k))
+        rec.children = [_light_member(f, oid, k.encode("utf-8", "surrogateescape"), f"{path}/{k}", k, eager)
+                        for k in kids]
         return rec
+    if code not in S.TENSOR_TYPES:
+        # a plain value (int, None, dtype...): compare skips it, so its other attributes are not read
+        return ValueRecord(f, path, name, code, {S.ATTR_TYPE: code})
+    if code != S.TYPE_TENSOR or is_group:
+        return f._record(path, name)          # views, statistics, odd layouts: the reader's full record
+    stored_shape, stored_dtype = oid.shape, oid.dtype
+    fast = stored_shape is not None and stored_dtype.kind in _FAST_READ_KINDS and stored_dtype.subdtype is None
     attrs: dict[str, Any] = {S.ATTR_TYPE: code}
-    dtype = _UNAMBIGUOUS_STORAGE.get(obj.dtype)
-    attrs[S.ATTR_DTYPE] = dtype or _attr(obj, S.ATTR_DTYPE, str(obj.dtype))
-    shape = _attr(obj, S.ATTR_SHAPE)
+    dtype = _UNAMBIGUOUS_STORAGE.get(stored_dtype)
+    attrs[S.ATTR_DTYPE] = dtype or _str_attr(oid, _B_DTYPE, str(stored_dtype))
+    shape = _ll_attr(oid, _B_SHAPE)
     if shape is not None:
         attrs[S.ATTR_SHAPE] = shape
-    if S.ATTR_UNINITIALIZED in obj.attrs:
-        attrs[S.ATTR_UNINITIALIZED] = obj.attrs[S.ATTR_UNINITIALIZED]
+    uninit = _ll_attr(oid, _B_UNINIT)
+    if uninit is not None:
+        attrs[S.ATTR_UNINITIALIZED] = uninit
     rec = _LightTensor(f, path, name, code, attrs)
-    rec.dataset = obj
+    rec.stored_shape = stored_shape
+    rec.stored_dtype = stored_dtype
+    rec.fast = fast
+    if fast and rec.stored_size <= eager:
+        arr = np.empty(stored_shape, dtype=stored_dtype)
+        try:
+            if arr.size:
+                oid.read(h5s.ALL, h5s.ALL, arr)
+            rec.data = arr
+        except (OSError, ValueError, TypeError, KeyError):
+            pass                              # read() tries again and reports the error on the row
     return rec
 
 
 class _LightTensor(ValueRecord):
-    """A plain tensor record holding its open dataset (each h5py lookup by path costs)."""
+    """A plain tensor record that reads through the low-level API.
 
-    dataset: Any = None
+    It holds no open HDF5 object: HDF5 scans every object open in a file when an
+    attribute is opened, so keeping thousands of datasets open (as h5py objects
+    cached per record did) made each attribute read cost 50-200 us.
+    """
+
+    stored_shape: tuple[int, ...] | None = None
+    stored_dtype: Any = None
+    fast: bool = False
+    data: np.ndarray | None = None            # the stored array, when read eagerly
+
+    @property
+    def stored_size(self) -> int:
+        if self.stored_shape is None:
+            return 0
+        return int(np.prod(self.stored_shape, dtype=np.int64)) if self.stored_shape else 1
 
     def read(self):
-        return decode_raw(self.dataset[()], self.dtype)
+        if self.data is not None:
+            return decode_raw(self.data, self.dtype)
+        if not self.fast:
+            return super().read()             # empty dataspace, strings, compounds: the reader's way
+        arr = np.empty(self.stored_shape, dtype=self.stored_dtype)
+        if arr.size:
+            try:
+                h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape")).read(h5s.ALL, h5s.ALL, arr)
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                raise DumpFormatError(f"{self.file.path}: cannot read {self.path}: {e}") from e
+        return decode_raw(arr, self.dtype)
 
 
-def _light_values(f: DumpFile, group_path: str) -> dict[str, ValueRecord]:
-    grp = f.h5.get(group_path)
-    if grp is None:
+def _light_values(f: DumpFile, group_path: str, op_id=None, side: str = "", eager: int = 0
+                  ) -> dict[str, ValueRecord]:
+    try:
+        gid = h5o.open(op_id, side.encode()) if op_id is not None else h5o.open(f.h5.id, group_path.encode())
+    except KeyError:
         return {}
-    names = list(grp.keys())
-    order = grp.attrs.get("order")
+    if not isinstance(gid, h5g.GroupID):
+        return {}
+    names = _link_names(gid)
+    order = _ll_attr(gid, _B_ORDER)
     if order is not None:
+        present = set(names)
         listed = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(order).reshape(-1)]
-        names = [n for n in listed if n in set(names)] + [n for n in names if n not in set(listed)]
-    return {n: _light_record(f, f"{group_path}/{n}", n) for n in names}
+        names = [n for n in listed if n in present] + [n for n in names if n not in set(listed)]
+    return {n: _light_member(f, gid, n.encode("utf-8", "surrogateescape"), f"{group_path}/{n}", n, eager)
+            for n in names}
 
 
 @dataclass
@@ -311,14 +415,16 @@ class _OpTensors:
     compute_dtype: str
 
 
-def _op_tensors(op) -> _OpTensors:
+def _op_tensors(op, eager: int = 0) -> _OpTensors:
     if op is None:
         return _OpTensors({}, {}, "")
     f = op.file
-    ins = matching.tensor_leaves(_light_values(f, f"{op.path}/{S.INPUT_GROUP}"))
-    outs = matching.tensor_leaves(_light_values(f, f"{op.path}/{S.OUTPUT_GROUP}"))
-    cd = _attr(f.h5[op.path], S.OP_COMPUTE_DTYPE, "")
-    return _OpTensors(ins, outs, str(cd or ""))
+    path = op.path
+    op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
+    ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
+    outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
+    cd = _str_attr(op_id, _B_COMPUTE, "")
+    return _OpTensors(ins, outs, cd)
 
 
 def _op_dtypes(ot: _OpTensors) -> list[str]:
@@ -375,21 +481,17 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
     pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
                               golden_missing_reasons=read_not_replayed(gf.h5))
-    tasks: list[_Task] = []
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
-    for pair in pairs:
-        tasks += _tasks_for_pair(pair, ff, metric_cols, len(tasks), replay)
-    comparer = _Comparer(algs, chunk_elements)
-    runnable = [t for t in tasks if t.target is not None and t.golden is not None]
-    if jobs > 1 and len(runnable) > 1:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(comparer.run, runnable))
+    work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements))
+    if jobs > 1 and len(pairs) > 1 and _FORK is not None:
+        rows = _rows_in_processes(work, tf, gf, ff, jobs)
+    elif jobs > 1 and len(pairs) > 1:
+        rows = _rows_in_threads(work, jobs)
     else:
-        for t in runnable:
-            comparer.run(t)
+        rows = work.rows(0, len(pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
-    table = pd.DataFrame([t.row for t in tasks], columns=columns)
+    table = pd.DataFrame(rows, columns=columns)
     table["Index"] = np.arange(len(table), dtype=np.int64)
     for c in ("SeqId", "GoldenSeqId"):
         table[c] = table[c].astype("Int64")
@@ -410,13 +512,106 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     return CompareResult(table, meta)
 
 
+@dataclass
+class _Work:
+    """The comparison of a list of op pairs, in pieces [lo, hi) that can run anywhere."""
+
+    pairs: list[matching.OpPair]
+    ff: DumpFile | None
+    metric_cols: list[str]
+    replay: bool
+    comparer: _Comparer
+
+    @property
+    def eager(self) -> int:
+        return min(_EAGER_ELEMENTS, self.comparer.chunk)
+
+    def tasks(self, lo: int, hi: int):
+        """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
+        eagerly) are held at a time."""
+        for pair in self.pairs[lo:hi]:
+            yield from _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager)
+
+    def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        rows = []
+        for task in self.tasks(lo, hi):
+            rows.append(task.row)
+            if task.target is not None and task.golden is not None:
+                self.comparer.run(task)
+        return rows
+
+
+def _spans(n: int, jobs: int) -> list[tuple[int, int]]:
+    # pieces small enough to balance uneven ops over the workers, large enough
+    # that handing one over costs little next to comparing it
+    step = max(1, min(256, n // (jobs * 8)))
+    return [(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+def _rows_in_threads(work: _Work, jobs: int) -> list[dict[str, Any]]:
+    """Where processes cannot fork: one reader thread, metrics on `jobs` threads (numpy
+    releases the GIL on large blocks), a bounded window of tasks in flight."""
+    rows: list[dict[str, Any]] = []
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for task in work.tasks(0, len(work.pairs)):
+            rows.append(task.row)
+            if task.target is None or task.golden is None:
+                continue
+            pending.append(pool.submit(work.comparer.run, task))
+            while len(pending) > 2 * jobs:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+    return rows
+
+
+# Worker processes: forked, so they inherit the pairs and settings (nothing but
+# (lo, hi) is sent to them) and open the dumps again (an HDF5 handle must not be
+# shared across a fork). HDF5 serialises every call within a process (h5py's lock),
+# so threads cannot read two tensors at once; processes can.
+try:
+    import multiprocessing as _mp
+
+    _FORK = _mp.get_context("fork")
+except (ImportError, ValueError):
+    _FORK = None
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_start(work: _Work, paths: dict[int, str | None]) -> None:
+    opened = {key: (DumpFile(path) if path else None) for key, path in paths.items()}
+    for pair in work.pairs:
+        for op in (pair.target, pair.golden):
+            if op is not None:
+                op.file = opened[id(op.file)]
+    if work.ff is not None:
+        work.ff = opened[id(work.ff)]
+    _WORKER["work"] = work
+
+
+def _worker_rows(span: tuple[int, int]) -> list[dict[str, Any]]:
+    return _WORKER["work"].rows(*span)
+
+
+def _rows_in_processes(work: _Work, tf: DumpFile, gf: DumpFile, ff: DumpFile | None,
+                       jobs: int) -> list[dict[str, Any]]:
+    paths = {id(f): f.path for f in (tf, gf, ff) if f is not None}
+    spans = _spans(len(work.pairs), jobs)
+    rows: list[dict[str, Any]] = []
+    with _FORK.Pool(min(jobs, len(spans)), initializer=_worker_start, initargs=(work, paths)) as pool:
+        for part in pool.imap(_worker_rows, spans):
+            rows += part
+    return rows
+
+
 def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
-                    replay: bool) -> list[_Task]:
+                    replay: bool, eager: int = 0) -> list[_Task]:
     t_op, g_op = pair.target, pair.golden
     any_op = t_op or g_op
     phase = any_op.phase
     module = any_op.module
-    t_ts, g_ts = _op_tensors(t_op), _op_tensors(g_op)
+    t_ts, g_ts = _op_tensors(t_op, eager), _op_tensors(g_op, eager)
     precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
@@ -457,7 +652,7 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
             fp = None
             if ff is not None and g is not None and g.path in ff.h5:
                 try:
-                    fp = _light_record(ff, g.path, g.name)
+                    fp = _light_record(ff, g.path, g.name, eager)
                     fp = fp if fp.is_tensor else None
                 except (KeyError, ValueError, OSError):
                     fp = None
