@@ -140,7 +140,7 @@ def compare(
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="Override a verdict threshold: NAME=VALUE (repeatable).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: csv,json,html,xlsx (csv always).")] = "csv",
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Worker processes for tensor reads and metrics.")] = 1,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes for tensor reads and metrics; 0: one per core (at most 4) when there are 500+ ops.")] = 0,
     pickle_failures: Annotated[bool, typer.Option("-p", "--dump-failures", help="Also write the failing rows to a filtered csv and their tensors (both sides) as .npy.")] = False,
     golden_fp64: Annotated[Optional[Path], typer.Option("--golden-fp64", help="fp64 golden replay of the golden dump: judge each op's error against the golden device's own error.")] = None,
     chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
