@@ -125,6 +125,8 @@ class _Comparer:
     def _chunks(self, rec: ValueRecord, numel: int):
         if self._read_whole(rec, numel):
             return iter([np.asarray(rec.read()).reshape(-1)])
+        if isinstance(rec, _LightTensor) and rec.fast and rec.stored_shape:
+            return rec.iter_chunks_into(self.chunk)
         return rec.iter_chunks(self.chunk)
 
     def run(self, task: _Task) -> dict[str, Any]:
@@ -390,6 +392,27 @@ class _LightTensor(ValueRecord):
             except (OSError, ValueError, TypeError, KeyError) as e:
                 raise DumpFormatError(f"{self.file.path}: cannot read {self.path}: {e}") from e
         return decode_raw(arr, self.dtype)
+
+    def iter_chunks_into(self, chunk_elements: int):
+        """As DumpFile.iter_chunks (same pieces: the metrics' summation order depends on
+        them), read into one reused buffer: a fresh 16 MiB array per piece costs page
+        faults comparable to the read. A piece is valid until the next is asked for."""
+        shape = tuple(int(d) for d in self.stored_shape)
+        row = max(1, math.prod(shape[1:]))
+        step = max(1, chunk_elements // row)
+        try:
+            dsid = h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape"))
+            fspace = dsid.get_space()
+            buf = np.empty((min(step, shape[0]),) + shape[1:], dtype=self.stored_dtype)
+            rest = (0,) * (len(shape) - 1)
+            for i in range(0, shape[0], step):
+                k = min(step, shape[0] - i)
+                out = buf[:k]
+                fspace.select_hyperslab((i,) + rest, (k,) + shape[1:])
+                dsid.read(h5s.create_simple(out.shape), fspace, out)
+                yield decode_raw(out, self.dtype).reshape(-1)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise DumpFormatError(f"{self.file.path}: cannot read {self.path}: {e}") from e
 
 
 def _light_values(f: DumpFile, group_path: str, op_id=None, side: str = "", eager: int = 0

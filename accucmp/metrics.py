@@ -168,6 +168,32 @@ class TensorComparison:
     _kl_a: float = 0.0
     _kl_b: float = 0.0
     _kl_seen: int = 0
+    # float64 scratch blocks reused across pieces: a fresh 512 KiB array per block
+    # may come from mmap (page faults on every block) and took up to 10x the work
+    _scratch: list = field(default_factory=list, repr=False)
+
+    def _blocks(self, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Aligned float64 blocks of at most _BLOCK elements, converted into reused buffers."""
+        if np.iscomplexobj(x) or np.iscomplexobj(y):
+            for s in range(0, x.size, _BLOCK):
+                yield _as_float64(x[s:s + _BLOCK]), _as_float64(y[s:s + _BLOCK])
+            return
+        size = min(x.size, _BLOCK)
+        if not self._scratch or self._scratch[0].size < size:
+            self._scratch[:] = [np.empty(size) for _ in range(4)]
+        bx, by = self._scratch[0], self._scratch[1]
+        for s in range(0, x.size, _BLOCK):
+            n = min(_BLOCK, x.size - s)
+            xb, yb = bx[:n], by[:n]
+            np.copyto(xb, x[s:s + n], casting="unsafe")    # as astype(float64)
+            np.copyto(yb, y[s:s + n], casting="unsafe")
+            yield xb, yb
+
+    def _work(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two float64 scratch arrays of n elements (valid until the next block)."""
+        if len(self._scratch) == 4 and self._scratch[2].size >= n:
+            return self._scratch[2][:n], self._scratch[3][:n]
+        return np.empty(n), np.empty(n)
 
     @property
     def needs_kl_pass(self) -> bool:
@@ -179,8 +205,8 @@ class TensorComparison:
         y = np.asarray(y).reshape(-1)
         if x.size != y.size:
             raise ValueError(f"pieces differ in size ({x.size} vs {y.size})")
-        for s in range(0, x.size, _BLOCK):
-            self._add_block(_as_float64(x[s:s + _BLOCK]), _as_float64(y[s:s + _BLOCK]))
+        for xb, yb in self._blocks(x, y):
+            self._add_block(xb, yb)
 
     def _finite_only(self, x, y):
         fx, fy = np.isfinite(x), np.isfinite(y)
@@ -209,7 +235,8 @@ class TensorComparison:
         self.sxx += sxx
         self.syy += syy
         self.sxy += _dot(x, y)
-        d = x - y
+        d, ay = self._work(x.size)
+        np.subtract(x, y, out=d)
         self.sdd += _dot(d, d)
         if self.bool_mode:
             return
@@ -223,7 +250,7 @@ class TensorComparison:
         np.abs(d, out=d)
         self.max_ad = max(self.max_ad, float(d.max()))
         self.sum_ad += float(d.sum())
-        ay = np.abs(y)
+        np.abs(y, out=ay)
         self.golden_absmax = max(self.golden_absmax, float(ay.max()))
         ay[ay <= EPS] = np.inf              # |y| <= eps counts 0: |d|/inf == 0
         np.divide(d, ay, out=d)             # |x/y - 1| == |x-y|/|y|
@@ -234,8 +261,8 @@ class TensorComparison:
     def kl_pass(self, x: np.ndarray, y: np.ndarray) -> None:
         x = np.asarray(x).reshape(-1)
         y = np.asarray(y).reshape(-1)
-        for s in range(0, x.size, _BLOCK):
-            self._kl_block(_as_float64(x[s:s + _BLOCK]), _as_float64(y[s:s + _BLOCK]))
+        for xb, yb in self._blocks(x, y):
+            self._kl_block(xb, yb)
 
     def _kl_block(self, x, y):
         if self.target_nonfinite or self.golden_nonfinite:
@@ -243,8 +270,9 @@ class TensorComparison:
             x, y = x[both], y[both]
         if x.size == 0:
             return
-        p = _scaled(x, self.min_x, self.max_x)
-        q = _scaled(y, self.min_y, self.max_y)
+        p, q = self._work(x.size)
+        p = _scaled(x, self.min_x, self.max_x, p)
+        q = _scaled(y, self.min_y, self.max_y, q)
         self._kl_sp += float(p.sum())
         self._kl_sq += float(q.sum())
         self._kl_a += _dot(p, np.log(p))
@@ -342,13 +370,15 @@ class TensorComparison:
         }
 
 
-def _scaled(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+def _scaled(a: np.ndarray, lo: float, hi: float, out: np.ndarray | None = None) -> np.ndarray:
     """Min-max scale to [0, 1], floored at float32 eps (a constant side becomes uniform)."""
     r = hi - lo
+    p = np.empty_like(a) if out is None else out
     if r > 0:
-        p = (a - lo) * (1.0 / r)
+        np.subtract(a, lo, out=p)
+        np.multiply(p, 1.0 / r, out=p)
     else:
-        p = np.zeros_like(a)
+        p[...] = 0.0
     np.maximum(p, F32_EPS, out=p)
     return p
 
