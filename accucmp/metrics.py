@@ -275,8 +275,9 @@ class TensorComparison:
         q = _scaled(y, self.min_y, self.max_y, q)
         self._kl_sp += float(p.sum())
         self._kl_sq += float(q.sum())
-        self._kl_a += _dot(p, np.log(p))
-        self._kl_b += _dot(p, np.log(q))
+        # logs written over q (no longer needed): no temporaries
+        self._kl_b += _dot(p, np.log(q, out=q))
+        self._kl_a += _dot(p, np.log(p, out=q))
         self._kl_seen += x.size
 
     # ---- results -------------------------------------------------------------

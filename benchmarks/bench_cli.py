@@ -78,8 +78,11 @@ def main():
         out = os.path.join(d, "out")
         t = run(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q"], max(1, a.repeat // 2))
         lo, hi = MSPROBE_ROWS_PER_S
-        print(f"accucmp compare (end to end, {rows} rows of 64 float32): {t:.2f} s = {rows / t:,.0f} rows/s "
+        print(f"accucmp compare (end to end, {rows} rows of 64 float32, default --jobs 0 = one process per "
+              f"core): {t:.2f} s = {rows / t:,.0f} rows/s "
               f"(target >= 2,000; msprobe {lo}-{hi}: {rows / t / hi:.0f}-{rows / t / lo:.0f}x)")
+        t1 = run(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q", "--jobs", "1"], max(1, a.repeat // 2))
+        print(f"  with --jobs 1 (one process): {t1:.2f} s = {rows / t1:,.0f} rows/s")
         t = run(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q", "--format", "csv,json,html"], 1)
         print(f"  with json + html report:  {t:.2f} s = {rows / t:,.0f} rows/s")
         t = run(ACCUCMP + ["ls", g], max(1, a.repeat // 2))

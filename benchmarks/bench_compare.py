@@ -86,6 +86,9 @@ def main():
     sec, table = timed(lambda: apply_verdict(compare_dumps(ts, gs).table))
     print(f"small tensors: {len(table)} rows (64 float32 each) in {sec:.2f} s = {len(table) / sec:,.0f} rows/s "
           f"(target >= 2,000; msprobe 24-39)")
+    sec2, _ = timed(lambda: apply_verdict(compare_dumps(ts, gs, jobs=2).table))
+    print(f"small tensors, jobs=2 (worker processes): {sec2:.2f} s = {len(table) / sec2:,.0f} rows/s "
+          f"({sec / sec2:.2f}x jobs=1)")
     sec1, _ = timed(lambda: compare_dumps(ts, gs, algorithms=["CosineSimilarity", "RelativeEuclideanDistance",
                                                                 "MaxAbsoluteError"]).table)
     print(f"small tensors, 3 metrics: {len(table) / sec1:,.0f} rows/s")
