@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -529,7 +530,9 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements))
     if jobs <= 0:
         jobs = auto_jobs(len(pairs))
-    if jobs > 1 and len(pairs) > 1 and _FORK is not None:
+    # fork only from a single-threaded process: a lock (h5py's among them) held by another
+    # thread at the fork would stay held forever in the child
+    if jobs > 1 and len(pairs) > 1 and _FORK is not None and threading.active_count() == 1:
         rows = _rows_in_processes(work, tf, gf, ff, jobs)
     elif jobs > 1 and len(pairs) > 1:
         rows = _rows_in_threads(work, jobs)

@@ -1,0 +1,82 @@
+"""compare_dumps' execution paths (in process, worker processes, threads) give equal tables;
+the reader's fast dense-stride check agrees with the exhaustive one."""
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from accucmp import compare as C
+from accucmp.compare import auto_jobs, compare_dumps
+from dumpfile.reader import _strides_are_dense
+from tests._compare_helpers import write_dump
+
+
+def _ops(n, fault_at=None, seed=5):
+    rng = np.random.default_rng(seed)
+    ops = []
+    for i in range(1, n + 1):
+        a = rng.standard_normal((3, 5)).astype(np.float32)
+        out = a * np.float32(1.05 if i == fault_at else 1.0)
+        big = rng.standard_normal(300).astype(np.float32)     # above chunk_elements below: streamed
+        ops.append(dict(op="aten.mul.Tensor", seqid=i, module=f"m.{i % 3}", phase="forward",
+                        inputs={"self": a, "big": big}, outputs={"result": out}))
+    return ops
+
+
+@pytest.fixture
+def dumps(tmp_path):
+    write_dump(tmp_path / "g.h5", _ops(12))
+    write_dump(tmp_path / "t.h5", _ops(12, fault_at=7))
+    return tmp_path / "t.h5", tmp_path / "g.h5"
+
+
+def test_processes_threads_and_in_process_give_equal_tables(dumps, monkeypatch):
+    t, g = dumps
+    one = compare_dumps(t, g, chunk_elements=64).table
+    procs = compare_dumps(t, g, jobs=2, chunk_elements=64).table
+    monkeypatch.setattr(C, "_FORK", None)        # as where fork is unavailable
+    threads = compare_dumps(t, g, jobs=3, chunk_elements=64).table
+    pd.testing.assert_frame_equal(one, procs, check_exact=True)
+    pd.testing.assert_frame_equal(one, threads, check_exact=True)
+    faulty = one[one["RelativeEuclideanDistance"] > 0.01]
+    assert list(faulty["SeqId"]) == [7] and list(faulty["TensorName"]) == ["result"]
+
+
+def test_worker_errors_reach_the_caller(dumps, monkeypatch):
+    t, g = dumps
+
+    def boom(self, lo, hi):
+        raise RuntimeError("worker failed")
+
+    monkeypatch.setattr(C._Work, "rows", boom)
+    with pytest.raises(RuntimeError, match="worker failed"):
+        compare_dumps(t, g, jobs=2)
+
+
+def test_auto_jobs_stays_in_process_for_few_ops():
+    assert auto_jobs(10) == 1
+    assert 1 <= auto_jobs(10_000) <= C.AUTO_JOBS_MAX
+
+
+def test_spans_cover_every_pair_once():
+    for n, jobs in ((1, 2), (7, 2), (1000, 3), (100_000, 4)):
+        spans = C._spans(n, jobs)
+        assert spans[0][0] == 0 and spans[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (3, 2), (2, 2, 2), (1, 4), (4, 1, 2)])
+def test_dense_stride_check_never_accepts_an_overlapping_layout(shape):
+    n = int(np.prod(shape))
+    accepted = 0
+    for strides in itertools.product(range(0, 9), repeat=len(shape)):
+        idx = sum(np.arange(s).reshape([-1 if d == k else 1 for d in range(len(shape))]) * st
+                  for k, (s, st) in enumerate(zip(shape, strides))).reshape(-1)
+        dense = idx.max() < n and np.unique(idx).size == n
+        fast = _strides_are_dense(shape, strides)
+        assert not fast or dense, strides
+        assert fast == dense, strides      # and it finds every dense one (permuted contiguous)
+        accepted += fast
+    assert accepted > 0
