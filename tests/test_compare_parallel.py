@@ -80,3 +80,28 @@ def test_dense_stride_check_never_accepts_an_overlapping_layout(shape):
         assert fast == dense, strides      # and it finds every dense one (permuted contiguous)
         accepted += fast
     assert accepted > 0
+
+
+def test_fast_json_text_equals_json_dumps_indent(dumps, tmp_path):
+    import json
+    import math
+
+    from accucmp.outputs import _jsonable, to_json
+    from accucmp.verdict import apply_verdict
+
+    def reference(table, meta):
+        rows = [{k: _jsonable(v) for k, v in rec.items()} for rec in table.to_dict(orient="records")]
+        return json.dumps({"meta": meta or {}, "rows": rows}, indent=1, default=str, allow_nan=False)
+
+    t, g = dumps
+    write_dump(tmp_path / "short.h5", _ops(5))                # golden-only ops: NA SeqIds
+    real = apply_verdict(compare_dumps(tmp_path / "short.h5", g).table)
+    assert real["SeqId"].isna().any()
+    odd = pd.DataFrame({
+        "f": [1.5, math.inf, math.nan], "s": ["x\x00\x01}\x00{", "\u00e9", None], "b": [True, False, True],
+        "i": pd.array([1, None, 3], dtype="Int64"), "np": [np.float32(1.5), np.int64(3), np.bool_(True)],
+        "o": pd.Series([pd.NA, 1, "x"], dtype=object), "F": pd.array([1.0, None, 2.0], dtype="Float64"),
+        "lst": [[1], [], [2, 3]]})
+    for table, meta in ((real, {"nested": [1, {"a": "\x00"}]}), (odd, None), (odd.drop(columns="lst"), {}),
+                        (real.head(0), None)):
+        assert to_json(table, meta) == reference(table, meta)
