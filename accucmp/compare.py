@@ -643,7 +643,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _worker_start(work: _Work, paths: dict[int, str | None]) -> None:
-    opened = {key: (DumpFile(path) if path else None) for key, path in paths.items()}
+    opened = {key: (_open(path, "worker") if path else None) for key, path in paths.items()}
     for pair in work.pairs:
         for op in (pair.target, pair.golden):
             if op is not None:
