@@ -46,6 +46,7 @@ STATUS_STATS = "stats"                  # statistics-only: lower bounds / exact 
 STATUS_UNMATCHED = "unmatched"
 STATUS_UNINITIALIZED = "uninitialized"  # output of an empty-like op
 STATUS_EMPTY = "empty"
+STATUS_RANDOM_REPLAYED = "random_replayed"  # a random op's outputs were copied from the golden
 STATUS_SIZE_MISMATCH = "size_mismatch"
 STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
 
@@ -255,6 +256,7 @@ _UNAMBIGUOUS_STORAGE = {np.dtype(k): k for k in ("float32", "float64", "int8", "
 _B_TYPE, _B_DTYPE, _B_SHAPE = S.ATTR_TYPE.encode(), S.ATTR_DTYPE.encode(), S.ATTR_SHAPE.encode()
 _B_UNINIT, _B_ORDER = S.ATTR_UNINITIALIZED.encode(), b"order"
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
+_B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 _FAST_READ_KINDS = frozenset("biufc")
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -439,6 +441,7 @@ class _OpTensors:
     inputs: dict[str, ValueRecord]
     outputs: dict[str, ValueRecord]
     compute_dtype: str
+    random_outputs_replayed: bool = False
 
 
 def _op_tensors(op, eager: int = 0) -> _OpTensors:
@@ -450,7 +453,7 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
     ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
     outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
     cd = _str_attr(op_id, _B_COMPUTE, "")
-    return _OpTensors(ins, outs, cd)
+    return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)))
 
 
 def _op_dtypes(ot: _OpTensors) -> list[str]:
@@ -584,7 +587,8 @@ class _Work:
         rows = []
         for task in self.tasks(lo, hi):
             rows.append(task.row)
-            if task.target is not None and task.golden is not None:
+            if task.target is not None and task.golden is not None \
+                    and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED:
                 self.comparer.run(task)
         return rows
 
@@ -710,6 +714,10 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
                     f"No data match with {t.path} in golden dump data." if t is not None
                     else f"No data match with {g.path} in my dump data.")
                 row["MatchedBy"] = "unmatched"
+            elif io == S.OUTPUT_GROUP and (t_ts.random_outputs_replayed or g_ts.random_outputs_replayed):
+                row["CompareStatus"] = STATUS_RANDOM_REPLAYED
+                row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
+                                            "(no device reproduces another's random numbers): not compared")
             elif pair.reason:
                 row["CompareFailReason"] = pair.reason
             fp = None

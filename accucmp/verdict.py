@@ -123,7 +123,7 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
     reason = _str(row.get("CompareFailReason"))
     if status == "unmatched":
         return RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan
-    if status in ("uninitialized", "empty"):
+    if status in ("uninitialized", "empty", "random_replayed"):
         return RESULT_SKIPPED, reason, math.nan, math.nan
     if status in ("size_mismatch", "corrupt"):
         return RESULT_FAIL, reason or status, math.inf, math.nan

@@ -61,6 +61,9 @@ OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
 OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
 OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid
+# load mode: a random op (dropout, bernoulli, randn...) ran, then was given the recorded
+# outputs, since no device reproduces another's random numbers. Compare skips its outputs.
+OP_RANDOM_OUTPUTS_REPLAYED = "random_outputs_replayed"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

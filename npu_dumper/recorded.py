@@ -86,6 +86,25 @@ def is_random(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
+# Seeded ops that draw nothing for some arguments: attention and dropout with a zero
+# probability, dropout outside training. Keyed by argument name, as the schemas spell it.
+_NO_DRAW_WHEN = {"dropout_p": 0.0, "p": 0.0, "train": False}
+
+
+def draws_random(func: Any, named_args: dict[str, Any]) -> bool:
+    """Whether this call of `func` consumes random numbers (so its result cannot be
+    reproduced from its inputs alone)."""
+    if not is_random(func):
+        return False
+    for arg in func._schema.arguments:
+        if arg.name not in _NO_DRAW_WHEN:
+            continue
+        value = named_args.get(arg.name, arg.default_value if arg.has_default_value() else None)
+        if isinstance(value, (bool, int, float)) and value == _NO_DRAW_WHEN[arg.name]:
+            return False
+    return True
+
+
 # ---- values --------------------------------------------------------------------
 def torch_dtype(name: str) -> torch.dtype:
     try:
@@ -310,9 +329,6 @@ def load_call(op_record: OpRecord, device: str | torch.device = "cpu", dtype: to
     if rc.func is None:
         rc.why_not = f"unknown op {op_record.op!r} (not registered in this torch)"
         return rc
-    if is_random(rc.func) and not allow_random:
-        rc.why_not = "random op (nondeterministic_seeded): its seed is not recorded"
-        return rc
     try:
         inputs = op_record.inputs()
         rc.args, rc.kwargs, rc.arg_names = _place(
@@ -322,6 +338,8 @@ def load_call(op_record: OpRecord, device: str | torch.device = "cpu", dtype: to
         if retarget_dtype_args and dtype is not None and dtype.is_floating_point:
             rc.args = tuple(_retarget(a, dtype) for a in rc.args)
             rc.kwargs = {k: _retarget(v, dtype) for k, v in rc.kwargs.items()}
+        if not allow_random and draws_random(rc.func, rc.arg_names):
+            rc.why_not = "random op (nondeterministic_seeded): its seed is not recorded"
     except NotReplayable as e:
         rc.why_not = str(e)
     except DumpError as e:

@@ -42,8 +42,9 @@ from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
+from .capture import named_returns, op_info
 from .policy import OpEvent, Policy
-from .recorded import NotReplayable, _base_storage, non_overlapping, resolve_op, tensor_from_record
+from .recorded import NotReplayable, _base_storage, draws_random, non_overlapping, resolve_op, tensor_from_record
 
 _SUMMARY_NAMES = 5
 
@@ -154,6 +155,7 @@ class ReplaySummary:
     unmatched_why: dict[str, str] = field(default_factory=dict)  # live op name -> first reason
     casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
     never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
+    random_replayed: int = 0                 # random ops whose recorded outputs were handed on
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -170,6 +172,8 @@ class ReplaySummary:
             line += f"; recorded but never matched: {', '.join(self.never_used[:_SUMMARY_NAMES])}"
             if len(self.never_used) > _SUMMARY_NAMES:
                 line += f", +{len(self.never_used) - _SUMMARY_NAMES} more"
+        if self.random_replayed:
+            line += f"; {self.random_replayed} random op(s) given their recorded outputs"
         if self.casts:
             line += "; dtype casts: " + ", ".join(f"{k} x{v}" for k, v in self.casts.most_common())
         return line
@@ -289,6 +293,14 @@ class ReplayPolicy(Policy):
                 self._consumed = entry.index
                 self._cv.notify()
         ev.args, ev.kwargs = new_args, new_kwargs
+        if draws_random(ev.func, live):
+            # A random op cannot draw the reference's numbers on another device or
+            # generator: run it (the RNG advances as in a real run), then hand on the
+            # recorded outputs, so later ops see the reference's mask/noise and the
+            # op itself is not reported as an error it did not make.
+            ev.notes["replay_outputs"] = entry
+            ev.group_attrs[S.OP_RANDOM_OUTPUTS_REPLAYED] = True
+            self.summary.random_replayed += 1
         ev.store_seqid = entry.record.seqid
         ev.group_attrs[S.OP_REPLAYED] = True
         ev.group_attrs[S.OP_SOURCE_SEQID] = ev.seqid
@@ -297,6 +309,20 @@ class ReplayPolicy(Policy):
         if entry.record.op != ev.name:
             self.summary.by_map += 1
             ev.group_attrs["source_op"] = entry.record.op
+
+    def run_op(self, ev: OpEvent) -> Any:
+        entry = ev.notes.get("replay_outputs")
+        if entry is None:
+            return NotImplemented
+        out = ev.func(*ev.args, **ev.kwargs)
+        recorded = entry.record.outputs()
+        with torch.no_grad():
+            for name, _, value in named_returns(op_info(ev.func), out):
+                rec = recorded.get(name)
+                if isinstance(value, torch.Tensor) and rec is not None and rec.is_tensor \
+                        and rec.numel == value.numel():
+                    value.copy_(self._load(rec).reshape(value.shape))
+        return out
 
     def should_record(self, ev: OpEvent) -> bool:
         return bool(ev.notes.get("replay_matched"))
