@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5p, h5s, h5t
+from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 
 from . import schema as S
 from .errors import DumpWriteError
@@ -60,7 +60,8 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False)
                     _STR_ARRAYS[v] = arr
         else:
             arr = np.asarray(v)
-            if arr.dtype.kind in "UO":
+            if arr.dtype.kind == "U" or (arr.dtype.kind == "O"
+                                         and h5py.check_string_dtype(arr.dtype) is None):
                 obj.attrs[k] = v
                 continue
         name = k.encode()
@@ -187,6 +188,10 @@ class DumpWriter:
             self._index = f.create_dataset(S.INDEX_PATH, shape=(0,), maxshape=(None,),
                                            dtype=_INDEX_DTYPE, chunks=(1024,))
         self._pending_index: list[tuple] = []
+        # ops ended with end_op(deferred=True): their tensor bytes are still being written
+        # (write_at, by another thread); their index rows wait here until release_ops, so
+        # a flush never publishes an op whose data is not in the file yet
+        self._deferred: list[tuple[tuple, str]] = []
         self.num_ops = int(f.attrs.get(S.ROOT_NUM_OPS, 0))
         self.bytes_written = 0
         self._last_flush = time.monotonic()
@@ -197,9 +202,12 @@ class DumpWriter:
                  grad_fn: str = "", attrs: dict[str, Any] | None = None) -> h5py.Group:
         """Create /{op}/{seqid} with its input/ and output/ groups and attributes."""
         path = S.op_group_path(op, seqid)
-        if path in self._f:
-            raise DumpWriteError(f"{self.path}: op group {path} already exists")
-        g = self._f.create_group(path)
+        try:        # (no `path in file` check first: on a big file that lookup costs more)
+            g = self._f.create_group(path)
+        except ValueError as e:
+            if path in self._f:
+                raise DumpWriteError(f"{self.path}: op group {path} already exists") from e
+            raise
         set_attrs(g, {S.OP_SEQID: int(seqid), S.OP_NAME: op, S.OP_PHASE: phase,
                       S.OP_MODULE: module or "", S.OP_GRAD_FN: grad_fn or ""}, fresh=True)
         if attrs:
@@ -208,8 +216,8 @@ class DumpWriter:
                       fresh=True)
             set_attrs(g, {k: v for k, v in attrs.items()
                           if k in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)})
-        g.create_group(S.INPUT_GROUP)
-        g.create_group(S.OUTPUT_GROUP)
+        for sub in (S.INPUT_GROUP, S.OUTPUT_GROUP):   # low level: no h5py object wrappers
+            h5g.create(g.id, sub.encode(), lcpl=g._lcpl)
         self._pending_index.append(
             (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
         self._open_path = path
@@ -230,12 +238,41 @@ class DumpWriter:
 
     def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
         """Record argument order: HDF5 lists members alphabetically."""
-        parent.attrs["order"] = np.array(list(names), dtype=object).astype(_STR)
+        set_attrs(parent, {"order": np.array(list(names), dtype=object).astype(_STR)})
 
-    def end_op(self) -> None:
-        self._open_path = None
-        self.num_ops += 1
+    def end_op(self, *, deferred: bool = False) -> None:
+        """Finish the op begun last. `deferred`: some of its tensors were reserved with
+        reserve_tensor and are written later; the op is published (index row, num_ops)
+        only by release_ops, once the caller has written them."""
+        path, self._open_path = self._open_path, None
+        if deferred:
+            self._deferred.append((self._pending_index.pop(), path))
+        else:
+            self.num_ops += 1
         self.maybe_flush()
+
+    def release_ops(self, n: int) -> None:
+        """The first `n` deferred ops have all their bytes written: publish them at the next flush."""
+        if n <= 0:
+            return
+        done, self._deferred = self._deferred[:n], self._deferred[n:]
+        self._pending_index.extend(row for row, _ in done)
+        self.num_ops += len(done)
+
+    def drop_deferred(self) -> None:
+        """Delete the groups of deferred ops never released (writing their bytes failed).
+        Call only when no write_at is in flight: HDF5 may reuse the freed space."""
+        dropped, self._deferred = self._deferred, []
+        for _, path in dropped:
+            try:
+                if path in self._f:
+                    del self._f[path]
+            except (OSError, RuntimeError, KeyError):
+                pass
+
+    @property
+    def num_deferred(self) -> int:
+        return len(self._deferred)
 
     # ---- values ----------------------------------------------------------
     def write_tensor(self, parent: h5py.Group, name: str, data: np.ndarray, meta: TensorMeta,
@@ -258,6 +295,46 @@ class DumpWriter:
         set_attrs(ds, meta.attrs(S.TYPE_TENSOR), fresh=True)
         self.bytes_written += data.nbytes
         return ds.name
+
+    def reserve_tensor(self, parent: h5py.Group, name: str, shape: tuple[int, ...],
+                       dtype: np.dtype, meta: TensorMeta) -> tuple[str, int, int] | None:
+        """Create a tensor's dataset and attributes now, its bytes to be written later.
+
+        The dataset is contiguous and allocated at creation, so its file offset is known:
+        another thread writes the C-order bytes of the stored array (`dtype`, `shape`: what
+        write_tensor would be given) with write_at, without the GIL or h5py's lock. The file
+        is identical to write_tensor's. Returns (path, offset, nbytes), or None where that
+        path does not apply (then call write_tensor). The op holding it must be ended with
+        end_op(deferred=True) and released once the bytes are written.
+        """
+        dtype = np.dtype(dtype)
+        expected = np.dtype(S.STORAGE_NUMPY_DTYPE.get(meta.dtype, dtype))
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if self._fd < 0 or dtype != expected or not dtype.isnative \
+                or nbytes < DIRECT_WRITE_MIN_BYTES:
+            return None
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+        ds = parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl)
+        offset = ds.id.get_offset()
+        if offset is None:      # not contiguous after all: let the caller write it through HDF5
+            del parent[name]
+            return None
+        set_attrs(ds, meta.attrs(S.TYPE_TENSOR), fresh=True)
+        self.bytes_written += nbytes
+        return ds.name, offset, nbytes
+
+    def write_at(self, offset: int, data: Any) -> None:
+        """Write raw bytes (a C-contiguous buffer) at a file offset given by reserve_tensor.
+        Thread-safe and GIL-free (os.pwrite on a second descriptor); never touches h5py."""
+        view = memoryview(data).cast("B")
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], offset + written)
+        except OSError as e:    # disk full surfaces here
+            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
 
     def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
         """Contiguous dataset allocated at creation (no fill), bytes written with os.pwrite.
@@ -322,9 +399,7 @@ class DumpWriter:
             ds = parent.create_dataset(name, data=value, dtype=_STR)
         else:
             ds = parent.create_dataset(name, data=value)
-        ds.attrs[S.ATTR_TYPE] = code
-        if schema_type:
-            ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
         return ds.name
 
     def write_named(self, parent: h5py.Group, name: str, value: str, type_code: int,
@@ -368,9 +443,7 @@ class DumpWriter:
                 self.write_value(g, f"{name}_{i}", v)
             return g.name
         ds = parent.create_dataset(name, data=arr)
-        ds.attrs[S.ATTR_TYPE] = code
-        if schema_type:
-            ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
         return ds.name
 
     # ---- durability --------------------------------------------------------

@@ -6,6 +6,15 @@ data), computes statistics in stats-only mode, writes through dumpfile.DumpWrite
 and flushes at least every `flush_interval` seconds even when no op arrives.
 The queue is bounded in bytes: the main thread waits when it is full (backpressure).
 An exception here is kept and re-raised in the user's thread (`check()`).
+
+Full dumps use two threads. The metadata thread makes every HDF5 object (h5py holds
+the GIL and its own lock throughout); a large tensor's dataset is created allocated
+(DumpWriter.reserve_tensor), so its file offset is known at once, and its bytes are
+moved by the data thread: re-layout into a reused staging buffer with torch and
+os.pwrite, both without the GIL, overlapping the metadata of later ops and the user's
+compute. The data thread takes ops in order; an op is published in the file's index
+(DumpWriter.release_ops) only once all its bytes are written, so every op a flush
+publishes reads back after a crash.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from dumpfile import schema as S
@@ -77,14 +87,27 @@ class WriterThread:
         self.num_links = 0
         self.num_views = 0
         self.num_datasets = 0
+        # data stage (full dumps): (job, [(capture, offset, nbytes)], metadata ok) in op order
+        self._data_queue: deque[tuple[OpJob, list, bool] | None] = deque()
+        self._data_ok = 0            # ops, counted in order, whose bytes are all written
+        self._released = 0           # of those, published through DumpWriter.release_ops
+        self._counting = True        # False after the first failed op: nothing after it is published
+        self._data_failed = False
+        self._staging: torch.Tensor | None = None   # reused re-layout buffer (no page-fault churn)
+        self._pieces: list = []
+        self._data_thread: threading.Thread | None = None
+        if not stats_only:
+            self._data_thread = threading.Thread(target=self._data_run, name="npu_dumper-data",
+                                                 daemon=True)
+            self._data_thread.start()
         self._thread = threading.Thread(target=self._run, name="npu_dumper-writer", daemon=True)
         self._thread.start()
 
     # ---- main-thread side ----------------------------------------------------
     def submit(self, job: OpJob) -> None:
         with self._cv:
-            while (self._pending_bytes > self.max_pending_bytes and self._queue
-                   and self._error is None):
+            while (self._pending_bytes > self.max_pending_bytes
+                   and (self._queue or self._data_queue) and self._error is None):
                 self._cv.wait(0.5)
             self._queue.append(job)
             self._pending_bytes += job.nbytes
@@ -123,27 +146,117 @@ class WriterThread:
             if job is False:            # idle: make what we have durable
                 if self._error is None:
                     try:
+                        self._release_written()
                         w.flush()
                     except BaseException as e:  # noqa: BLE001 - surfaced via check()
                         self._error = e
                 continue
             if job is None:
+                self._finish_data()
                 return
+            ok = False
+            self._pieces = []
             try:
                 if self._error is None:
                     self._write_job(job)
+                    ok = True
             except BaseException as e:  # noqa: BLE001 - surfaced via check()
                 self._error = e
                 self.writer.release_reserve()
                 self.writer.abort_op()
             finally:
-                for cap in job.captures:
-                    cap.done = True
-                    cap.tensor = None
-                    self.registry.discard(cap)
-                with self._cv:
-                    self._pending_bytes -= job.nbytes
-                    self._cv.notify_all()
+                if self._data_thread is not None:
+                    with self._cv:
+                        self._data_queue.append((job, self._pieces, ok))
+                        self._cv.notify_all()
+                else:
+                    self._finish_job(job)
+                self._pieces = []
+
+    def _finish_job(self, job: OpJob) -> None:
+        for cap in job.captures:
+            cap.done = True
+            cap.tensor = None
+            self.registry.discard(cap)
+        with self._cv:
+            self._pending_bytes -= job.nbytes
+            self._cv.notify_all()
+
+    def _release_written(self) -> None:
+        """Publish (at the next flush) the ops whose bytes the data thread has written."""
+        n = self._data_ok - self._released
+        if n > 0:
+            self.writer.release_ops(n)
+            self._released += n
+
+    def _finish_data(self) -> None:
+        """At close: let the data thread write everything, publish it, drop what failed."""
+        if self._data_thread is None:
+            return
+        with self._cv:
+            self._data_queue.append(None)
+            self._cv.notify_all()
+        self._data_thread.join()
+        self._release_written()
+        if self.writer.num_deferred:    # ops whose bytes were not written: not in the file
+            self.writer.release_reserve()
+            self.writer.drop_deferred()
+
+    # ---- data-thread side --------------------------------------------------------
+    def _data_run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._data_queue:
+                    self._cv.wait()
+                item = self._data_queue.popleft()
+            if item is None:
+                self._staging = None
+                return
+            job, pieces, ok = item
+            try:
+                if not self._data_failed:
+                    for cap, offset, nbytes in pieces:
+                        self._write_bytes(cap, offset, nbytes)
+            except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                self._data_failed = True
+                if self._error is None:
+                    self._error = e
+            finally:
+                # counted in order; the first op that failed (metadata or bytes) ends publishing
+                if self._counting and ok and not self._data_failed:
+                    self._data_ok += 1
+                else:
+                    self._counting = False
+                self._finish_job(job)
+
+    def _write_bytes(self, cap: TensorCapture, offset: int, nbytes: int) -> None:
+        with cap.lock:     # copy-on-write (materialize) waits for us, or we see its clone
+            t = cap.tensor
+            data = self._bytes_of(t)
+            if data.nbytes != nbytes:
+                raise DumpError(f"{self.writer.path}: tensor changed size while being written "
+                                f"({data.nbytes} bytes for {nbytes} reserved)")
+            self.writer.write_at(offset, data)
+            cap.done = True
+            cap.tensor = None
+
+    def _bytes_of(self, t: torch.Tensor):
+        """The C-order bytes write_tensor would store for `t`, as a numpy uint8 array.
+        A strided CPU tensor that is not row-major is re-laid-out into a reused staging
+        buffer; anything unusual goes through storage_array (a fresh copy)."""
+        if t.layout != torch.strided or t.device.type != "cpu" or t.is_conj() or t.is_neg() \
+                or t.dtype == torch.complex32 or t.dim() == 0:
+            return storage_array(t).reshape(-1).view(np.uint8)
+        nbytes = t.numel() * t.element_size()
+        if t.is_contiguous():
+            src = t.detach().reshape(-1)
+        else:
+            if self._staging is None or self._staging.numel() < nbytes:
+                self._staging = torch.empty(max(nbytes, 4 << 20), dtype=torch.uint8)
+            src = self._staging[:nbytes].view(t.dtype).view(t.shape)
+            src.copy_(t.detach())
+            src = src.reshape(-1)
+        return src.view(torch.uint8).numpy()
 
     def _write_job(self, job: OpJob) -> None:
         w = self.writer
@@ -155,7 +268,9 @@ class WriterThread:
                 self._write_node(parent, name, node)
             if len(entries) > 1:
                 w.set_order(parent, [n for n, _ in entries])
-        w.end_op()
+        w.end_op(deferred=self._data_thread is not None)
+        if self._data_thread is not None:
+            self._release_written()
 
     def _write_node(self, parent, name: str, node: Any) -> None:
         w = self.writer
@@ -171,6 +286,15 @@ class WriterThread:
                 self._write_node(grp, f"{name}_{i}", item)
         else:  # pragma: no cover - capture only builds the kinds above
             w.write_value(parent, name, str(node))
+
+    def _reserve(self, parent, name: str, cap: TensorCapture, t: torch.Tensor):
+        """Dataset created now, bytes written by the data thread; None: write it here."""
+        if not cap.stride or cap.dtype == "complex32" or t.layout != torch.strided:
+            return None
+        dt = _storage_dtype(cap.dtype)
+        if dt is None:
+            return None
+        return self.writer.reserve_tensor(parent, name, cap.shape, dt, self._meta(cap))
 
     def _meta(self, cap: TensorCapture) -> TensorMeta:
         return TensorMeta(dtype=cap.dtype, shape=cap.shape, stride=cap.stride,
@@ -201,12 +325,17 @@ class WriterThread:
                         return
         with cap.lock:
             t = cap.tensor
+            reserved = None
             if self.stats_only:
                 path = w.write_stats(parent, name, tensor_stats(t), self._meta(cap))
+            elif self._data_thread is not None and (reserved := self._reserve(parent, name, cap, t)):
+                path, offset, nbytes = reserved     # the data thread writes the bytes
+                self._pieces.append((cap, offset, nbytes))
             else:
                 path = w.write_tensor(parent, name, storage_array(t), self._meta(cap))
-            cap.done = True
-            cap.tensor = None
+            if reserved is None:
+                cap.done = True
+                cap.tensor = None
         self.num_datasets += 1
         if key is not None:
             self._exact[key] = (path, cap.owner)
@@ -214,6 +343,19 @@ class WriterThread:
                     and all(s >= 0 for s in cap.stride):
                 lo, hi = _extent(cap.shape, cap.stride, cap.offset)
                 self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
+
+
+_NUMPY_STORAGE: dict[str, np.dtype] = {}
+
+
+def _storage_dtype(dtype_name: str) -> np.dtype | None:
+    dt = _NUMPY_STORAGE.get(dtype_name)
+    if dt is None:
+        name = S.STORAGE_NUMPY_DTYPE.get(dtype_name)
+        if name is None:
+            return None
+        dt = _NUMPY_STORAGE[dtype_name] = np.dtype(name)
+    return dt
 
 
 def tensor_stats(t: torch.Tensor) -> list[float]:
