@@ -448,6 +448,11 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
     if op is None:
         return _OpTensors({}, {}, "")
     f = op.file
+    if getattr(f, "is_table", False):      # statistics table file (format 1.1): no op groups
+        a = op.attrs
+        return _OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
+                          str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
+                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)))
     path = op.path
     op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
     ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))

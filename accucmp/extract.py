@@ -177,6 +177,9 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
     if os.path.abspath(input_path) == os.path.abspath(output_path):
         raise ExtractError(f"{output_path}: output is the input file; choose another -o")
     with DumpFile(input_path) as src:  # validates: exists, HDF5, a dump
+        if src.is_table:
+            raise ExtractError(f"{input_path}: a statistics-only dump (format 1.1 table) has no op groups "
+                               "to copy, and no tensor values to replay; extract works on tensor dumps")
         jobs = _resolve(src.h5, input_path, pairs)
         old = None
         if os.path.exists(output_path):

@@ -92,7 +92,7 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                 continue
             if limit is not None and len(lines) >= limit:
                 break
-            if not stats:
+            if not stats and not f.is_table:   # table (stats 1.1) files: values from the rows below
                 lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "",
                                     _light_values(f, op.path)))
                 continue

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from . import schema as S
+from . import stats_table as T
 from .errors import DumpFormatError
 
 # numpy dtype a raw-bit dtype decodes to
@@ -164,6 +165,37 @@ class OpRecord:
         return self.file.values(f"{self.path}/{S.OUTPUT_GROUP}")
 
 
+@dataclass
+class TableValueRecord(ValueRecord):
+    """A value of a table-backed statistics file (format 1.1): no HDF5 object of its own;
+    `path` is where the tree layout would have put it (for messages and matching)."""
+
+    value: Any = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if S.ATTR_SHAPE in self.attrs:
+            return tuple(int(x) for x in np.asarray(self.attrs[S.ATTR_SHAPE]).reshape(-1))
+        return ()
+
+
+class _TableOpRecord(OpRecord):
+    """An op of a table-backed statistics file: attributes from the index and op_attrs rows."""
+
+    @cached_property
+    def attrs(self) -> dict[str, Any]:
+        a = {S.OP_SEQID: self.seqid, S.OP_NAME: self.op, S.OP_PHASE: self.phase,
+             S.OP_MODULE: self.module, S.OP_GRAD_FN: self.grad_fn}
+        a.update(self.file._table.op_attrs.get(self.seqid, {}))
+        return a
+
+    def inputs(self) -> dict[str, ValueRecord]:
+        return self.file._table_values(self, T.IO_INPUT)
+
+    def outputs(self) -> dict[str, ValueRecord]:
+        return self.file._table_values(self, T.IO_OUTPUT)
+
+
 class DumpFile:
     """A dump opened for reading. Use as a context manager or call close()."""
 
@@ -194,6 +226,8 @@ class DumpFile:
         if major not in S.SUPPORTED_MAJOR_VERSIONS:
             self.close()
             raise DumpFormatError(f"{self.path}: format version {version} is not supported by this reader")
+        # statistics-only dumps of format 1.1+: tables instead of op groups
+        self.is_table = T.is_table_file(self.h5)
         if require_dump and fmt is None and not self._looks_like_dump():
             self.close()
             raise DumpFormatError(f"{self.path}: not a dump (no /op/seqid/ groups)")
@@ -234,8 +268,50 @@ class DumpFile:
 
     # ---- ops -------------------------------------------------------------
     @cached_property
+    def _table(self) -> T.StatsTable:
+        try:
+            return T.StatsTable(self.h5)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DumpFormatError(f"{self.path}: cannot read the statistics table: {e}") from e
+
+    def _table_values(self, op: OpRecord, io: int) -> dict[str, ValueRecord]:
+        """An op's input or output values from the stats table, lists rebuilt from
+        `{name}/{name}_{i}` row names, in argument (row) order."""
+        base = f"{op.path}/{T.IO_GROUPS[io]}"
+        out: dict[str, ValueRecord] = {}
+        by_name: dict[str, TableValueRecord] = {}
+        for r in self._table.rows_of(op.seqid):
+            if int(r["io"]) != io:
+                continue
+            name = _attr_str(r["name"])
+            code = int(r["Type"])
+            if code == S.TYPE_TENSOR_STATS:
+                value = T.row_stats(r)
+            elif code in S.LIST_TYPES:
+                value = None
+            else:
+                try:
+                    value = T.decode_value(code, _attr_str(r["value"]))
+                except ValueError as e:
+                    raise DumpFormatError(f"{self.path}: {base}/{name}: bad value ({e})") from e
+            parent, _, leaf = name.rpartition("/")
+            rec = TableValueRecord(self, f"{base}/{name}", leaf, code, T.row_attrs(r), value=value)
+            by_name[name] = rec
+            holder = by_name.get(parent) if parent else None
+            if holder is not None:
+                holder.children.append(rec)
+            else:
+                out[name] = rec
+        return out
+
+    @cached_property
     def _ops(self) -> list[OpRecord]:
-        if S.INDEX_PATH in self.h5:
+        if self.is_table and S.INDEX_PATH in self.h5:
+            rows = self.h5[S.INDEX_PATH][()]
+            ops = [_TableOpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
+                                  S.PHASE_BY_CODE.get(int(r["phase"]), ""),
+                                  _attr_str(r["module"]), _attr_str(r["grad_fn"])) for r in rows]
+        elif S.INDEX_PATH in self.h5:
             rows = self.h5[S.INDEX_PATH][()]
             ops = [OpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
                             S.PHASE_BY_CODE.get(int(r["phase"]), ""),
@@ -270,6 +346,11 @@ class DumpFile:
 
     def op(self, op: str, seqid: int) -> OpRecord:
         path = S.op_group_path(op, seqid)
+        if self.is_table:
+            hit = next((o for o in self._ops if o.op == op and o.seqid == int(seqid)), None)
+            if hit is None:
+                raise DumpFormatError(f"{self.path}: no op {path}")
+            return hit
         if path not in self.h5:
             raise DumpFormatError(f"{self.path}: no op group {path}")
         return _LazyOpRecord(self, op, int(seqid))
@@ -303,6 +384,9 @@ class DumpFile:
     def read_value(self, rec: ValueRecord) -> Any:
         if rec.is_list:
             return [c.read() for c in rec.children]
+        if isinstance(rec, TableValueRecord):
+            v = rec.value
+            return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
         obj = self.h5[rec.path]
         t = rec.type
         try:

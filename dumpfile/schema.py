@@ -9,12 +9,14 @@ Layout (compatible with the Ascend PyTorch 1.5 dumper)::
     /{op}/{seqid}/input/{argname}/{argname}_{i}    lists (tensor lists, mixed lists)
     /{op}/{seqid}/output/{retname}[/{retname}_{i}]
     /_npu_dumper/index                             one row per op, in seqid order (ours)
+    /_npu_dumper/stats, /_npu_dumper/op_attrs      statistics-only dumps (1.1): tables, no op groups
 """
 
 from __future__ import annotations
 
 FORMAT_NAME = "npu_dumper.h5"
-FORMAT_VERSION = "1.0"
+# 1.1: statistics-only dumps are tables (STATS_TABLE_PATH), no per-op groups.
+FORMAT_VERSION = "1.1"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -22,6 +24,9 @@ SUPPORTED_MAJOR_VERSIONS = (1,)
 # "namespace.name.overload", and no torch namespace is called "_npu_dumper".
 META_GROUP = "_npu_dumper"
 INDEX_PATH = f"{META_GROUP}/index"
+# statistics-only dumps (1.1+): one row per value / per extra op attribute (dumpfile.stats_table)
+STATS_TABLE_PATH = f"{META_GROUP}/stats"
+OP_ATTRS_PATH = f"{META_GROUP}/op_attrs"
 INPUT_GROUP = "input"
 OUTPUT_GROUP = "output"
 

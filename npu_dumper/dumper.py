@@ -21,6 +21,7 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
+from dumpfile.stats_writer import StatsDumpWriter
 from dumpfile.writer import DumpWriter
 
 from .capture import CaptureRegistry
@@ -28,6 +29,7 @@ from .errors import DumperError
 from .mode import DumpMode, OpFilter
 from .module_tracking import ModuleTracker
 from .policy import Policy
+from .stats_writer import StatsWriterThread
 from .writer_thread import WriterThread
 
 _active_lock = threading.Lock()
@@ -214,15 +216,17 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_STATS_ONLY: bool(self.stats_only),
             S.ROOT_LOAD_FILE: self.load_file_path,
         }
+        # statistics-only dumps are tables, not op groups (docs/FORMAT.md: why)
+        writer_cls = StatsDumpWriter if self.stats_only else DumpWriter
         try:
-            w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
+            w = writer_cls(self.path, mode=self.mode, root_attrs=root,
                            flush_interval=self.flush_interval)
         except DumpError as e:
             raise DumperError(str(e)) from e
         registry = CaptureRegistry()
-        self._writer = WriterThread(w, registry, stats_only=self.stats_only,
-                                    max_pending_bytes=self.max_pending_bytes,
-                                    flush_interval=self.flush_interval, dedup=self.dedup)
+        thread_cls = StatsWriterThread if self.stats_only else WriterThread
+        self._writer = thread_cls(w, registry, max_pending_bytes=self.max_pending_bytes,
+                                  flush_interval=self.flush_interval, dedup=self.dedup)
         for p in self.policies:
             p.begin(self)
         self._tracker = ModuleTracker().__enter__()

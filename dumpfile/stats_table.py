@@ -1,0 +1,151 @@
+"""Statistics-only dumps as tables (format 1.1): one row per value, no per-op groups.
+
+A statistics dump stores a few numbers per tensor. Written as the tree layout, each
+op costs ~3 HDF5 groups, ~2 datasets and ~20 attributes (~0.5 ms of h5py work holding
+the GIL per op), which made a statistics dump slower than a full one. Here the writer
+appends rows to two chunked, resizable compound datasets at flush time instead:
+
+    /_npu_dumper/stats      one row per recorded value (tensor statistics, list headers,
+                            non-tensor arguments), grouped by seqid, in argument order
+    /_npu_dumper/op_attrs   extra per-op attributes (compute_dtype, stack, ...): seqid, name, JSON
+
+The op rows stay in /_npu_dumper/index. Readers (dumpfile.reader.DumpFile) present such
+files through the same API as tree-layout ones. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import h5py
+import numpy as np
+
+from . import schema as S
+
+_STR = h5py.string_dtype("utf-8")
+_SHAPE = h5py.vlen_dtype(np.int64)
+
+IO_INPUT, IO_OUTPUT = 0, 1
+IO_GROUPS = {IO_INPUT: S.INPUT_GROUP, IO_OUTPUT: S.OUTPUT_GROUP}
+
+STATS_ROW_DTYPE = np.dtype(
+    [("seqid", np.int64), ("io", np.int8), ("name", _STR), ("Type", np.int16), ("dtype", _STR),
+     ("shape", _SHAPE), ("DataType", np.int16), ("DeviceType", np.int16), ("uninitialized", np.bool_)]
+    + [(f, np.float64) for f in S.STATS_FIELDS]
+    + [("value", _STR)])
+OP_ATTR_DTYPE = np.dtype([("seqid", np.int64), ("name", _STR), ("value", _STR)])
+
+_NAN_STATS = (math.nan,) * len(S.STATS_FIELDS)
+_EMPTY_SHAPE = np.zeros(0, dtype=np.int64)
+_SHAPES: dict[tuple, np.ndarray] = {}
+
+
+def _shape_array(shape) -> np.ndarray:
+    key = tuple(shape)
+    arr = _SHAPES.get(key)
+    if arr is None:
+        arr = np.asarray(key, dtype=np.int64).reshape(-1)
+        if len(_SHAPES) < 4096:
+            _SHAPES[key] = arr
+    return arr
+
+
+def tensor_row(seqid: int, io: int, name: str, dtype: str, shape, device_type: int,
+               stats, uninitialized: bool = False) -> tuple:
+    """A Type 41 row: statistics (schema.STATS_FIELDS order) of one tensor."""
+    return (seqid, io, name, S.TYPE_TENSOR_STATS, dtype, _shape_array(shape), S.data_type_code(dtype),
+            device_type, uninitialized, *stats, "")
+
+
+def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tuple:
+    """A non-tensor argument (JSON value) or a list header (value: its length)."""
+    if isinstance(value, complex):
+        value = [value.real, value.imag]
+    return (seqid, io, name, type_code, "", _EMPTY_SHAPE, 0, S.DEVICE_TYPE_UNKNOWN, False,
+            *_NAN_STATS, json.dumps(value))
+
+
+def op_attr_row(seqid: int, name: str, value: Any) -> tuple:
+    if isinstance(value, np.generic):
+        value = value.item()
+    return (seqid, name, json.dumps(value))
+
+
+def create_tables(f: h5py.File) -> tuple[h5py.Dataset, h5py.Dataset]:
+    def make(path, dtype):
+        if path in f:
+            return f[path]
+        return f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+    return make(S.STATS_TABLE_PATH, STATS_ROW_DTYPE), make(S.OP_ATTRS_PATH, OP_ATTR_DTYPE)
+
+
+def append_rows(ds: h5py.Dataset, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    arr = np.empty(len(rows), dtype=ds.dtype)
+    arr[:] = rows
+    n = ds.shape[0]
+    ds.resize((n + len(rows),))
+    ds[n:] = arr
+
+
+def is_table_file(h5: h5py.File) -> bool:
+    return S.STATS_TABLE_PATH in h5
+
+
+def _s(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def decode_value(type_code: int, text: str) -> Any:
+    v = json.loads(text) if text else None
+    if type_code == S.TYPE_COMPLEX and isinstance(v, list) and len(v) == 2:
+        return complex(v[0], v[1])
+    return v
+
+
+class StatsTable:
+    """The rows of a table-backed statistics file, grouped by seqid (read once)."""
+
+    def __init__(self, h5: h5py.File):
+        ds = h5[S.STATS_TABLE_PATH]
+        self.rows = ds[()]
+        seqids = self.rows["seqid"]
+        order = np.argsort(seqids, kind="stable")
+        self._order = order
+        sorted_ids = seqids[order]
+        self._ids, self._starts = np.unique(sorted_ids, return_index=True)
+        self._ends = np.append(self._starts[1:], len(sorted_ids))
+        self.op_attrs: dict[int, dict[str, Any]] = {}
+        if S.OP_ATTRS_PATH in h5:
+            for r in h5[S.OP_ATTRS_PATH][()]:
+                try:
+                    val = json.loads(_s(r["value"]))
+                except ValueError:
+                    val = _s(r["value"])
+                self.op_attrs.setdefault(int(r["seqid"]), {})[_s(r["name"])] = val
+
+    def rows_of(self, seqid: int) -> np.ndarray:
+        i = np.searchsorted(self._ids, seqid)
+        if i >= len(self._ids) or self._ids[i] != seqid:
+            return self.rows[:0]
+        return self.rows[self._order[self._starts[i]:self._ends[i]]]
+
+
+def row_attrs(row) -> dict[str, Any]:
+    """The tree layout's attributes of a row (what a Type 41 dataset would carry)."""
+    code = int(row["Type"])
+    attrs: dict[str, Any] = {S.ATTR_TYPE: code}
+    if code == S.TYPE_TENSOR_STATS:
+        attrs.update({S.ATTR_DATA_TYPE: int(row["DataType"]), S.ATTR_DEVICE_TYPE: int(row["DeviceType"]),
+                      S.ATTR_SHAPE: np.asarray(row["shape"], dtype=np.int64),
+                      S.ATTR_DTYPE: _s(row["dtype"]), S.ATTR_STATS_FIELDS: ",".join(S.STATS_FIELDS)})
+        if bool(row["uninitialized"]):
+            attrs[S.ATTR_UNINITIALIZED] = True
+    return attrs
+
+
+def row_stats(row) -> dict[str, float]:
+    return {f: float(row[f]) for f in S.STATS_FIELDS}

@@ -1,0 +1,81 @@
+"""Write statistics-only dumps as tables (format 1.1, see dumpfile.stats_table).
+
+`StatsDumpWriter` is a DumpWriter whose ops are index rows plus rows of the stats
+table, kept in memory and appended at each flush (at least every `flush_interval`
+seconds and at close): no HDF5 object is created per op, so the writer thread holds
+the GIL for ~1 ms per flush instead of ~0.5 ms per op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import schema as S
+from .errors import DumpWriteError
+from .stats_table import append_rows, create_tables, op_attr_row, value_row
+from .writer import DumpWriter, _first_line, _scalar_type_code
+
+
+def value_type_code(value: Any, schema_type: str | None) -> int:
+    """The Type code the tree layout gives a non-tensor value (DumpWriter.write_value)."""
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        if items and all(isinstance(v, bool) for v in items):
+            return S.TYPE_BOOL_LIST
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            st = (schema_type or "").replace(" ", "")
+            return S.TYPE_INT_ARRAY_REF if st.startswith(("int[", "SymInt[")) else S.TYPE_INT_LIST
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+            return S.TYPE_FLOAT_LIST
+        return S.TYPE_LIST
+    return _scalar_type_code(value, schema_type)
+
+
+def value_rows(seqid: int, io: int, name: str, value: Any, schema_type: str | None = None) -> list[tuple]:
+    """Rows of a non-tensor value; mixed lists as a header row plus `{name}/{name}_{i}` rows."""
+    code = value_type_code(value, schema_type)
+    if code != S.TYPE_LIST:
+        return [value_row(seqid, io, name, code, list(value) if isinstance(value, tuple) else value)]
+    base = name.rsplit("/", 1)[-1]
+    rows = [value_row(seqid, io, name, S.TYPE_LIST, len(value))]
+    for i, v in enumerate(value):
+        rows += value_rows(seqid, io, f"{name}/{base}_{i}", v)
+    return rows
+
+
+class StatsDumpWriter(DumpWriter):
+    """A statistics-only dump: `add_op(...)` per op; everything lands at the next flush."""
+
+    def __init__(self, path, **kw):
+        kw.setdefault("direct_write", False)
+        super().__init__(path, **kw)
+        self._stats_ds, self._attrs_ds = create_tables(self._f)
+        self._pending_rows: list[tuple] = []
+        self._pending_attrs: list[tuple] = []
+
+    def add_op(self, op: str, seqid: int, rows: list[tuple], *, phase: str = S.PHASE_FORWARD,
+               module: str = "", grad_fn: str = "", attrs: dict[str, Any] | None = None) -> None:
+        """One op: its value rows (dumpfile.stats_table.tensor_row / value_row) and extra attributes."""
+        self._pending_rows.extend(rows)
+        for k, v in (attrs or {}).items():
+            if v is not None:
+                self._pending_attrs.append(op_attr_row(int(seqid), k, v))
+        self._pending_index.append(
+            (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
+        self.num_ops += 1
+        self.maybe_flush()
+
+    def begin_op(self, *a, **kw):
+        raise DumpWriteError(f"{self.path}: a statistics table file has no op groups (use add_op)")
+
+    def flush(self) -> None:
+        # rows before index rows: an op listed in the index always has its values
+        try:
+            append_rows(self._stats_ds, self._pending_rows)
+            append_rows(self._attrs_ds, self._pending_attrs)
+        except (OSError, RuntimeError) as e:
+            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+        self.bytes_written += len(self._pending_rows) * self._stats_ds.dtype.itemsize
+        self._pending_rows.clear()
+        self._pending_attrs.clear()
+        super().flush()

@@ -1,0 +1,72 @@
+"""The writer thread of statistics-only dumps: op jobs -> rows of the stats table.
+
+Same queue, backpressure, flushing and error surfacing as WriterThread (it is one);
+only the per-op work differs: statistics are computed here (torch reductions, which
+release the GIL) and each op becomes a few table rows (dumpfile.stats_writer), not
+HDF5 groups and datasets. The same data seen again (same storage, write generation,
+version and element set; W and W.t() share statistics) repeats the numbers it had.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dumpfile import schema as S
+from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row, value_row
+from dumpfile.stats_writer import value_rows
+
+from .capture import ListOf, Named, TensorCapture, Value
+from .writer_thread import OpJob, WriterThread, tensor_stats
+
+
+class StatsWriterThread(WriterThread):
+    def __init__(self, writer, registry, **kw):
+        kw["stats_only"] = True
+        super().__init__(writer, registry, **kw)
+        self._device_codes: dict[str, int] = {}
+
+    def _write_job(self, job: OpJob) -> None:
+        rows: list[tuple] = []
+        for io, entries in ((IO_INPUT, job.inputs), (IO_OUTPUT, job.outputs)):
+            for name, node in entries:
+                self._rows(rows, job.seqid, io, name, node)
+        self.writer.add_op(job.op, job.seqid, rows, phase=job.phase, module=job.module,
+                           grad_fn=job.grad_fn, attrs=job.attrs)
+
+    def _rows(self, rows: list, seqid: int, io: int, name: str, node: Any) -> None:
+        if isinstance(node, TensorCapture):
+            code = self._device_codes.get(node.device)
+            if code is None:
+                code = self._device_codes[node.device] = S.device_type_code(node.device)
+            rows.append(tensor_row(seqid, io, name, node.dtype, node.shape, code,
+                                   self._stats(node), node.uninitialized))
+        elif isinstance(node, Value):
+            rows.extend(value_rows(seqid, io, name, node.value, node.schema_type or None))
+        elif isinstance(node, Named):
+            rows.append(value_row(seqid, io, name, node.type_code, node.value))
+        elif isinstance(node, ListOf):
+            rows.append(value_row(seqid, io, name, node.type_code, len(node.items)))
+            base = name.rsplit("/", 1)[-1]
+            for i, item in enumerate(node.items):
+                self._rows(rows, seqid, io, f"{name}/{base}_{i}", item)
+        else:  # pragma: no cover - capture only builds the kinds above
+            rows.extend(value_rows(seqid, io, name, str(node)))
+
+    def _stats(self, cap: TensorCapture) -> list[float]:
+        key = None
+        if self.dedup and cap.ptr and cap.owner is not None:
+            # statistics do not depend on element order: W and W.t() share them
+            key = (cap.ptr, cap.gen, cap.version, cap.dtype,
+                   tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
+            hit = self._exact.get(key)
+            if hit is not None and hit[1]() is not None:
+                self.num_links += 1
+                return hit[0]
+        with cap.lock:
+            stats = tensor_stats(cap.tensor)
+            cap.done = True
+            cap.tensor = None
+        self.num_datasets += 1
+        if key is not None:
+            self._exact[key] = (stats, cap.owner)
+        return stats

@@ -1,0 +1,194 @@
+"""Statistics-only dumps as tables (format 1.1): read back, compare, list, survive SIGKILL."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import npu_dumper
+import sample_models
+from accucmp.cli import app
+from accucmp.compare import compare_dumps
+from accucmp.verdict import apply_verdict
+from dumpfile import DumpFile
+from dumpfile import schema as S
+
+ENV = {"COLUMNS": "120"}
+
+
+def _step(path, stats_only, spec, seed=0, **kw):
+    model = spec.build(seed=seed, size="tiny")
+    inputs = spec.make_inputs(seed=seed, size="tiny")
+    with npu_dumper.dumper(use_dump=True, dump_path=str(path), stats_only=stats_only, **kw):
+        spec.train_step(model, inputs)
+
+
+@pytest.fixture(scope="module")
+def mlp_dumps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stats_table")
+    spec = sample_models.get("mlp")
+    _step(d / "full.h5", False, spec)
+    _step(d / "s1.h5", True, spec)
+    _step(d / "s2.h5", True, spec)
+    return d
+
+
+def _stats_of(arr) -> dict:
+    a = np.asarray(arr, dtype=np.float64).reshape(-1)
+    fin = a[np.isfinite(a)]
+    return {"min": fin.min(), "max": fin.max(), "mean": fin.mean(),
+            "std": fin.std(ddof=1) if fin.size > 1 else 0.0, "norm": np.sqrt((fin * fin).sum()),
+            "nan_count": np.isnan(a).sum(), "inf_count": np.isinf(a).sum(), "numel": a.size}
+
+
+def test_table_file_has_no_op_groups_and_new_version(mlp_dumps):
+    with h5py.File(mlp_dumps / "s1.h5", "r") as f:
+        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.1"
+        assert bool(f.attrs[S.ROOT_STATS_ONLY]) and bool(f.attrs[S.ROOT_COMPLETE])
+        assert set(f.keys()) == {S.META_GROUP}
+        assert f[S.STATS_TABLE_PATH].shape[0] > 0
+
+
+def test_stats_dump_reads_back_like_the_full_dump(mlp_dumps):
+    with DumpFile(mlp_dumps / "full.h5") as full, DumpFile(mlp_dumps / "s1.h5") as st:
+        assert st.stats_only and st.is_table and not full.is_table
+        f_ops, s_ops = full.ops(), st.ops()
+        key = lambda o: (o.seqid, o.op, o.phase, o.module, o.grad_fn)  # noqa: E731
+        assert [key(o) for o in s_ops] == [key(o) for o in f_ops] and len(s_ops) > 10
+        n_tensors = 0
+        for fo, so in zip(f_ops, s_ops):
+            assert so.attrs[S.OP_PHASE] == fo.phase and so.attrs[S.OP_SEQID] == fo.seqid
+            for side in ("inputs", "outputs"):
+                fv, sv = getattr(fo, side)(), getattr(so, side)()
+                assert list(sv) == list(fv), (so.path, side)
+                for name, frec in fv.items():
+                    srec = sv[name]
+                    assert srec.type == (S.TYPE_TENSOR_STATS if frec.is_tensor else frec.type)
+                    leaves = list(zip(srec.children, frec.children)) if frec.is_list else [(srec, frec)]
+                    for s_leaf, f_leaf in leaves:
+                        assert s_leaf.name == f_leaf.name
+                        if not f_leaf.is_tensor:
+                            assert s_leaf.read() == f_leaf.read()
+                            continue
+                        n_tensors += 1
+                        assert s_leaf.dtype == f_leaf.dtype and s_leaf.shape == f_leaf.shape
+                        assert s_leaf.path == f_leaf.path
+                        if f_leaf.uninitialized:
+                            assert s_leaf.uninitialized
+                            continue
+                        got, want = s_leaf.stats(), _stats_of(f_leaf.read())
+                        assert got == s_leaf.read()
+                        for k in S.STATS_FIELDS:
+                            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), (s_leaf.path, k)
+        assert n_tensors > 30
+
+
+def test_op_attributes_and_lists_round_trip(tmp_path):
+    x = torch.randn(3, 4)
+    p = tmp_path / "s.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True, record_stack=True):
+        y = torch.cat([x, x * 2], dim=1)
+        z = y.to(torch.bfloat16)
+        torch.stack([z, z]).sum()
+    with DumpFile(p) as f:
+        ops = {o.op: o for o in f.ops()}
+        cat = ops["aten.cat.default"]
+        assert "test_dump_stats_table.py" in cat.attrs[S.OP_STACK]
+        ins = cat.inputs()
+        assert ins["tensors"].is_list and ins["tensors"].type == S.TYPE_TENSOR_LIST
+        assert [c.name for c in ins["tensors"].children] == ["tensors_0", "tensors_1"]
+        assert ins["tensors"].children[1].stats()["max"] == pytest.approx(float((x * 2).max()))
+        assert ins["dim"].read() == 1 and ins["dim"].type == S.TYPE_INT
+        conv = ops["aten._to_copy.default"]
+        assert conv.inputs()["dtype"].read() == "bfloat16"
+        assert conv.outputs()["result"].dtype == "bfloat16"
+        assert f.op("aten.cat.default", cat.seqid).seqid == cat.seqid
+
+
+def test_compare_stats_vs_full_and_vs_stats(mlp_dumps):
+    for target, golden in (("s1", "full"), ("full", "s1"), ("s1", "s2")):
+        t = apply_verdict(compare_dumps(mlp_dumps / f"{target}.h5", mlp_dumps / f"{golden}.h5").table)
+        compared = t[t["CompareStatus"] == "stats"]
+        assert len(compared) > 30, (target, golden)
+        assert (compared["Result"] == "pass").all(), compared[["NPUDumpPath", "FailReason"]]
+
+
+def test_compare_finds_a_perturbed_op_from_statistics(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(8, 16)
+    for name, scale in (("g", 1.0), ("t", 1.5)):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / f"{name}.h5"), stats_only=True):
+            h = torch.relu(lin(x))
+            (h * scale).sum()
+    res = CliRunner().invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(tmp_path / "g.h5"),
+                                   "-o", str(tmp_path)], env=ENV)
+    assert res.exit_code == 1, res.output
+    assert "aten.mul.Tensor" in res.output
+
+
+def test_cli_ls_and_compare_on_table_files(mlp_dumps, tmp_path):
+    r = CliRunner()
+    res = r.invoke(app, ["ls", str(mlp_dumps / "s1.h5")], env=ENV)
+    assert res.exit_code == 0, res.output
+    assert "statistics only" in res.output and "aten.addmm.default" in res.output
+    res = r.invoke(app, ["ls", "--stats", str(mlp_dumps / "s1.h5")], env=ENV)
+    assert res.exit_code == 0 and "min=" in res.output, res.output
+    res = r.invoke(app, ["compare", "-m", str(mlp_dumps / "s1.h5"), "-g", str(mlp_dumps / "full.h5"),
+                         "-o", str(tmp_path)], env=ENV)
+    assert res.exit_code == 0, res.output
+    res = r.invoke(app, ["extract", "-i", str(mlp_dumps / "s1.h5"), "-o", str(tmp_path / "x.h5"),
+                         "-s", "/aten.addmm.default/1/", "-d", "/aten.addmm.default/1/"], env=ENV)
+    assert res.exit_code == 2 and "statistics-only" in res.output
+
+
+def test_load_reads_table_files(mlp_dumps):
+    with npu_dumper.load(mlp_dumps / "s1.h5", as_torch=True) as f:
+        op = f.ops()[0]
+        rec = next(iter(op.outputs().values()))
+        assert rec.is_stats and isinstance(rec.read(), dict)
+
+
+def test_sigkilled_stats_dump_reads_up_to_its_last_flush(tmp_path):
+    p = tmp_path / "killed.h5"
+    marker = tmp_path / "started"
+    code = textwrap.dedent(f"""
+        import time, torch, npu_dumper, pathlib
+        x = torch.randn(32, 32)
+        with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, stats_only=True, flush_interval=0.2):
+            for i in range(1000000):
+                x = torch.tanh(x * 1.01)
+                if i == 20:
+                    pathlib.Path({str(marker)!r}).touch()
+                time.sleep(0.001)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
+            time.sleep(0.05)
+        time.sleep(2.0)                 # several flushes happen (flush_interval=0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with h5py.File(p, "r") as f:
+        assert not f.attrs["complete"]
+        flushed = int(f.attrs["num_ops"])
+        assert flushed > 20
+    with DumpFile(p) as f:
+        ops = f.ops()
+        assert len(ops) >= flushed
+        assert [o.seqid for o in ops] == list(range(1, len(ops) + 1))
+        for o in ops[-3:]:             # the last flushed ops have their statistics
+            st = o.inputs()["self"].stats()
+            assert st["numel"] == 1024 and math.isfinite(st["mean"])
