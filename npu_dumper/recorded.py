@@ -211,9 +211,11 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     return storage.as_strided(shape, stride, rel)
 
 
-def _base_storage(rec: ValueRecord, base: Any) -> tuple[torch.Tensor, int]:
-    """The flat storage a view's base dataset occupied, and the base's storage offset."""
-    bt = _stored_tensor(base)
+def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, int]:
+    """The flat storage a view's base dataset occupied, and the base's storage offset.
+    `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
+    bt = _stored_tensor(base) if stored is None else stored
     bstride = tuple(int(x) for x in np.asarray(base.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
     boff = int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0))
     if len(bstride) != bt.dim():

@@ -209,6 +209,7 @@ class ReplayPolicy(Policy):
         self._consumed = 0
         self._stop = False
         self._prefetcher: threading.Thread | None = None
+        self._fd = -1                       # raw reads of contiguous datasets (GIL-free pread)
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
@@ -241,6 +242,10 @@ class ReplayPolicy(Policy):
         registry = getattr(session, "registry", None) or \
             getattr(getattr(session, "_writer", None), "registry", None)
         self._before_write = getattr(registry, "before_write", None)
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = -1
         if self.prefetch_ops > 0:
             self._prefetcher = threading.Thread(target=self._prefetch_loop, name="npu_dumper-replay-prefetch",
                                                 daemon=True)
@@ -344,6 +349,9 @@ class ReplayPolicy(Policy):
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self.verbose:
             print(str(self.summary), flush=True)
 
@@ -447,6 +455,10 @@ class ReplayPolicy(Policy):
         if t is None:
             t = self._strided_base(rec, obj, stride)
             if t is None:
+                t = self._raw_read(rec, obj)
+                if t is not None and tuple(t.shape) != tuple(rec.shape):
+                    t = None
+            if t is None:
                 t = tensor_from_record(rec, base_cache=self._bases)
             nbytes = t.numel() * t.element_size()
             with self._cache_lock:
@@ -462,6 +474,40 @@ class ReplayPolicy(Policy):
                     self._cache_bytes += nbytes
                     self._by_path[rec.path] = t
         return t
+
+    def _raw_read(self, rec: ValueRecord, obj: Any) -> torch.Tensor | None:
+        """A plain stored tensor read with os.preadv straight into a torch buffer: h5py holds
+        the GIL (and its own lock, which the dump's writer thread wants) for the whole copy
+        of a dataset read, pread holds neither. Only for contiguous datasets whose bytes are
+        the array as stored (what DumpWriter writes for large tensors); else None and the
+        h5py path applies. Same values: the stored bytes, viewed in the recorded dtype."""
+        if self._fd < 0 or rec.type != S.TYPE_TENSOR or rec.dtype not in _RAW_READ_DTYPES:
+            return None
+        try:
+            dsid = obj.id
+            offset = dsid.get_offset()
+            dt = obj.dtype
+            shape = tuple(obj.shape)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return None
+        stored = _RAW_READ_DTYPES[rec.dtype]
+        if offset is None or dt != stored[0] or not dt.isnative:
+            return None
+        nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        if nbytes < _RAW_READ_MIN_BYTES or dsid.get_storage_size() != nbytes:
+            return None
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        got = 0
+        try:
+            while got < nbytes:
+                n = os.preadv(self._fd, [view[got:]], offset + got)
+                if n <= 0:
+                    return None
+                got += n
+        except OSError:
+            return None
+        return buf.view(stored[1]).view(shape)
 
     def _strided_base(self, rec: ValueRecord, obj: Any, stride: tuple) -> torch.Tensor | None:
         """A stored tensor whose recorded layout is dense but not row-major (`W.t()` as addmm's
@@ -479,7 +525,10 @@ class ReplayPolicy(Policy):
         cached = self._bases.get(key)
         try:
             if cached is None:
-                cached = self._bases[key] = _base_storage(rec, obj)
+                raw = self._raw_read(rec, obj)
+                if raw is not None and tuple(raw.shape) != tuple(shape):
+                    raw = None
+                cached = self._bases[key] = _base_storage(rec, obj, raw)
             storage, boff = cached
             return storage.as_strided(shape, stride, int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff)
         except (NotReplayable, RuntimeError, ValueError):
@@ -500,6 +549,16 @@ class ReplayPolicy(Policy):
 
 class _NoFit(Exception):
     pass
+
+
+# recorded dtype -> (stored numpy dtype, torch dtype the stored bytes are viewed as): the
+# numpy-native ones and raw-bit ones (bfloat16/float8 bits are the tensor's bytes)
+_RAW_READ_DTYPES: dict[str, tuple[np.dtype, torch.dtype]] = {}
+for _name, _np_name in S.STORAGE_NUMPY_DTYPE.items():
+    if _name == "complex32" or not hasattr(torch, _name):
+        continue
+    _RAW_READ_DTYPES[_name] = (np.dtype(_np_name), getattr(torch, _name))
+_RAW_READ_MIN_BYTES = 64 << 10      # small ones: h5py's read is as quick
 
 
 def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
