@@ -21,6 +21,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py import h5s, h5t
 
 from . import schema as S
 
@@ -73,22 +74,35 @@ def op_attr_row(seqid: int, name: str, value: Any) -> tuple:
     return (seqid, name, json.dumps(value))
 
 
-def create_tables(f: h5py.File) -> tuple[h5py.Dataset, h5py.Dataset]:
-    def make(path, dtype):
-        if path in f:
-            return f[path]
-        return f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
-    return make(S.STATS_TABLE_PATH, STATS_ROW_DTYPE), make(S.OP_ATTRS_PATH, OP_ATTR_DTYPE)
+def table(f: h5py.File, path: str, dtype: np.dtype) -> h5py.Dataset:
+    """The table at `path`, created (empty, chunked, resizable) when absent."""
+    if path in f:
+        return f[path]
+    return f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
 
 
-def append_rows(ds: h5py.Dataset, rows: list[tuple]) -> None:
+_MEM_TYPES: dict[np.dtype, Any] = {}
+
+
+def append_rows(ds: h5py.Dataset, rows: list[tuple], dtype: np.dtype) -> None:
+    """Append `rows` (tuples in `dtype`'s field order) to a 1-d resizable dataset.
+
+    Low-level h5py with the memory type made once per dtype: the high-level
+    resize + __setitem__ rebuilt it and the selection each call (~2x slower).
+    """
     if not rows:
         return
-    arr = np.empty(len(rows), dtype=ds.dtype)
+    arr = np.empty(len(rows), dtype=dtype)
     arr[:] = rows
-    n = ds.shape[0]
-    ds.resize((n + len(rows),))
-    ds[n:] = arr
+    mtype = _MEM_TYPES.get(dtype)
+    if mtype is None:
+        mtype = _MEM_TYPES[dtype] = h5t.py_create(dtype)
+    did = ds.id
+    n = did.shape[0]
+    did.set_extent((n + len(rows),))
+    fspace = did.get_space()
+    fspace.select_hyperslab((n,), (len(rows),))
+    did.write(h5s.create_simple((len(rows),)), fspace, arr, mtype=mtype)
 
 
 def is_table_file(h5: h5py.File) -> bool:

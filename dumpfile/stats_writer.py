@@ -12,8 +12,8 @@ from typing import Any
 
 from . import schema as S
 from .errors import DumpWriteError
-from .stats_table import append_rows, create_tables, op_attr_row, value_row
-from .writer import DumpWriter, _first_line, _scalar_type_code
+from .stats_table import OP_ATTR_DTYPE, STATS_ROW_DTYPE, append_rows, op_attr_row, table, value_row
+from .writer import _INDEX_DTYPE, DumpWriter, _first_line, _scalar_type_code, set_attrs
 
 
 def value_type_code(value: Any, schema_type: str | None) -> int:
@@ -44,12 +44,22 @@ def value_rows(seqid: int, io: int, name: str, value: Any, schema_type: str | No
 
 
 class StatsDumpWriter(DumpWriter):
-    """A statistics-only dump: `add_op(...)` per op; everything lands at the next flush."""
+    """A statistics-only dump: `add_op(...)` per op; rows land in the file in batches of
+    about ROWS_PER_WRITE (from the writer thread, while the model computes, so that little
+    is left for the close) and become durable at the next flush."""
+
+    ROWS_PER_WRITE = 64
 
     def __init__(self, path, **kw):
         kw.setdefault("direct_write", False)
+        kw.setdefault("reserve_bytes", 1 << 20)    # the final flush of a table needs little
+        root = kw.pop("root_attrs", None) or {}
         super().__init__(path, **kw)
-        self._stats_ds, self._attrs_ds = create_tables(self._f)
+        # low-level attribute writes: entering the dumper is on the user's critical path
+        set_attrs(self._f, {k: v for k, v in root.items() if v is not None})
+        # the tables are made at the first write of rows (by the writer thread, off that path)
+        self._stats_ds = None
+        self._attrs_ds = None                      # made when an op has extra attributes
         self._pending_rows: list[tuple] = []
         self._pending_attrs: list[tuple] = []
 
@@ -63,19 +73,36 @@ class StatsDumpWriter(DumpWriter):
         self._pending_index.append(
             (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
         self.num_ops += 1
+        if len(self._pending_rows) >= self.ROWS_PER_WRITE:
+            self._write_rows()
         self.maybe_flush()
 
     def begin_op(self, *a, **kw):
         raise DumpWriteError(f"{self.path}: a statistics table file has no op groups (use add_op)")
 
-    def flush(self) -> None:
-        # rows before index rows: an op listed in the index always has its values
+    def _write_rows(self) -> None:
+        """Pending value rows, then the index rows of their ops, into the datasets (HDF5's
+        cache; durable at the next flush, as every op of the tree layout)."""
         try:
-            append_rows(self._stats_ds, self._pending_rows)
-            append_rows(self._attrs_ds, self._pending_attrs)
+            if self._stats_ds is None:
+                self._stats_ds = table(self._f, S.STATS_TABLE_PATH, STATS_ROW_DTYPE)
+            append_rows(self._stats_ds, self._pending_rows, STATS_ROW_DTYPE)
+            if self._pending_attrs:
+                if self._attrs_ds is None:
+                    self._attrs_ds = table(self._f, S.OP_ATTRS_PATH, OP_ATTR_DTYPE)
+                append_rows(self._attrs_ds, self._pending_attrs, OP_ATTR_DTYPE)
         except (OSError, RuntimeError) as e:
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
-        self.bytes_written += len(self._pending_rows) * self._stats_ds.dtype.itemsize
+        self.bytes_written += len(self._pending_rows) * STATS_ROW_DTYPE.itemsize
         self._pending_rows.clear()
         self._pending_attrs.clear()
+        if self._pending_index:
+            try:
+                append_rows(self._index, self._pending_index, _INDEX_DTYPE)
+            except (OSError, RuntimeError) as e:
+                raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+            self._pending_index.clear()
+
+    def flush(self) -> None:
+        self._write_rows()     # rows before index rows: an op in the index has its values
         super().flush()

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from dumpfile import schema as S
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row, value_row
 from dumpfile.stats_writer import value_rows
 
 from .capture import ListOf, Named, TensorCapture, Value
 from .writer_thread import OpJob, WriterThread, tensor_stats
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """`t` with its dims permuted into storage order when that makes it contiguous (a
+    transposed weight): statistics do not depend on element order, and reductions over
+    a transposed 1024x1024 tensor cost ~3x those over a contiguous one."""
+    if t.layout != torch.strided or t.dim() < 2 or t.is_contiguous():
+        return t
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
+    p = t.permute(order)
+    return p if p.is_contiguous() else t
 
 
 class StatsWriterThread(WriterThread):
@@ -63,7 +76,7 @@ class StatsWriterThread(WriterThread):
                 self.num_links += 1
                 return hit[0]
         with cap.lock:
-            stats = tensor_stats(cap.tensor)
+            stats = tensor_stats(in_memory_order(cap.tensor))
             cap.done = True
             cap.tensor = None
         self.num_datasets += 1
