@@ -9,6 +9,7 @@ GIL) per op.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import schema as S
@@ -51,18 +52,42 @@ class StatsDumpWriter(DumpWriter):
 
     ROWS_PER_WRITE = 64
 
-    def __init__(self, path, **kw):
+    def __init__(self, path, *, defer_open: bool = False, **kw):
+        """`defer_open=True`: the file is created by `open()` (the dumper's writer thread
+        calls it, so that ~2 ms of HDF5 file set-up overlap the model's first ops)."""
         kw.setdefault("direct_write", False)
         kw.setdefault("reserve_bytes", 1 << 20)    # the final flush of a table needs little
-        root = kw.pop("root_attrs", None) or {}
-        super().__init__(path, **kw)
-        # low-level attribute writes: entering the dumper is on the user's critical path
-        set_attrs(self._f, {k: v for k, v in root.items() if v is not None})
-        # the tables are made at the first write of rows (by the writer thread, off that path)
+        self.path = os.fspath(path)
+        self._root = {k: v for k, v in (kw.pop("root_attrs", None) or {}).items() if v is not None}
+        self._open_kw = kw
+        self._opened = False
+        self._reserve = None
+        self.num_ops = 0
+        self.bytes_written = 0
+        # the tables are made at the first write of rows (by the writer thread)
         self._stats_ds = None
         self._attrs_ds = None                      # made when an op has extra attributes
         self._pending_rows: list[tuple] = []
         self._pending_attrs: list[tuple] = []
+        if not defer_open:
+            self.open()
+
+    def open(self) -> None:
+        """Create the file (once). Raises DumpWriteError as DumpWriter does."""
+        if self._opened:
+            return
+        super().__init__(self.path, **self._open_kw)
+        set_attrs(self._f, self._root)            # low level: several times faster
+        self._opened = True
+
+    @property
+    def file(self):
+        """The open h5py.File, or None when open() never succeeded."""
+        return self._f if self._opened else None
+
+    def close(self, complete: bool = True) -> None:
+        if self._opened:
+            super().close(complete)
 
     def add_op(self, op: str, seqid: int, rows: list[tuple], *, phase: str = S.PHASE_FORWARD,
                module: str = "", grad_fn: str = "", attrs: dict[str, Any] | None = None) -> None:

@@ -217,10 +217,15 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_LOAD_FILE: self.load_file_path,
         }
         # statistics-only dumps are tables, not op groups (docs/FORMAT.md: why)
-        writer_cls = StatsDumpWriter if self.stats_only else DumpWriter
+        # (the writer thread creates a statistics file, overlapping the model's first ops:
+        # resolve_dump_path has checked what can be checked up front)
         try:
-            w = writer_cls(self.path, mode=self.mode, root_attrs=root,
-                           flush_interval=self.flush_interval)
+            if self.stats_only:
+                w = StatsDumpWriter(self.path, mode=self.mode, root_attrs=root,
+                                    flush_interval=self.flush_interval, defer_open=True)
+            else:
+                w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
+                               flush_interval=self.flush_interval)
         except DumpError as e:
             raise DumperError(str(e)) from e
         registry = CaptureRegistry()
@@ -265,7 +270,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         wt = self._writer
         w = wt.writer
         f = w.file
-        if f.id.valid:
+        if f is not None and f.id.valid:
             try:
                 dev = self._mode.first_device or "cpu"
                 f.attrs[S.ROOT_DEVICE] = dev

@@ -38,6 +38,15 @@ class StatsWriterThread(WriterThread):
         super().__init__(writer, registry, **kw)
         self._device_codes: dict[str, int] = {}
 
+    def _run(self) -> None:
+        # The file is created here, overlapping the model's first ops; a failure surfaces
+        # in the user's thread at the next op (DumpMode checks `failed`) or at block exit.
+        try:
+            self.writer.open()
+        except BaseException as e:  # noqa: BLE001 - surfaced via check()
+            self._error = e
+        super()._run()
+
     def _write_job(self, job: OpJob) -> None:
         rows: list[tuple] = []
         for io, entries in ((IO_INPUT, job.inputs), (IO_OUTPUT, job.outputs)):

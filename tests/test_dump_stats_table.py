@@ -192,3 +192,21 @@ def test_sigkilled_stats_dump_reads_up_to_its_last_flush(tmp_path):
         for o in ops[-3:]:             # the last flushed ops have their statistics
             st = o.inputs()["self"].stats()
             assert st["numel"] == 1024 and math.isfinite(st["mean"])
+
+
+def test_file_creation_failure_surfaces_in_the_users_thread(tmp_path):
+    # the writer thread creates a statistics file; a failure there (here: the file is held
+    # open by a reader, so HDF5 cannot truncate it) is a one-line DumperError in the block
+    from npu_dumper.errors import DumperError
+    p = tmp_path / "held.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True):
+        torch.ones(3) * 2
+    with h5py.File(p, "r"):
+        with pytest.raises(DumperError, match="held.h5: cannot create dump file") as ei:
+            with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True):
+                for _ in range(3):
+                    torch.ones(3) * 2
+                    time.sleep(0.05)
+        assert "\n" not in str(ei.value)
+    with DumpFile(p) as f:           # the earlier dump is untouched
+        assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor"] and f.complete
