@@ -210,3 +210,24 @@ def test_file_creation_failure_surfaces_in_the_users_thread(tmp_path):
         assert "\n" not in str(ei.value)
     with DumpFile(p) as f:           # the earlier dump is untouched
         assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor"] and f.complete
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(64, 33),
+    lambda: torch.randn(40, 50).t(),
+    lambda: torch.randn(1000, dtype=torch.float64) * 1e-3 + 5,      # spread tiny against the mean
+    lambda: torch.tensor([1.0, float("nan"), 3.0, float("inf")]),
+    lambda: torch.full((100,), 7.5),
+    lambda: torch.tensor([2.5]),
+    lambda: torch.randn(3, 4).to(torch.bfloat16),
+    lambda: torch.arange(10),
+])
+def test_fast_tensor_stats_equals_the_reference(make):
+    from npu_dumper.stats_writer import fast_tensor_stats, in_memory_order
+    from npu_dumper.writer_thread import tensor_stats
+    t = make()
+    want = tensor_stats(t)
+    got = fast_tensor_stats(in_memory_order(t))
+    assert len(got) == len(want) == len(S.STATS_FIELDS)
+    # bit-identical (TensorIterator reduces a permuted tensor in the same memory order)
+    assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, want)), (got, want)
