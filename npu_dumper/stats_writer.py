@@ -36,16 +36,26 @@ def in_memory_order(t: torch.Tensor) -> torch.Tensor:
 _FAST_DTYPES = (torch.float32, torch.float64)
 
 
-def fast_tensor_stats(t: torch.Tensor) -> list[float]:
+def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[float]:
     """writer_thread.tensor_stats, bit-identical, in fewer torch calls for the common case
     (finite float32/float64 on CPU whose spread is not tiny against its mean): the four
     reductions come back in one .tolist(). Every torch call releases and retakes the GIL,
-    and each hand-over costs the model's thread time; anything else takes the full path."""
+    and each hand-over costs the model's thread time; anything else takes the full path.
+    `scratch` (dtype -> buffer, one thread's own) holds the squares of contiguous tensors:
+    a fresh multi-MB tensor per call is page faults, taken under the process's memory lock
+    that the model's thread needs too."""
     n = t.numel()
     if t.dtype not in _FAST_DTYPES or n < 2 or t.device.type != "cpu" or t.layout != torch.strided:
         return tensor_stats(t)
     mn, mx = torch.aminmax(t)
-    fmn, fmx, total, sumsq = torch.stack((mn, mx, t.sum(), (t * t).sum())).tolist()
+    if scratch is not None and t.is_contiguous():
+        buf = scratch.get(t.dtype)
+        if buf is None or buf.numel() < n:
+            buf = scratch[t.dtype] = torch.empty(max(n, 1 << 16), dtype=t.dtype)
+        sq = torch.mul(t, t, out=buf[:n].view(t.shape))
+    else:
+        sq = t * t
+    fmn, fmx, total, sumsq = torch.stack((mn, mx, t.sum(), sq.sum())).tolist()
     if not (math.isfinite(fmn) and math.isfinite(fmx)):
         return tensor_stats(t)
     mean = total / n
@@ -60,6 +70,7 @@ class StatsWriterThread(WriterThread):
         kw["stats_only"] = True
         super().__init__(writer, registry, **kw)
         self._device_codes: dict[str, int] = {}
+        self._scratch: dict = {}
 
     def _run(self) -> None:
         # The file is created here, overlapping the model's first ops; a failure surfaces
@@ -108,7 +119,7 @@ class StatsWriterThread(WriterThread):
                 self.num_links += 1
                 return hit[0]
         with cap.lock:
-            stats = fast_tensor_stats(in_memory_order(cap.tensor))
+            stats = fast_tensor_stats(in_memory_order(cap.tensor), self._scratch)
             cap.done = True
             cap.tensor = None
         self.num_datasets += 1

@@ -228,6 +228,9 @@ def test_fast_tensor_stats_equals_the_reference(make):
     t = make()
     want = tensor_stats(t)
     got = fast_tensor_stats(in_memory_order(t))
+    scratch = {torch.float32: torch.empty(1)}      # too small: replaced, then reused
+    assert fast_tensor_stats(in_memory_order(t), scratch) == got
+    assert fast_tensor_stats(in_memory_order(t), scratch) == got
     assert len(got) == len(want) == len(S.STATS_FIELDS)
     # bit-identical (TensorIterator reduces a permuted tensor in the same memory order)
     assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, want)), (got, want)

@@ -1,0 +1,78 @@
+"""Statistics-only dump overhead on the reference workload, with where the time goes.
+
+Same workload as bench_dump.py (6 x Linear(1024,1024)+GELU, LayerNorm, batch 64, fp32,
+MSE, forward+backward, CPU, 1 thread, SGD step between steps outside the dump). Plain and
+stats-only steps alternate for many rounds (the medians resist other work on a shared
+machine). Prints the ratio, the model thread's CPU time per step (plain vs dumped: the
+dumper's own cost on that thread) and the writer thread's CPU time per step.
+
+    python benchmarks/bench_dump_stats.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import npu_dumper
+from npu_dumper import writer_thread
+
+from bench_dump import make_model, one_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 1024), torch.randn(64, 1024)
+
+    writer_cpu: list[float] = []
+    run = writer_thread.WriterThread._run
+
+    def timed_run(self):          # the writer thread's own CPU time, measured in it
+        c0 = time.thread_time()
+        try:
+            run(self)
+        finally:
+            writer_cpu.append(time.thread_time() - c0)
+
+    writer_thread.WriterThread._run = timed_run
+    wall: dict[str, list[float]] = {"plain": [], "stats": []}
+    cpu: dict[str, list[float]] = {"plain": [], "stats": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.h5")
+        for _ in range(args.rounds):
+            for kind in ("plain", "stats"):
+                opt.zero_grad(set_to_none=True)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                if kind == "plain":
+                    one_step(model, x, y)
+                else:
+                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True):
+                        one_step(model, x, y)
+                wall[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.thread_time() - c0)
+                opt.step()
+
+    def med(v: list[float]) -> float:
+        return statistics.median(v[2:]) * 1e3     # the first rounds warm up
+
+    plain, stats = med(wall["plain"]), med(wall["stats"])
+    print(f"[threads=1] plain      {plain:7.1f} ms/step  (model thread CPU {med(cpu['plain']):.1f} ms)")
+    print(f"[threads=1] stats-only {stats:7.1f} ms/step  ratio {stats / plain:.2f}x  "
+          f"(model thread CPU {med(cpu['stats']):.1f} ms, +{med(cpu['stats']) - med(cpu['plain']):.1f}; "
+          f"writer thread CPU {med(writer_cpu):.1f} ms)")
+    print("target: stats-only <= 1.2x")
+
+
+if __name__ == "__main__":
+    main()
