@@ -29,7 +29,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.reader import DumpFile, ValueRecord, decode_raw
 
 from . import matching
-from .metrics import METRIC_NAMES, MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
+from .metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
 
 BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
 TAIL_COLUMNS = [
@@ -691,7 +691,6 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
         t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
         g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
         for name, t, g in matching.pair_tensors(t_vals, g_vals):
-            rec = t or g
             row: dict[str, Any] = {c: math.nan for c in metric_cols}
             row.update({
                 "NPUDump": t_op.op if t_op else g_op.op,

@@ -16,7 +16,6 @@ links between values inside the copied ops stay hard links (stored once).
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Iterable

@@ -78,7 +78,6 @@ def main():
     ap.add_argument("--large-mb", type=int, default=64, help="MiB per large tensor (4 tensors per file)")
     args = ap.parse_args()
     d = tempfile.mkdtemp(prefix="bench_compare_")
-    rng = np.random.default_rng(0)
 
     ts, gs = os.path.join(d, "ts.h5"), os.path.join(d, "gs.h5")
     write_small(gs, args.small_ops, np.random.default_rng(1))

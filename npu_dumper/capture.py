@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from dumpfile import schema as S
 
 from .tensors import dtype_name
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import h5py
 
 from dumpfile import schema as S
 from dumpfile.reader import DumpFile, ValueRecord

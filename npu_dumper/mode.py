@@ -10,7 +10,7 @@ import fnmatch
 import os
 import re
 import traceback
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -13,7 +13,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import torch
 from torch.nn.modules.module import (register_module_forward_hook,
                                      register_module_forward_pre_hook)
 

@@ -1,6 +1,5 @@
 """compare_dumps on dumps written with dumpfile.DumpWriter (no torch)."""
 
-import math
 import subprocess
 import sys
 

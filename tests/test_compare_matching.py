@@ -4,7 +4,6 @@ import numpy as np
 
 from accucmp.matching import canonical_op, pair_by_seqid, pair_by_stream, pair_tensors, tensor_leaves
 from dumpfile import DumpFile
-from dumpfile import schema as S
 from tests._compare_helpers import write_dump
 
 

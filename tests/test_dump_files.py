@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import textwrap
 import time
 
 import h5py
@@ -16,8 +13,9 @@ import pytest
 import torch
 
 import npu_dumper
-from dumpfile import DumpFile, DumpWriter, TensorMeta
-from dumpfile import schema as S
+from dumpfile import DumpFile, DumpWriter
+
+from ._kill_helpers import sigkill_mid_dump
 from npu_dumper.errors import DumperError
 
 
@@ -144,28 +142,7 @@ def test_disk_full_gives_clear_error_and_readable_file(tmp_path):
 
 # ---- durability: SIGKILL mid-dump ----------------------------------------------------------
 def test_sigkill_mid_dump_leaves_readable_file(tmp_path):
-    p = tmp_path / "killed.h5"
-    marker = tmp_path / "started"
-    code = textwrap.dedent(f"""
-        import time, torch, npu_dumper, pathlib
-        x = torch.randn(32, 32)
-        with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, flush_interval=0.2):
-            for i in range(1000000):
-                x = torch.tanh(x * 1.01)
-                if i == 20:
-                    pathlib.Path({str(marker)!r}).touch()
-                time.sleep(0.001)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        deadline = time.time() + 60
-        while not marker.exists():
-            assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
-            time.sleep(0.05)
-        time.sleep(2.5)                 # several flushes happen (flush_interval=0.2)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    p = sigkill_mid_dump(tmp_path, settle_s=2.5)
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
         flushed = int(f.attrs["num_ops"])

@@ -1,11 +1,6 @@
 """Statistics-only dumps as tables (format 1.1): read back, compare, list, survive SIGKILL."""
 
 import math
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import h5py
@@ -21,6 +16,8 @@ from accucmp.compare import compare_dumps
 from accucmp.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
+
+from ._kill_helpers import sigkill_mid_dump
 
 ENV = {"COLUMNS": "120"}
 
@@ -159,28 +156,7 @@ def test_load_reads_table_files(mlp_dumps):
 
 
 def test_sigkilled_stats_dump_reads_up_to_its_last_flush(tmp_path):
-    p = tmp_path / "killed.h5"
-    marker = tmp_path / "started"
-    code = textwrap.dedent(f"""
-        import time, torch, npu_dumper, pathlib
-        x = torch.randn(32, 32)
-        with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, stats_only=True, flush_interval=0.2):
-            for i in range(1000000):
-                x = torch.tanh(x * 1.01)
-                if i == 20:
-                    pathlib.Path({str(marker)!r}).touch()
-                time.sleep(0.001)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        deadline = time.time() + 60
-        while not marker.exists():
-            assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
-            time.sleep(0.05)
-        time.sleep(2.0)                 # several flushes happen (flush_interval=0.2)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    p = sigkill_mid_dump(tmp_path, settle_s=2.0, stats_only=True)
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
         flushed = int(f.attrs["num_ops"])

@@ -12,7 +12,6 @@ import contextlib
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import sample_models
