@@ -169,6 +169,7 @@ class ReplaySummary:
     casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
     never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
     random_replayed: int = 0                 # random ops whose recorded outputs were handed on
+    inputs_already_equal: int = 0            # live inputs that held the recorded bits (kept)
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -478,6 +479,12 @@ class ReplayPolicy(Policy):
                 with torch.no_grad():
                     live.copy_(src)
                 return live
+            if _bitwise_equal(live, src):
+                # The live input already holds the recorded bits (shared weights, a replay into
+                # the recording's own run): it is what the op would get, without the copy, and
+                # the replay's dump can link it to the output that made it.
+                self.summary.inputs_already_equal += 1
+                return live
             return _like(live, src, self.keep_live_strides)
         if isinstance(live, (list, tuple)):
             if len(rec.children) != len(live):
@@ -669,6 +676,26 @@ def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Te
         out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)
         return out.copy_(src)
     return src.to(device=live.device, dtype=live.dtype).contiguous()
+
+
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (so -0.0 != 0.0 and NaN payloads count). torch.equal on
+    same-width integer views: a memcmp for dense tensors, which stops at the first
+    difference, so inputs that differ (the usual case across devices) cost little."""
+    if live.dtype != src.dtype or live.shape != src.shape or live.device != src.device \
+            or live.layout != torch.strided or live.is_conj() or live.is_neg() \
+            or src.is_conj() or src.is_neg() or live.dtype.is_complex:
+        return False
+    as_int = _SAME_WIDTH_INT.get(live.element_size())
+    if as_int is None:
+        return False
+    try:
+        return bool(torch.equal(live.detach().view(as_int), src.view(as_int)))
+    except RuntimeError:
+        return False
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
