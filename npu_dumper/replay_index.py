@@ -20,6 +20,7 @@ does not know (views, odd layouts) falls back to the reader through `file`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +157,7 @@ def _member(f: DumpFile, parent_id, link: str, path: str) -> ValueRecord:
                 off = oid.get_offset()
                 dt, shape = oid.dtype, oid.shape
                 if off is not None and shape is not None and dt.subdtype is None:
-                    nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+                    nbytes = dt.itemsize * math.prod(int(d) for d in shape)
                     if oid.get_storage_size() == nbytes:
                         rec.file_offset, rec.stored_nbytes = off, nbytes
                         rec.stored_dtype, rec.stored_shape = dt, tuple(shape)
