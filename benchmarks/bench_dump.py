@@ -19,20 +19,21 @@ import time
 import torch
 
 import npu_dumper
+import sample_models
+
+
+# The reference workload is sample_models' "mlp" (full size), the same network the
+# tests and the demo use.
+_MLP = sample_models.get("mlp")
 
 
 def make_model() -> torch.nn.Module:
-    layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(1024, 1024), torch.nn.GELU()]
-    layers.append(torch.nn.LayerNorm(1024))
-    return torch.nn.Sequential(*layers)
+    return _MLP.build(seed=0)
 
 
 def one_step(model, x, y):
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss
+    """Forward, MSE loss, backward (gradients set to None first, as a training loop would)."""
+    return _MLP.train_step(model, (x, y))
 
 
 def measure(kind: str, model, opt, x, y, steps: int, tmp: str) -> tuple[float, float, int]:

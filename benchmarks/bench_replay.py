@@ -24,21 +24,7 @@ import torch
 import npu_dumper
 from npu_dumper.golden import replay as golden_replay
 
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(1024, 1024), torch.nn.GELU()]
-    layers.append(torch.nn.LayerNorm(1024))
-    return torch.nn.Sequential(*layers)
-
-
-def one_step(model, x, y):
-    model.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss
+from bench_dump import make_model, one_step
 
 
 def main() -> None:
