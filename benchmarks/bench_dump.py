@@ -2,7 +2,7 @@
 
 Workload: 6 x (Linear(1024,1024) + GELU), LayerNorm, batch 64, fp32, MSE loss,
 forward + backward on CPU; an SGD step between dumped steps, outside the dump, so
-the weights change. Prints ms/step for plain / full dump / stats-only, the ratios,
+the weights change. Prints ms/step for plain / full dump (writer="thread" and "process") / stats-only, the ratios,
 MB written per step and files per step, with torch.set_num_threads(1) and default.
 
     python benchmarks/bench_dump.py [--steps N]
@@ -46,7 +46,9 @@ def measure(kind: str, model, opt, x, y, steps: int, tmp: str) -> tuple[float, f
         if kind == "plain":
             one_step(model, x, y)
         else:
-            with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=(kind == "stats")):
+            writer = "process" if kind == "full-process" else "thread"
+            with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=(kind == "stats"),
+                                   writer=writer):
                 one_step(model, x, y)
         times.append(time.perf_counter() - t0)
         opt.step()           # outside the dump: weights change between dumped steps
@@ -67,7 +69,7 @@ def run(threads: int | None, steps: int) -> None:
     x, y = torch.randn(64, 1024), torch.randn(64, 1024)
     with tempfile.TemporaryDirectory() as tmp:
         # interleave configurations so drift (thermal, page cache) hits all alike
-        results: dict[str, list] = {"plain": [], "full": [], "stats": []}
+        results: dict[str, list] = {"plain": [], "full": [], "full-process": [], "stats": []}
         for _ in range(3):
             for kind in results:
                 results[kind].append(measure(kind, model, opt, x, y, steps, tmp))
@@ -76,7 +78,8 @@ def run(threads: int | None, steps: int) -> None:
     plain = med["plain"][0]
     label = f"threads={torch.get_num_threads()}"
     print(f"[{label}] plain      {plain:8.1f} ms/step")
-    for k, name in (("full", "full dump "), ("stats", "stats-only")):
+    for k, name in (("full", "full dump, writer=thread "), ("full-process", "full dump, writer=process"),
+                    ("stats", "stats-only               ")):
         ms, mb, files = med[k]
         print(f"[{label}] {name} {ms:8.1f} ms/step  ratio {ms / plain:5.2f}x  "
               f"{mb:6.1f} MB/step  {files} file/step")
@@ -87,6 +90,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
     default_threads = torch.get_num_threads()
+    from dumpfile.remote_writer import prestart
+    print(f"writer process start-up: {prestart() * 1e3:.0f} ms (once per Python process)")
     run(1, args.steps)
     run(default_threads, args.steps)
     print("targets at 1 thread: full <= 2.5x, stats-only <= 1.2x, <= 60 MB/step")

@@ -22,6 +22,7 @@ import torch
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.stats_writer import StatsDumpWriter
+from dumpfile.remote_writer import RemoteDumpWriter
 from dumpfile.writer import DumpWriter
 
 from .capture import CaptureRegistry
@@ -30,6 +31,7 @@ from .mode import DumpMode, OpFilter
 from .module_tracking import ModuleTracker
 from .policy import Policy
 from .stats_writer import StatsWriterThread
+from .writer_process import ProcessWriter
 from .writer_thread import WriterThread
 
 _active_lock = threading.Lock()
@@ -98,7 +100,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
-                 dedup: bool = True, **future: Any):
+                 dedup: bool = True, writer: str = "thread", **future: Any):
         self.use_dump = use_dump
         self.dump_path = os.fspath(dump_path) if dump_path else None
         self.use_load = use_load
@@ -115,6 +117,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.flush_interval = flush_interval
         self.max_pending_bytes = max_pending_bytes
         self.dedup = dedup
+        # "thread": HDF5 written by a thread of this process; "process": by a child process
+        # with its own GIL (docs/FORMAT.md, durability). Statistics-only dumps use a thread.
+        if writer not in ("thread", "process"):
+            raise DumperError(f"writer must be 'thread' or 'process', got {writer!r}")
+        self.writer = writer
         self.record_views = record_views
         self.record_stack = record_stack
         self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
@@ -223,13 +230,21 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             if self.stats_only:
                 w = StatsDumpWriter(self.path, mode=self.mode, root_attrs=root,
                                     flush_interval=self.flush_interval, defer_open=True)
+            elif self.writer == "process":
+                w = RemoteDumpWriter(self.path, mode=self.mode, root_attrs=root,
+                                     flush_interval=self.flush_interval)
             else:
                 w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
                                flush_interval=self.flush_interval)
         except DumpError as e:
             raise DumperError(str(e)) from e
         registry = CaptureRegistry()
-        thread_cls = StatsWriterThread if self.stats_only else WriterThread
+        if self.stats_only:
+            thread_cls = StatsWriterThread
+        elif self.writer == "process":
+            thread_cls = ProcessWriter
+        else:
+            thread_cls = WriterThread
         self._writer = thread_cls(w, registry, max_pending_bytes=self.max_pending_bytes,
                                   flush_interval=self.flush_interval, dedup=self.dedup)
         for p in self.policies:
@@ -270,7 +285,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         wt = self._writer
         w = wt.writer
         f = w.file
-        if f is not None and f.id.valid:
+        if isinstance(w, RemoteDumpWriter):
+            dev = self._mode.first_device or "cpu"
+            w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
+        elif f is not None and f.id.valid:
             try:
                 dev = self._mode.first_device or "cpu"
                 f.attrs[S.ROOT_DEVICE] = dev

@@ -1,0 +1,359 @@
+"""A DumpWriter in a separate process: HDF5 metadata work off the caller's GIL.
+
+h5py holds the GIL for every call (groups, datasets, attributes). In a thread, that
+work competes with the user's Python for the one GIL; in its own process it runs on
+its own interpreter. The caller (npu_dumper's process writer) sends each op as a
+small picklable record; the child makes exactly the DumpWriter calls the writer
+thread would make, so the file is the same. Large tensors are *reserved* in the
+child (dataset allocated, offset known) and the child replies with the offsets; the
+caller writes the bytes itself with os.pwrite on its own descriptor (GIL-free, no
+copy through a pipe) and tells the child, in op order, how many ops are complete
+(`release`): only those are published at the child's flushes, as in the thread writer.
+
+Protocol (multiprocessing.connection over a socketpair; one child per caller process,
+reused across dump files):
+    ("open", path, mode, root_attrs, flush_interval) -> ("ok",) | ("err", msg)
+    ("op", record)                                   -> ("ok", [offsets]) | ("err", msg) | ("skip",)
+    ("release", n)                                   (no reply)
+    ("close", complete, extra_root_attrs)            -> ("closed", bytes_written, num_ops, err | None)
+    ("ping",)                                        -> ("ok",)
+End of file on the connection (the caller died, e.g. SIGKILL) ends the child at once
+without touching the file: it stays as of its last flush, as after a crash with the
+writer thread.
+
+Torch-free: the child imports only dumpfile, h5py and numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from . import schema as S
+from .errors import DumpError, DumpWriteError
+
+
+# ---- caller side ------------------------------------------------------------------------
+class _Child:
+    def __init__(self):
+        parent_sock, child_sock = socket.socketpair()
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dumpfile.remote_writer", str(child_sock.fileno())],
+            pass_fds=(child_sock.fileno(),), close_fds=True)
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self.pid = os.getpid()
+        self.start_s = time.perf_counter() - t0
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self.proc.poll() is None and not self.conn.closed
+
+    def discard(self) -> None:
+        try:
+            self.conn.close()       # the child sees end of file and exits
+        except OSError:
+            pass
+
+
+_pool_lock = threading.Lock()
+_pooled: _Child | None = None
+
+
+def _take_child() -> _Child:
+    global _pooled
+    with _pool_lock:
+        child, _pooled = _pooled, None
+    if child is None or not child.alive():
+        if child is not None:
+            child.discard()
+        child = _Child()
+    return child
+
+
+def _return_child(child: _Child) -> None:
+    global _pooled
+    with _pool_lock:
+        if _pooled is None and child.alive():
+            _pooled = child
+            return
+    child.discard()
+
+
+def prestart() -> float:
+    """Start the pooled child now (its start-up, ~0.1-0.3 s, is otherwise paid by the
+    first dump file). Returns the seconds the start took (0 when one was running)."""
+    child = _take_child()
+    t0 = time.perf_counter()
+    child.conn.send(("ping",))
+    child.conn.recv()
+    took = child.start_s + time.perf_counter() - t0 if child.start_s else 0.0
+    child.start_s = 0.0
+    _return_child(child)
+    return took
+
+
+class RemoteDumpWriter:
+    """The caller's handle on a DumpWriter in the child process (see module doc).
+
+    Not a DumpWriter: it offers what the dumper's writer uses — `path`, `send` of op
+    records, `write_at` (local pwrite), `release_ops`, `close` — and no h5py objects.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
+                 root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0):
+        self.path = os.fspath(path)
+        self.bytes_written = 0
+        self.num_ops = 0
+        self.extra_root_attrs: dict[str, Any] = {}
+        self._send_lock = threading.Lock()
+        self._child = _take_child()
+        self._fd = -1
+        self._ok = False
+        try:
+            self._child.conn.send(("open", self.path, mode, dict(root_attrs or {}), flush_interval))
+            reply = self._child.conn.recv()
+        except (OSError, EOFError) as e:
+            self._child.discard()
+            raise DumpWriteError(f"{self.path}: dump writer process failed ({e})") from e
+        if reply[0] != "ok":
+            _return_child(self._child)
+            raise DumpWriteError(reply[1])
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY)
+        except OSError as e:
+            self._fail_close()
+            raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
+        self._ok = True
+
+    # (the same names the writer thread calls on a DumpWriter)
+    file = None
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._child.conn.send(msg)
+
+    def recv(self) -> tuple:
+        return self._child.conn.recv()
+
+    def release_ops(self, n: int) -> None:
+        if n > 0:
+            self.send(("release", n))
+
+    def write_at(self, offset: int, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], offset + written)
+        except OSError as e:    # disk full surfaces here
+            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+
+    def flush(self) -> None:        # the child flushes on its own clock
+        pass
+
+    def release_reserve(self) -> None:
+        pass
+
+    def abort_op(self) -> None:
+        pass
+
+    def _fail_close(self) -> None:
+        try:
+            self.send(("close", False, {}))
+            self._child.conn.recv()
+            _return_child(self._child)
+        except (OSError, EOFError):
+            self._child.discard()
+
+    def close(self, complete: bool = True) -> None:
+        if self._child is None:
+            return
+        child, self._child = self._child, None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            with self._send_lock:
+                child.conn.send(("close", bool(complete), self.extra_root_attrs))
+            reply = child.conn.recv()
+        except (OSError, EOFError) as e:
+            child.discard()
+            raise DumpWriteError(f"{self.path}: dump writer process failed ({e})") from e
+        _return_child(child)
+        _, self.bytes_written, self.num_ops, err = reply
+        if err:
+            raise DumpWriteError(err)
+
+    def discard(self) -> None:
+        """After a protocol failure: drop the child (it exits), never reuse it."""
+        if self._child is not None:
+            self._child.discard()
+            self._child = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# ---- child side ---------------------------------------------------------------------------
+def _message(e: BaseException, path: str) -> str:
+    msg = str(e) if isinstance(e, DumpError) else f"{path}: dump writer failed: {e}"
+    if path not in msg:
+        msg = f"{path}: {msg}"
+    return msg.replace("\n", " ")
+
+
+class _Server:
+    def __init__(self, conn: Connection):
+        import numpy as np
+        from .writer import DumpWriter
+        self.np = np
+        self.DumpWriter = DumpWriter
+        self.conn = conn
+        self.w = None
+        self.error: str | None = None
+        self.flush_interval = 1.0
+
+    def serve(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                if self.w is not None and not conn.poll(self.flush_interval):
+                    self._idle_flush()
+                    continue
+                msg = conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)      # the caller is gone: leave the file as of its last flush
+            kind = msg[0]
+            if kind == "op":
+                conn.send(self._op(msg[1]))
+            elif kind == "release":
+                # bytes written: publish even after a failure (the final flush, after the
+                # disk-space reserve is given back, may still make them durable)
+                if self.w is not None:
+                    self.w.release_ops(msg[1])
+                    if self.error is None:
+                        self._maybe_flush()     # as promptly as the thread writer
+            elif kind == "open":
+                conn.send(self._open(*msg[1:]))
+            elif kind == "close":
+                conn.send(self._close(*msg[1:]))
+            elif kind == "ping":
+                conn.send(("ok",))
+
+    def _open(self, path, mode, root_attrs, flush_interval):
+        self.error = None
+        self.flush_interval = flush_interval
+        try:
+            self.w = self.DumpWriter(path, mode=mode, root_attrs=root_attrs,
+                                     flush_interval=flush_interval)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self.w = None
+            return ("err", _message(e, path))
+        return ("ok",)
+
+    def _maybe_flush(self) -> None:
+        try:
+            self.w.maybe_flush()
+        except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
+            self.error = _message(e, self.w.path)
+
+    def _idle_flush(self) -> None:
+        if self.error is None:
+            try:
+                self.w.flush()
+            except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
+                self.error = _message(e, self.w.path)
+
+    def _op(self, rec):
+        w = self.w
+        if w is None or self.error is not None:
+            return ("skip",)
+        op, seqid, phase, module, grad_fn, attrs, inputs, outputs = rec
+        offsets: list[int] = []
+        try:
+            g = w.begin_op(op, seqid, phase=phase, module=module, grad_fn=grad_fn, attrs=attrs)
+            for group_name, entries in ((S.INPUT_GROUP, inputs), (S.OUTPUT_GROUP, outputs)):
+                parent = g[group_name]
+                for name, node in entries:
+                    self._node(parent, name, node, offsets)
+                if len(entries) > 1:
+                    w.set_order(parent, [n for n, _ in entries])
+            w.end_op(deferred=True)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self.error = _message(e, w.path)
+            w.release_reserve()
+            w.abort_op()
+            return ("err", self.error)
+        return ("ok", offsets)
+
+    def _node(self, parent, name: str, node: tuple, offsets: list) -> None:
+        w = self.w
+        kind = node[0]
+        if kind == "reserve":
+            _, shape, dtype, meta = node
+            r = w.reserve_tensor(parent, name, shape, self.np.dtype(dtype), meta)
+            if r is None:
+                raise DumpWriteError(f"{w.path}: {parent.name}/{name}: cannot reserve a "
+                                     "contiguous dataset for the dump writer process")
+            offsets.append(r[1])
+        elif kind == "link":
+            w.link(parent, name, node[1])
+        elif kind == "view":
+            w.write_view(parent, name, node[1], node[2])
+        elif kind == "tensor":
+            w.write_tensor(parent, name, node[1], node[2])
+        elif kind == "value":
+            w.write_value(parent, name, node[1], node[2])
+        elif kind == "named":
+            w.write_named(parent, name, node[1], node[2], schema_type=node[3])
+        elif kind == "list":
+            _, type_code, schema_type, items = node
+            grp = w.create_list(parent, name, type_code, len(items), schema_type)
+            for item_name, item in items:
+                self._node(grp, item_name, item, offsets)
+        else:
+            raise DumpWriteError(f"{w.path}: unknown record kind {kind!r}")
+
+    def _close(self, complete, extra_attrs):
+        w, self.w = self.w, None
+        if w is None:
+            return ("closed", 0, 0, self.error)
+        err = self.error
+        if w.num_deferred:      # ops whose bytes were not written: not in the file
+            w.release_reserve()
+            w.drop_deferred()
+        try:
+            for k, v in extra_attrs.items():
+                w.file.attrs[k] = v
+        except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
+            pass
+        try:
+            w.close(complete=bool(complete) and err is None)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            if complete and err is None:
+                err = _message(e, w.path)
+        return ("closed", w.bytes_written, w.num_ops, err)
+
+
+def _main() -> None:
+    fd = int(sys.argv[1])
+    try:    # die with the caller (Linux): no orphan writing after a SIGKILL
+        import ctypes
+        import signal
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(0)
+    except Exception:  # noqa: BLE001 - end of file on the connection still ends us
+        pass
+    _Server(Connection(fd)).serve()
+
+
+if __name__ == "__main__":
+    _main()

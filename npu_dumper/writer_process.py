@@ -1,0 +1,159 @@
+"""The dump writer with its HDF5 work in a separate process (`dumper(..., writer="process")`).
+
+Same pipeline as WriterThread (capture, copy-on-write, deduplication, bounded queue,
+errors re-raised in the user's thread), but the metadata thread makes no h5py call:
+it turns each op into a small picklable record (deduplication decided here, where the
+captures and their storages live) and sends it to a dumpfile.remote_writer child,
+which makes the DumpWriter calls on its own GIL. The child replies with the file
+offsets of the large tensors it reserved; the data thread writes their bytes with
+os.pwrite on this process's own descriptor (GIL-free, as in the thread writer), then
+tells the child, in op order, that the op is complete; only complete ops are
+published at the child's flushes. The file is the one WriterThread writes.
+"""
+
+from __future__ import annotations
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpError
+from dumpfile.remote_writer import RemoteDumpWriter
+from dumpfile.writer import DIRECT_WRITE_MIN_BYTES
+
+import torch
+
+from .capture import ListOf, Named, TensorCapture, Value
+from .tensors import storage_array
+from .writer_thread import OpJob, WriterThread, _extent, _is_dense, _storage_dtype
+
+
+def _plain(v):
+    """Values as plain Python types, so unpickling in the child never imports torch."""
+    t = type(v)
+    if t in (int, float, bool, str, complex) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    for cast in (bool, int, float, complex, str):
+        if isinstance(v, cast):
+            return cast(v)
+    return str(v)
+
+
+class ProcessWriter(WriterThread):
+    def __init__(self, writer: RemoteDumpWriter, registry, **kw):
+        kw.pop("stats_only", None)
+        super().__init__(writer, registry, stats_only=False, **kw)
+
+    # ---- metadata thread: records instead of HDF5 calls -----------------------------
+    def _write_job(self, job: OpJob) -> None:
+        base = S.op_group_path(job.op, job.seqid)
+        groups = []
+        for group_name, entries in ((S.INPUT_GROUP, job.inputs), (S.OUTPUT_GROUP, job.outputs)):
+            gpath = f"{base}/{group_name}"
+            groups.append([(name, self._record(gpath, name, node)) for name, node in entries])
+        attrs = {k: _plain(v) if not hasattr(v, "dtype") else v for k, v in job.attrs.items()}
+        self.writer.send(("op", (job.op, int(job.seqid), job.phase, job.module, job.grad_fn,
+                                 attrs, groups[0], groups[1])))
+        job._sent = True
+
+    def _record(self, gpath: str, name: str, node):
+        if isinstance(node, TensorCapture):
+            return self._tensor_record(gpath, name, node)
+        if isinstance(node, Value):
+            return ("value", _plain(node.value), node.schema_type or None)
+        if isinstance(node, Named):
+            return ("named", node.value, node.type_code, node.schema_type or None)
+        if isinstance(node, ListOf):
+            lpath = f"{gpath}/{name}"
+            return ("list", node.type_code, node.schema_type or None,
+                    [(f"{name}_{i}", self._record(lpath, f"{name}_{i}", item))
+                     for i, item in enumerate(node.items)])
+        return ("value", str(node), None)   # pragma: no cover - capture builds only the above
+
+    def _tensor_record(self, gpath: str, name: str, cap: TensorCapture):
+        # WriterThread._write_tensor's decisions, with paths computed instead of returned
+        path = f"{gpath}/{name}"
+        key = None
+        if self.dedup and cap.ptr and cap.owner is not None:
+            key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
+            hit = self._exact.get(key)
+            if hit is not None and hit[1]() is not None:
+                self.num_links += 1
+                return ("link", hit[0])
+            if cap.stride and all(s >= 0 for s in cap.stride):
+                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
+                for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
+                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
+                        self._exact[key] = (path, cap.owner)
+                        self.num_views += 1
+                        return ("view", b_path, self._meta(cap))
+        with cap.lock:
+            t = cap.tensor
+            dt = _storage_dtype(cap.dtype) if cap.stride and cap.dtype != "complex32" \
+                and t.layout == torch.strided else None
+            if dt is not None and dt.isnative and cap.nbytes >= DIRECT_WRITE_MIN_BYTES:
+                rec = ("reserve", cap.shape, dt.str, self._meta(cap))
+                self._pieces.append((cap, None, cap.nbytes))   # the data thread writes the bytes
+            else:
+                rec = ("tensor", storage_array(t), self._meta(cap))
+                cap.done = True
+                cap.tensor = None
+        self.num_datasets += 1
+        if key is not None:
+            self._exact[key] = (path, cap.owner)
+            if cap.stride and _is_dense(cap.shape, cap.stride) and all(s >= 0 for s in cap.stride):
+                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
+                self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
+        return rec
+
+    def _release_written(self) -> None:     # the data thread releases as ops complete
+        pass
+
+    def _finish_data(self) -> None:
+        with self._cv:
+            self._data_queue.append(None)
+            self._cv.notify_all()
+        self._data_thread.join()
+
+    # ---- data thread: the child's reply, then the bytes -----------------------------------
+    def _data_run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._data_queue:
+                    self._cv.wait()
+                item = self._data_queue.popleft()
+            if item is None:
+                self._staging = None
+                return
+            job, pieces, ok = item
+            try:
+                offsets = []
+                if getattr(job, "_sent", False):
+                    reply = self.writer.recv()
+                    if reply[0] == "ok":
+                        offsets = reply[1]
+                        if len(offsets) != len(pieces):
+                            raise DumpError(f"{self.writer.path}: dump writer process reserved "
+                                            f"{len(offsets)} tensors for {len(pieces)}")
+                    else:
+                        ok = False
+                        if reply[0] == "err" and self._error is None:
+                            self._error = DumpError(reply[1])
+                if ok and not self._data_failed:
+                    for (cap, _, nbytes), offset in zip(pieces, offsets):
+                        self._write_bytes(cap, offset, nbytes)
+            except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                self._data_failed = True
+                if self._error is None:
+                    self._error = e
+            finally:
+                if self._counting and ok and not self._data_failed:
+                    self._data_ok += 1
+                    try:
+                        self.writer.release_ops(1)
+                    except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                        self._data_failed = True
+                        if self._error is None:
+                            self._error = e
+                else:
+                    self._counting = False
+                self._finish_job(job)

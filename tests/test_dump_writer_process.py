@@ -1,0 +1,175 @@
+"""dumper(..., writer="process"): the HDF5 work in a child process, the same file as the thread writer."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import npu_dumper
+from dumpfile import DumpFile
+from dumpfile.remote_writer import RemoteDumpWriter
+from npu_dumper.errors import DumperError
+from npu_dumper.writer_process import ProcessWriter
+
+from ._kill_helpers import sigkill_mid_dump
+
+
+def _step(model, x):
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    out.square().mean().backward()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)   # in place after the dump saw it: copy-on-write
+
+
+def _model():
+    torch.manual_seed(0)
+    # 256 x 128 fp32 = 128 KiB: above the direct-write size, so bytes go through pwrite
+    return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(),
+                               torch.nn.Linear(256, 128), torch.nn.LayerNorm(128))
+
+
+def _contents(path) -> dict:
+    """Every link path -> (attributes, value bytes or the view's target), except `created`."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        out["/"] = {k: np.asarray(v).tolist() for k, v in f.attrs.items() if k != "created"}
+
+        def visit(name, obj):
+            attrs = {k: np.asarray(v).tolist() for k, v in obj.attrs.items()}
+            value = None
+            if isinstance(obj, h5py.Dataset):
+                if h5py.check_ref_dtype(obj.dtype) is not None:
+                    value = f[obj[()]].name
+                elif obj.shape is None:
+                    value = "empty"
+                elif obj.dtype.hasobject:
+                    value = np.asarray(obj[()]).tolist()
+                else:
+                    value = (str(obj.dtype), obj.shape, obj[()].tobytes())
+            out[name] = (attrs, value)
+        f.visititems(visit)
+    return out
+
+
+def test_process_writer_file_equals_thread_writer_file(tmp_path):
+    x = torch.randn(64, 128)
+    files = {}
+    for writer in ("thread", "process"):
+        model = _model()
+        files[writer] = tmp_path / f"{writer}.h5"
+        with npu_dumper.dumper(use_dump=True, dump_path=str(files[writer]), writer=writer) as d:
+            _step(model, x)
+        assert d.summary["bytes_written"] > 1 << 20
+    a, b = _contents(files["thread"]), _contents(files["process"])
+    assert a.keys() == b.keys()
+    assert a == b
+    with DumpFile(files["process"]) as f:      # and the reader agrees with the live values
+        ops = f.ops()
+        addmm = next(o for o in ops if o.op == "aten.addmm.default")
+        np.testing.assert_array_equal(addmm.inputs()["self"].read(), _model()[0].bias.detach().numpy())
+
+
+def test_process_writer_reused_across_blocks_and_rejects_bad_option(tmp_path):
+    for i in range(3):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / f"{i}.h5"), writer="process"):
+            torch.ones(300, 300) * i
+        with DumpFile(tmp_path / f"{i}.h5") as f:
+            mul = f.ops()[-1]
+            assert mul.op == "aten.mul.Tensor" and mul.outputs()["result"].read()[0, 0] == i
+    with pytest.raises(DumperError, match="writer"):
+        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "x.h5"), writer="fork")
+
+
+def test_process_writer_byte_write_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
+    def boom(self, offset, data):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(RemoteDumpWriter, "write_at", boom)
+    p = tmp_path / "full.h5"
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="process"):
+            for _ in range(50):
+                torch.ones(300, 300) * 2
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg and "No space left" in msg
+    with h5py.File(p) as f:            # readable, marked incomplete, nothing half-written listed
+        assert not f.attrs["complete"]
+        assert int(f.attrs["num_ops"]) == 0
+
+
+def test_process_writer_child_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
+    real = ProcessWriter._record
+
+    def bad(self, gpath, name, node):
+        return ("no-such-kind",) if name == "other" else real(self, gpath, name, node)
+    monkeypatch.setattr(ProcessWriter, "_record", bad)
+    p = tmp_path / "bad.h5"
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="process"):
+            x = torch.ones(3)
+            x = x * 2.0          # (Scalar other: a Value -> a Tensor `other` for mul.Tensor)
+            for _ in range(50):
+                x = x * torch.ones(3)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg and "no-such-kind" in msg
+    with h5py.File(p) as f:
+        assert not f.attrs["complete"]
+    # the pooled child still serves the next dump
+    monkeypatch.undo()
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "ok.h5"), writer="process"):
+        torch.ones(3) * 2
+    with DumpFile(tmp_path / "ok.h5") as f:
+        assert [o.op for o in f.ops()][-1] == "aten.mul.Tensor"
+
+
+def test_process_writer_sigkill_leaves_readable_file(tmp_path):
+    p = sigkill_mid_dump(tmp_path, settle_s=2.5, writer="process")
+    # the writer process dies with the user's process (PR_SET_PDEATHSIG), a moment later:
+    # until then its HDF5 file lock refuses readers
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            h5py.File(p, "r").close()
+            break
+        except BlockingIOError:
+            assert time.monotonic() < deadline, "the writer process kept the file locked"
+            time.sleep(0.05)
+    with h5py.File(p, "r") as f:
+        assert not f.attrs["complete"]
+        flushed = int(f.attrs["num_ops"])
+        assert flushed > 20
+    with DumpFile(p) as f:
+        ops = f.ops()
+        assert len(ops) >= flushed
+        assert [o.seqid for o in ops] == list(range(1, len(ops) + 1))
+        for o in ops[-3:]:
+            assert o.inputs()["self"].read().shape == (32, 32)
+
+
+def test_process_writer_disk_full_gives_clear_error_and_readable_file(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        p = mnt / "d.h5"
+        x = torch.randn(64, 1024)
+        with pytest.raises(DumperError) as ei:
+            with npu_dumper.dumper(use_dump=True, dump_path=str(p), flush_interval=0.0,
+                                   writer="process"):
+                for _ in range(40):
+                    x = x * 1.0001
+        assert str(p) in str(ei.value) and "\n" not in str(ei.value)
+        with DumpFile(p) as f:
+            ops = f.ops()
+            assert ops and all(o.op == "aten.mul.Tensor" for o in ops)
+            np.testing.assert_array_equal(ops[0].inputs()["self"].read().shape, (64, 1024))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
