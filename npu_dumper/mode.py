@@ -118,6 +118,8 @@ class DumpMode(TorchDispatchMode):
         self.num_recorded = 0
         self.first_device: str | None = None
         self._names: dict[Any, str] = {}
+        self._ops: dict[Any, tuple] = {}     # func -> (OpInfo, name): one lookup per op
+        self._filter_trivial = op_filter.trivial
         self._runners = [p for p in self.policies if type(p).run_op is not Policy.run_op]
 
     # ---- snapshots -------------------------------------------------------------
@@ -176,7 +178,10 @@ class DumpMode(TorchDispatchMode):
         writer = self.writer
         if writer is not None and writer.failed:
             writer.check()
-        info = op_info(func)
+        op = self._ops.get(func)
+        if op is None:
+            op = self._ops[func] = (op_info(func), self._name(func))
+        info, name = op
         if info.is_view and not self.record_views:
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
@@ -189,11 +194,10 @@ class DumpMode(TorchDispatchMode):
             phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
         else:
             phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
-        name = self._name(func)
         # A compute-dtype note belongs to the op that made it: one left by an op that was
         # skipped or filtered (or raised) must not be written on the next recorded op.
         hints.pop_compute_dtype()
-        if not self.filter.trivial and not self.filter.selected(name, phase, module):
+        if not self._filter_trivial and not self.filter.selected(name, phase, module):
             if info.written:
                 for t in self._write_targets(info, args, kwargs):
                     self.registry.before_write(t)
