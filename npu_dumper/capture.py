@@ -168,6 +168,7 @@ def named_returns(info: OpInfo, out: Any) -> list[tuple[str, str, Any]]:
 
 # ---- captured values -------------------------------------------------------------
 _DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 class TensorCapture:
@@ -178,7 +179,13 @@ class TensorCapture:
 
     def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False):
         # Called with the dispatch mode off: detach()/clone() here are not recorded.
-        self.tensor = t.detach().clone() if clone else t.detach()
+        # `.data` is the same storage alias as detach() (shape, stride, offset, no autograd
+        # history) without a trip through the dispatcher, which releases the GIL: with the
+        # writer thread waiting for it, each release costs the model's thread a hand-over.
+        # Only plain tensors: a subclass decides what its detach() means. The alias's own
+        # version counter is never read (self.version is taken from `t`).
+        alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
+        self.tensor = alias.clone() if clone else alias
         device = t.device
         names = _DEVICE_NAMES.get(device)
         if names is None:       # str(device) and device.type cost ~0.3 us each, per tensor
