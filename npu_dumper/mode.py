@@ -98,6 +98,11 @@ def user_stack_line() -> str:
     return ""
 
 
+def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
+    base = getattr(Policy, hook)
+    return [p for p in policies if getattr(type(p), hook) is not base]
+
+
 class DumpMode(TorchDispatchMode):
     """Intercepts ops; numbering, attribution, snapshots; hands records to the writer thread."""
 
@@ -120,7 +125,11 @@ class DumpMode(TorchDispatchMode):
         self._names: dict[Any, str] = {}
         self._ops: dict[Any, tuple] = {}     # func -> (OpInfo, name): one lookup per op
         self._filter_trivial = op_filter.trivial
-        self._runners = [p for p in self.policies if type(p).run_op is not Policy.run_op]
+        # Only the hooks a policy overrides are called (the plain dump's Policy() has none).
+        self._runners = _overriding(self.policies, "run_op")
+        self._before = _overriding(self.policies, "before_op")
+        self._deciders = _overriding(self.policies, "should_record")
+        self._after = _overriding(self.policies, "after_op")
 
     # ---- snapshots -------------------------------------------------------------
     def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False):
@@ -211,7 +220,7 @@ class DumpMode(TorchDispatchMode):
                      phase=phase, module=module, grad_fn=grad_fn)
         if self.record_stack:
             ev.stack = user_stack_line()
-        for p in self.policies:
+        for p in self._before:
             p.before_op(ev)
         args, kwargs = ev.args, ev.kwargs
         caps: list[TensorCapture] = []
@@ -249,7 +258,7 @@ class DumpMode(TorchDispatchMode):
                                                uninit=uninit or i in opaque)))
         if phase == S.PHASE_FORWARD:
             self._note_forward_outputs(out, module)
-        record = all(p.should_record(ev) for p in self.policies)
+        record = all(p.should_record(ev) for p in self._deciders)
         if record and writer is not None:
             attrs = dict(ev.group_attrs)
             if ev.stack:
@@ -262,7 +271,7 @@ class DumpMode(TorchDispatchMode):
         else:
             for c in caps:
                 self.registry.discard(c)
-        for p in self.policies:
+        for p in self._after:
             p.after_op(ev, recorded=record)
         return out
 
