@@ -23,7 +23,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.stats_writer import StatsDumpWriter
 from dumpfile.remote_writer import RemoteDumpWriter
-from dumpfile.writer import DumpWriter
+from dumpfile.writer import DumpWriter, set_attrs
 
 from .capture import CaptureRegistry
 from .errors import DumperError
@@ -291,8 +291,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         elif f is not None and f.id.valid:
             try:
                 dev = self._mode.first_device or "cpu"
-                f.attrs[S.ROOT_DEVICE] = dev
-                f.attrs[S.ROOT_DEVICE_TYPE] = S.device_type_code(dev)
+                set_attrs(f, {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)})
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
         try:
