@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h5py
-from h5py import h5a, h5d, h5g, h5o, h5s, h5t
+from h5py import h5a, h5d, h5g, h5o, h5s
 import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
+from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
 from dumpfile.reader import DumpFile, ValueRecord, decode_raw
 
 from . import matching
@@ -267,28 +268,10 @@ def _ll_attr(oid, name: bytes, default=None):
     """An attribute of a low-level object id, as h5py's attrs[name] returns it; `default` when absent."""
     if not h5a.exists(oid, name):
         return default
-    aid = h5a.open(oid, name)
-    shape = aid.shape
-    if shape is None:                       # empty dataspace, as h5py returns it
-        return h5py.Empty(aid.dtype)
-    dtype = aid.dtype
-    if dtype.subdtype is not None or dtype.kind not in "biufOS":
+    value = read_open_attr(h5a.open(oid, name))
+    if value is UNSUPPORTED:
         return h5py.AttributeManager(_IdHolder(oid))[name.decode()]
-    arr = np.zeros(shape, dtype=dtype)
-    if dtype.kind in "OS":
-        aid.read(arr, mtype=h5t.py_create(dtype))
-        sinfo = h5t.check_string_dtype(dtype)
-        if sinfo is not None and sinfo.length is None:
-            arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.flat], dtype=dtype).reshape(shape)
-    else:
-        mtype = _MTYPES.get(dtype)
-        if mtype is None:
-            mtype = _MTYPES[dtype] = h5t.py_create(dtype)
-        aid.read(arr, mtype=mtype)
-    return arr[()] if arr.ndim == 0 else arr
-
-
-_MTYPES: dict[np.dtype, Any] = {}     # numeric attribute dtype -> HDF5 memory type (made once)
+    return value
 
 
 class _IdHolder:

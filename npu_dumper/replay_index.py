@@ -26,13 +26,13 @@ from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5a, h5g, h5o, h5t
+from h5py import h5a, h5g, h5o
 
 from dumpfile import schema as S
+from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
 from dumpfile.reader import DumpFile, ValueRecord, _attr_str
 
 _NO_VALUE = object()
-_MTYPES: dict[np.dtype, Any] = {}
 
 
 @dataclass
@@ -55,25 +55,9 @@ class IndexedValue(ValueRecord):
 
 
 def _attr(aid) -> Any:
-    """An open attribute's value, as h5py's attrs[name] returns it."""
-    shape = aid.shape
-    dtype = aid.dtype
-    if shape is None:
-        return h5py.Empty(dtype)
-    if dtype.subdtype is not None or dtype.kind not in "biufOS":
-        return _NO_VALUE
-    arr = np.zeros(shape, dtype=dtype)
-    if dtype.kind in "OS":
-        aid.read(arr, mtype=h5t.py_create(dtype))
-        if h5t.check_string_dtype(dtype) is not None and h5t.check_string_dtype(dtype).length is None:
-            arr = np.array([b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b
-                            for b in arr.flat], dtype=object).reshape(shape)
-    else:
-        mtype = _MTYPES.get(dtype)
-        if mtype is None:
-            mtype = _MTYPES[dtype] = h5t.py_create(dtype)
-        aid.read(arr, mtype=mtype)
-    return arr[()] if arr.ndim == 0 else arr
+    """An open attribute's value, as h5py's attrs[name] returns it (_NO_VALUE: not readable here)."""
+    value = read_open_attr(aid)
+    return _NO_VALUE if value is UNSUPPORTED else value
 
 
 # The attributes replay and the record readers use; the others (DataType, device ...)
