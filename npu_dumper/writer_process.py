@@ -114,46 +114,30 @@ class ProcessWriter(WriterThread):
             self._cv.notify_all()
         self._data_thread.join()
 
-    # ---- data thread: the child's reply, then the bytes -----------------------------------
-    def _data_run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._data_queue:
-                    self._cv.wait()
-                item = self._data_queue.popleft()
-            if item is None:
-                self._staging = None
-                return
-            job, pieces, ok = item
-            try:
-                offsets = []
-                if getattr(job, "_sent", False):
-                    reply = self.writer.recv()
-                    if reply[0] == "ok":
-                        offsets = reply[1]
-                        if len(offsets) != len(pieces):
-                            raise DumpError(f"{self.writer.path}: dump writer process reserved "
-                                            f"{len(offsets)} tensors for {len(pieces)}")
-                    else:
-                        ok = False
-                        if reply[0] == "err" and self._error is None:
-                            self._error = DumpError(reply[1])
-                if ok and not self._data_failed:
-                    for (cap, _, nbytes), offset in zip(pieces, offsets):
-                        self._write_bytes(cap, offset, nbytes)
-            except BaseException as e:  # noqa: BLE001 - surfaced via check()
-                self._data_failed = True
-                if self._error is None:
-                    self._error = e
-            finally:
-                if self._counting and ok and not self._data_failed:
-                    self._data_ok += 1
-                    try:
-                        self.writer.release_ops(1)
-                    except BaseException as e:  # noqa: BLE001 - surfaced via check()
-                        self._data_failed = True
-                        if self._error is None:
-                            self._error = e
-                else:
-                    self._counting = False
-                self._finish_job(job)
+    # ---- data thread ------------------------------------------------------------------------
+    def _write_pieces(self, job, pieces: list, ok: bool) -> bool:
+        """The child's reply (the offsets it reserved), then the bytes."""
+        offsets = []
+        if getattr(job, "_sent", False):
+            reply = self.writer.recv()
+            if reply[0] == "ok":
+                offsets = reply[1]
+                if len(offsets) != len(pieces):
+                    raise DumpError(f"{self.writer.path}: dump writer process reserved "
+                                    f"{len(offsets)} tensors for {len(pieces)}")
+            else:
+                ok = False
+                if reply[0] == "err" and self._error is None:
+                    self._error = DumpError(reply[1])
+        if ok and not self._data_failed:
+            for (cap, _, nbytes), offset in zip(pieces, offsets):
+                self._write_bytes(cap, offset, nbytes)
+        return ok
+
+    def _op_published(self) -> None:
+        try:
+            self.writer.release_ops(1)
+        except BaseException as e:  # noqa: BLE001 - surfaced via check()
+            self._data_failed = True
+            if self._error is None:
+                self._error = e

@@ -214,9 +214,7 @@ class WriterThread:
                 return
             job, pieces, ok = item
             try:
-                if not self._data_failed:
-                    for cap, offset, nbytes in pieces:
-                        self._write_bytes(cap, offset, nbytes)
+                ok = self._write_pieces(job, pieces, ok)
             except BaseException as e:  # noqa: BLE001 - surfaced via check()
                 self._data_failed = True
                 if self._error is None:
@@ -225,9 +223,21 @@ class WriterThread:
                 # counted in order; the first op that failed (metadata or bytes) ends publishing
                 if self._counting and ok and not self._data_failed:
                     self._data_ok += 1
+                    self._op_published()
                 else:
                     self._counting = False
                 self._finish_job(job)
+
+    def _write_pieces(self, job: OpJob, pieces: list, ok: bool) -> bool:
+        """Write one op's reserved tensor bytes; returns whether the op is whole."""
+        if not self._data_failed:
+            for cap, offset, nbytes in pieces:
+                self._write_bytes(cap, offset, nbytes)
+        return ok
+
+    def _op_published(self) -> None:
+        """An op's bytes are all written, in op order. This writer publishes index rows in
+        batches from the metadata thread (_release_written); a subclass may do it here."""
 
     def _write_bytes(self, cap: TensorCapture, offset: int, nbytes: int) -> None:
         with cap.lock:     # copy-on-write (materialize) waits for us, or we see its clone
