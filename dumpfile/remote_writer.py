@@ -37,6 +37,7 @@ from typing import Any
 
 from . import schema as S
 from .errors import DumpError, DumpWriteError
+from .writer import pwrite_all
 
 
 # ---- caller side ------------------------------------------------------------------------
@@ -147,13 +148,7 @@ class RemoteDumpWriter:
             self.send(("release", n))
 
     def write_at(self, offset: int, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        written = 0
-        try:
-            while written < len(view):
-                written += os.pwrite(self._fd, view[written:], offset + written)
-        except OSError as e:    # disk full surfaces here
-            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        pwrite_all(self._fd, data, offset, self.path)
 
     def flush(self) -> None:        # the child flushes on its own clock
         pass

@@ -39,6 +39,17 @@ _STR_ARRAYS: dict[str, np.ndarray] = {}     # interned string attribute values (
 _SIMPLE_SPACES: dict[tuple, Any] = {}
 
 
+def pwrite_all(fd: int, data: Any, offset: int, path: str) -> None:
+    """All of a C-contiguous buffer at `offset` (os.pwrite may write less than asked)."""
+    view = memoryview(data).cast("B")
+    written = 0
+    try:
+        while written < len(view):
+            written += os.pwrite(fd, view[written:], offset + written)
+    except OSError as e:    # disk full surfaces here
+        raise DumpWriteError(f"{path}: write failed ({e})") from e
+
+
 def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False) -> None:
     """Create new attributes on a fresh object through h5py's low-level API.
 
@@ -344,13 +355,7 @@ class DumpWriter:
     def write_at(self, offset: int, data: Any) -> None:
         """Write raw bytes (a C-contiguous buffer) at a file offset given by reserve_tensor.
         Thread-safe and GIL-free (os.pwrite on a second descriptor); never touches h5py."""
-        view = memoryview(data).cast("B")
-        written = 0
-        try:
-            while written < len(view):
-                written += os.pwrite(self._fd, view[written:], offset + written)
-        except OSError as e:    # disk full surfaces here
-            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        pwrite_all(self._fd, data, offset, self.path)
 
     def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
         """Contiguous dataset allocated at creation (no fill), bytes written with os.pwrite.
@@ -366,13 +371,7 @@ class DumpWriter:
         if offset is None:      # not contiguous after all: let HDF5 write it
             ds[...] = data
             return ds
-        view = memoryview(data.reshape(-1).view(np.uint8))
-        written = 0
-        try:
-            while written < len(view):
-                written += os.pwrite(self._fd, view[written:], offset + written)
-        except OSError as e:    # disk full surfaces here
-            raise DumpWriteError(f"{self.path}: write failed ({e})") from e
+        pwrite_all(self._fd, data.reshape(-1).view(np.uint8), offset, self.path)
         return ds
 
     def write_stats(self, parent: h5py.Group, name: str, stats: Sequence[float],
