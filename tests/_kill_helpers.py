@@ -10,6 +10,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import h5py
+
+from dumpfile import DumpFile
+
 
 def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) -> Path:
     """Start a child that dumps tanh ops forever (flush every 0.2 s), SIGKILL it once it
@@ -38,3 +42,28 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) 
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     return p
+
+
+def killed_dump_tail(p: Path, *, min_flushed: int = 20, wait_unlocked_s: float = 0.0) -> list:
+    """Check a killed dump: marked incomplete, more than `min_flushed` ops flushed, every
+    listed op in seqid order without gaps. Returns the last three ops (for content checks).
+
+    wait_unlocked_s: a writer process outlives its parent for a moment and holds HDF5's
+    file lock until then; wait that long for it to let go."""
+    deadline = time.monotonic() + wait_unlocked_s
+    while True:
+        try:
+            h5py.File(p, "r").close()
+            break
+        except BlockingIOError:
+            assert time.monotonic() < deadline, "the writer process kept the file locked"
+            time.sleep(0.05)
+    with h5py.File(p, "r") as f:
+        assert not f.attrs["complete"]
+        flushed = int(f.attrs["num_ops"])
+        assert flushed > min_flushed
+    f = DumpFile(p)
+    ops = f.ops()
+    assert len(ops) >= flushed
+    assert [o.seqid for o in ops] == list(range(1, len(ops) + 1))
+    return ops[-3:]
