@@ -518,7 +518,12 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
                               golden_missing_reasons=read_not_replayed(gf.h5))
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
-    work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements))
+    # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
+    # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
+    # side; the other side's tensors are not "unmatched", they were never asked for.
+    ios = tuple(io for io in (S.INPUT_GROUP, S.OUTPUT_GROUP)
+                if io in tf.recorded_io and io in gf.recorded_io)
+    work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements), ios)
     if jobs <= 0:
         jobs = auto_jobs(len(pairs))
     # fork only from a single-threaded process: a lock (h5py's among them) held by another
@@ -545,7 +550,7 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
         "target_ops": len(t_ops), "golden_ops": len(g_ops),
         "paired_ops": sum(1 for p in pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
-        "rows": len(table), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
+        "rows": len(table), "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
     return CompareResult(table, meta)
@@ -560,6 +565,7 @@ class _Work:
     metric_cols: list[str]
     replay: bool
     comparer: _Comparer
+    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
 
     @property
     def eager(self) -> int:
@@ -569,7 +575,8 @@ class _Work:
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
         for pair in self.pairs[lo:hi]:
-            yield from _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager)
+            yield from _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
+                                       self.ios)
 
     def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
         rows = []
@@ -661,7 +668,8 @@ def _rows_in_processes(work: _Work, tf: DumpFile, gf: DumpFile, ff: DumpFile | N
 
 
 def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
-                    replay: bool, eager: int = 0) -> list[_Task]:
+                    replay: bool, eager: int = 0,
+                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[_Task]:
     t_op, g_op = pair.target, pair.golden
     any_op = t_op or g_op
     phase = any_op.phase
@@ -670,7 +678,7 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
     precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
-    for io in (S.INPUT_GROUP, S.OUTPUT_GROUP):
+    for io in ios:
         t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
         g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
         for name, t, g in matching.pair_tensors(t_vals, g_vals):

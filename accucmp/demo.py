@@ -225,6 +225,16 @@ def op_to_map(table) -> tuple[str, int] | None:
     return str(row["NPUDump"]), int(row["SeqId"])
 
 
+def _dump_with_inputs(target: Path, golden: Path) -> Path:
+    """The dump to cut an op's inputs from: the target's own when it recorded inputs, else
+    the golden it replayed (load-replay fed every matched op exactly those, by seqid)."""
+    from dumpfile.reader import DumpFile
+    from dumpfile import schema as S
+
+    with DumpFile(target) as f:
+        return target if S.INPUT_GROUP in f.recorded_io else golden
+
+
 def map_to_kernels(target: Path, op: str, seqid: int, out_dir: Path, fault: FaultSite | None,
                    saturate: bool = False):
     """Cut /op/seqid/ out of the target dump and map it to kernels on the emulated device."""
@@ -310,7 +320,8 @@ def run_demo(model: str = DEFAULT_MODEL, out_dir: str | os.PathLike = "accucmp_d
         else:
             op, seqid = res.mapped_op
             say(f"[bold]5/5[/bold] IR to kernels: {op} seqid {seqid} -> {out / KERNELS_DIR}")
-            run = map_to_kernels(target, op, seqid, out, res.fault, saturate)
+            # a load-replay dump holds outputs only; the op's inputs were the golden's
+            run = map_to_kernels(_dump_with_inputs(target, golden), op, seqid, out, res.fault, saturate)
             res.kernel_summary, res.kernel_map = run.summary(), Path(run.map_path)
             say("     " + res.kernel_summary.replace("\n", "\n     "))
             for o in run.mapped:

@@ -238,6 +238,17 @@ class DumpFile:
         return str(self.attrs.get(S.ROOT_MODE, S.MODE_DUMP))
 
     @property
+    def recorded_io(self) -> tuple[str, ...]:
+        """The io groups this dump holds values for (root `dump_mode`: input, output or
+        all; files without it hold both)."""
+        mode = _attr_str(self.attrs.get(S.ROOT_DUMP_MODE, "all"))
+        if mode == "input":
+            return (S.INPUT_GROUP,)
+        if mode == "output":
+            return (S.OUTPUT_GROUP,)
+        return (S.INPUT_GROUP, S.OUTPUT_GROUP)
+
+    @property
     def complete(self) -> bool:
         return bool(self.attrs.get(S.ROOT_COMPLETE, True))
 

@@ -95,7 +95,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     def __init__(self, use_dump: bool = False, dump_path: str | os.PathLike | None = None,
                  use_load: bool = False, load_file_path: str | os.PathLike | None = None,
                  check_overflow: bool = False, load_with_acl_dump: bool = False,
-                 acl_config: str | None = None, *, dump_mode: str = "all", include=None,
+                 acl_config: str | None = None, *, dump_mode: str | None = None, include=None,
                  exclude=None, modules=None, phases=None, record_views: bool = False,
                  record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
@@ -108,7 +108,6 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.check_overflow = check_overflow
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
-        self.dump_mode = dump_mode
         self.stats_only = stats_only
         self.overflow_dtype = overflow_dtype
         self.overflow_limit = overflow_limit
@@ -126,7 +125,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.record_stack = record_stack
         self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
         self.future = future
-        if dump_mode not in S.DUMP_MODES:
+        if dump_mode is not None and dump_mode not in S.DUMP_MODES:
             raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
         self.filter = OpFilter(include, exclude, modules, phases)
         if use_load and not self.load_file_path:
@@ -141,6 +140,12 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             self.mode = S.MODE_DUMP
         else:
             self.mode = None     # disabled
+        # Load-replay stores outputs only by default, as the original did: a matched op's
+        # inputs are the golden's values (cast to the live dtype), so storing them again
+        # only doubles the replay's writing. dump_mode="all" keeps them.
+        if dump_mode is None:
+            dump_mode = "output" if self.mode == S.MODE_LOAD else "all"
+        self.dump_mode = dump_mode
         self.path: str | None = None
         self.policies: list[Policy] = []
         self.summary: dict[str, Any] = {}

@@ -241,3 +241,31 @@ def test_npu_dumper_replay_is_golden_replay(tmp_path):
     ref = _dump(tmp_path, model, x)
     res = replay_module(ref, str(tmp_path / "g.h5"), progress=False)
     assert res.replayed == res.total > 0
+
+
+def test_replay_stores_outputs_only_by_default_and_compare_pairs_only_outputs(tmp_path):
+    """As the original's load mode: a matched op's inputs are the golden's by construction,
+    so the replay dump holds outputs (dump_mode="all" keeps inputs), and compare makes no
+    input rows for it instead of reporting every golden input as unmatched."""
+    from accucmp.compare import compare_dumps
+
+    model, x = _mlp(), torch.randn(4, 8)
+    ref = _dump(tmp_path, model, x)
+    lean, full = str(tmp_path / "lean.h5"), str(tmp_path / "full.h5")
+    with torch.utils.dumper(use_load=True, load_file_path=ref, dump_path=lean):
+        _step(model, x)
+    with torch.utils.dumper(use_load=True, load_file_path=ref, dump_path=full, dump_mode="all"):
+        _step(model, x)
+    with DumpFile(lean) as t, DumpFile(full) as f, DumpFile(ref) as r:
+        assert t.attrs["dump_mode"] == "output" and t.recorded_io == ("output",)
+        assert f.recorded_io == ("input", "output")
+        assert all(not op.inputs() and op.outputs() for op in t.ops())
+        assert sum(len(op.inputs()) for op in f.ops()) == sum(len(op.inputs()) for op in r.ops()) > 0
+    assert _outputs(lean).keys() == _outputs(ref).keys()
+    res = compare_dumps(lean, ref)
+    table = res.table
+    assert set(table["IO"]) == {"output"} and res.meta["compared_io"] == ["output"]
+    assert (table["CompareStatus"] == "compared").all(), table["CompareStatus"].value_counts()
+    assert len(table) == len(_outputs(ref))
+    both = compare_dumps(full, ref).table
+    assert set(both["IO"]) == {"input", "output"} and (both["CompareStatus"] == "compared").all()
