@@ -9,6 +9,7 @@ Layout (compatible with the Ascend PyTorch 1.5 dumper)::
     /{op}/{seqid}/input/{argname}/{argname}_{i}    lists (tensor lists, mixed lists)
     /{op}/{seqid}/output/{retname}[/{retname}_{i}]
     /_npu_dumper/index                             one row per op, in seqid order (ours)
+    /_npu_dumper/catalog                           (1.2) row i: JSON description of index row i's values
     /_npu_dumper/stats, /_npu_dumper/op_attrs      statistics-only dumps (1.1): tables, no op groups
 """
 
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 FORMAT_NAME = "npu_dumper.h5"
 # 1.1: statistics-only dumps are tables (STATS_TABLE_PATH), no per-op groups.
-FORMAT_VERSION = "1.1"
+# 1.2: /_npu_dumper/catalog (CATALOG_PATH), an accelerator next to the index.
+FORMAT_VERSION = "1.2"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -24,6 +26,10 @@ SUPPORTED_MAJOR_VERSIONS = (1,)
 # "namespace.name.overload", and no torch namespace is called "_npu_dumper".
 META_GROUP = "_npu_dumper"
 INDEX_PATH = f"{META_GROUP}/index"
+# 1.2+: one variable-length UTF-8 JSON string per index row (same order): that op's input
+# and output entries as written (docs/FORMAT.md "The catalog"). An accelerator only: the
+# groups stay the truth; use it only when its length equals the index's.
+CATALOG_PATH = f"{META_GROUP}/catalog"
 # statistics-only dumps (1.1+): one row per value / per extra op attribute (dumpfile.stats_table)
 STATS_TABLE_PATH = f"{META_GROUP}/stats"
 OP_ATTRS_PATH = f"{META_GROUP}/op_attrs"
@@ -203,6 +209,23 @@ STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan_count", "inf_count", "
 # ---- index dataset ----------------------------------------------------------
 # Compound rows; the op group of row r is f"/{op}/{seqid}".
 INDEX_FIELDS = ("seqid", "op", "phase", "module", "grad_fn")
+
+# ---- catalog rows (CATALOG_PATH) -------------------------------------------------
+# Row: {"i": [entries of input/], "o": [entries of output/]}, or "" when the op is not
+# described (read its groups). Entry keys (short: one row per op):
+CAT_INPUTS, CAT_OUTPUTS = "i", "o"
+CAT_NAME = "n"            # path relative to input/ or output/ ("self", "tensors/tensors_0")
+CAT_TYPE = "T"            # the Type attribute
+CAT_VALUE = "v"           # non-tensors: the value DumpFile.read_value returns (absent: read the file)
+CAT_LENGTH = "len"        # lists (Types 1, 37): number of children (which follow as entries)
+CAT_OBJECT = "obj"        # tensors: path of the dataset (hard links: the linked one); absent: own path
+CAT_OFFSET = "off"        # plain contiguous tensors: file offset of the stored bytes ...
+CAT_NBYTES = "nb"         # ... their size ...
+CAT_STORED_DTYPE = "sd"   # ... the dataset's numpy dtype (str, e.g. "<f4") ...
+CAT_STORED_SHAPE = "ss"   # ... and its shape (absent: equal to "shape")
+# the value attributes a row repeats, under their own names (when the entry has them)
+CATALOG_ATTRS = (ATTR_DTYPE, ATTR_SHAPE, ATTR_STRIDE, ATTR_STORAGE_OFFSET, ATTR_UNINITIALIZED,
+                 ATTR_BASE, ATTR_STATS_FIELDS)
 
 
 def data_type_code(dtype_name: str) -> int:

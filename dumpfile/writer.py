@@ -9,6 +9,7 @@ every `flush_interval` seconds, so a crash leaves it readable up to the last flu
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,79 @@ _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
     ("seqid", np.int64), ("op", _STR), ("phase", np.int8), ("module", _STR), ("grad_fn", _STR),
 ])
+
+
+# Catalog (/_npu_dumper/catalog, docs/FORMAT.md): descriptions of stored tensors kept for
+# links to them, at most this many (oldest forgotten first; a link to a forgotten one reads
+# the file instead).
+CATALOG_MAX_DESCRIPTIONS = 1 << 16
+_NO_VALUE = object()
+
+
+# compact, and strict JSON: NaN/inf raise ValueError (values holding them are left out)
+_cat_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def _cat_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """The catalog's copy of an entry's attributes ("T" and schema.CATALOG_ATTRS, JSON
+    types), as written; None when one is of a kind the catalog does not describe."""
+    code = attrs.get(S.ATTR_TYPE)
+    if isinstance(code, (bool, np.bool_)) or not isinstance(code, (int, np.integer)):
+        return None
+    out: dict[str, Any] = {S.CAT_TYPE: int(code)}
+    for k in S.CATALOG_ATTRS:
+        v = attrs.get(k)
+        if v is None:
+            continue
+        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE):
+            a = np.asarray(v)
+            if a.ndim != 1 or a.dtype.kind not in "iu":
+                return None
+            out[k] = a.tolist()
+        elif k == S.ATTR_STORAGE_OFFSET:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                return None
+            out[k] = int(v)
+        elif k == S.ATTR_UNINITIALIZED:
+            if not isinstance(v, (bool, np.bool_)):
+                return None
+            out[k] = bool(v)
+        else:
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            if not isinstance(v, str):
+                return None
+            out[k] = v
+    return out
+
+
+def _tensor_fragment(attrs: dict[str, Any], offset: int | None = None, nbytes: int = 0,
+                     dtype: Any = None, shape: Any = None) -> str | None:
+    """A stored tensor's catalog description, JSON members without braces (entries add
+    "n" and, for links, "obj"); None when it cannot be described."""
+    d = _cat_attrs(attrs)
+    if d is None:
+        return None
+    if offset is not None and d[S.CAT_TYPE] == S.TYPE_TENSOR:
+        d[S.CAT_OFFSET] = int(offset)
+        d[S.CAT_NBYTES] = int(nbytes)
+        d[S.CAT_STORED_DTYPE] = np.dtype(dtype).str
+        ss = [int(x) for x in shape]
+        if ss != d.get(S.ATTR_SHAPE):
+            d[S.CAT_STORED_SHAPE] = ss
+    return _cat_json(d)[1:-1]
+
+
+def _contiguous_offset(dsid: Any, nbytes: int) -> int | None:
+    """File offset of a dataset whose stored bytes are exactly its array (as replay_index
+    finds it when walking), else None."""
+    try:
+        off = dsid.get_offset()
+        if off is None or dsid.get_storage_size() != nbytes:
+            return None
+        return int(off)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 _SCALAR_SPACE = h5s.create(h5s.SCALAR)
@@ -214,6 +288,19 @@ class DumpWriter:
         else:
             self._index = f.create_dataset(S.INDEX_PATH, shape=(0,), maxshape=(None,),
                                            dtype=_INDEX_DTYPE, chunks=(1024,))
+        # catalog: created at the first flush with rows. Not kept up (readers then walk the
+        # groups) when an existing file's catalog does not match its index.
+        self._catalog = f[S.CATALOG_PATH] if S.CATALOG_PATH in f else None
+        self._cat_on = (self._index.shape[0] == 0 if self._catalog is None
+                        else self._catalog.shape == self._index.shape)
+        self._cat_desc: dict[str, tuple[str, str]] = {}   # dataset path -> (canonical path, fragment)
+        self._cat_prefix: str | None = None     # open op's path + "/" while it is described
+        self._cat_groups: dict[str, dict[str, list[str]]] = {}   # io -> top name -> entries
+        self._cat_order: dict[str, list[str]] = {}
+        self._cat_ids: tuple = ()
+        self._cat_bad = False
+        self._open_row: tuple | None = None
+        # index rows waiting for the next flush: (seqid, op, phase, module, grad_fn, catalog row)
         self._pending_index: list[tuple] = []
         # ops ended with end_op(deferred=True): their tensor bytes are still being written
         # (write_at, by another thread); their index rows wait here until release_ops, so
@@ -243,16 +330,25 @@ class DumpWriter:
                       fresh=True)
             set_attrs(g, {k: v for k, v in attrs.items()
                           if k in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)})
-        for sub in (S.INPUT_GROUP, S.OUTPUT_GROUP):   # low level: no h5py object wrappers
-            h5g.create(g.id, sub.encode(), lcpl=g._lcpl)
-        self._pending_index.append(
-            (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
+        # low level: no h5py object wrappers
+        ids = tuple(h5g.create(g.id, sub.encode(), lcpl=g._lcpl) for sub in (S.INPUT_GROUP, S.OUTPUT_GROUP))
+        row = (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or "", "")
+        self._pending_index.append(row)
         self._open_path = path
+        self._open_row = row
+        if self._cat_on:
+            self._cat_prefix = path + "/"
+            self._cat_groups = {S.INPUT_GROUP: {}, S.OUTPUT_GROUP: {}}
+            self._cat_order = {}
+            self._cat_ids = ids
+            self._cat_bad = False
         return g
 
     def abort_op(self) -> None:
         """Drop the op begun last and not ended (its write failed): no half-written op remains."""
         path, self._open_path = self._open_path, None
+        self._open_row = None
+        self._cat_reset()
         if path is None:
             return
         if self._pending_index:
@@ -266,12 +362,22 @@ class DumpWriter:
     def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
         """Record argument order: HDF5 lists members alphabetically."""
         set_attrs(parent, {"order": np.array(list(names), dtype=object).astype(_STR)})
+        if self._cat_prefix is not None:
+            gpath = parent.name
+            if gpath.startswith(self._cat_prefix):
+                io = gpath[len(self._cat_prefix):]
+                if io in self._cat_groups:
+                    self._cat_order[io] = [str(n) for n in names]
 
     def end_op(self, *, deferred: bool = False) -> None:
         """Finish the op begun last. `deferred`: some of its tensors were reserved with
         reserve_tensor and are written later; the op is published (index row, num_ops)
         only by release_ops, once the caller has written them."""
         path, self._open_path = self._open_path, None
+        row, self._open_row = self._open_row, None
+        cat = self._cat_finish()
+        if cat and row is not None and self._pending_index and self._pending_index[-1] is row:
+            self._pending_index[-1] = row[:5] + (cat,)
         if deferred:
             self._deferred.append((self._pending_index.pop(), path))
         else:
@@ -311,17 +417,24 @@ class DumpWriter:
                 f"{self.path}: {parent.name}/{name}: {meta.dtype} must be stored as {expected}, "
                 f"got {data.dtype}")
         data = np.asarray(data, order="C")   # (ascontiguousarray would make 0-d arrays 1-d)
+        offset = None
+        kw: dict[str, Any] = {}
         if self._fd >= 0 and not compression and data.nbytes >= DIRECT_WRITE_MIN_BYTES \
                 and data.dtype.isnative:
-            ds = self._write_direct(parent, name, data)
+            ds, offset = self._write_direct(parent, name, data)
         else:
-            kw: dict[str, Any] = {}
             if compression and data.size:
                 kw = {"compression": compression, "chunks": True}
             ds = parent.create_dataset(name, data=data, **kw)
-        set_attrs(ds, meta.attrs(S.TYPE_TENSOR), fresh=True)
+        attrs = meta.attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True)
         self.bytes_written += data.nbytes
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            if offset is None and not kw:
+                offset = _contiguous_offset(ds.id, data.nbytes)
+            self._cat_tensor(path, attrs, offset, data.nbytes, data.dtype, data.shape)
+        return path
 
     def reserve_tensor(self, parent: h5py.Group, name: str, shape: tuple[int, ...],
                        dtype: np.dtype, meta: TensorMeta) -> tuple[str, int, int] | None:
@@ -348,17 +461,23 @@ class DumpWriter:
         if offset is None:      # not contiguous after all: let the caller write it through HDF5
             del parent[name]
             return None
-        set_attrs(ds, meta.attrs(S.TYPE_TENSOR), fresh=True)
+        attrs = meta.attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True)
         self.bytes_written += nbytes
-        return ds.name, offset, nbytes
+        path = ds.name
+        if self._cat_prefix is not None:
+            self._cat_tensor(path, attrs, offset, nbytes, dtype, shape)
+        return path, offset, nbytes
 
     def write_at(self, offset: int, data: Any) -> None:
         """Write raw bytes (a C-contiguous buffer) at a file offset given by reserve_tensor.
         Thread-safe and GIL-free (os.pwrite on a second descriptor); never touches h5py."""
         pwrite_all(self._fd, data, offset, self.path)
 
-    def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray
+                      ) -> tuple[h5py.Dataset, int | None]:
         """Contiguous dataset allocated at creation (no fill), bytes written with os.pwrite.
+        Returns it and its file offset (None: HDF5 wrote it).
 
         The bytes land in the file range HDF5 allocated to the dataset; numpy's native
         layout equals the HDF5 type h5py maps it to, so the file is an ordinary dataset.
@@ -370,9 +489,9 @@ class DumpWriter:
         offset = ds.id.get_offset()
         if offset is None:      # not contiguous after all: let HDF5 write it
             ds[...] = data
-            return ds
+            return ds, None
         pwrite_all(self._fd, data.reshape(-1).view(np.uint8), offset, self.path)
-        return ds
+        return ds, offset
 
     def write_stats(self, parent: h5py.Group, name: str, stats: Sequence[float],
                     meta: TensorMeta) -> str:
@@ -380,7 +499,10 @@ class DumpWriter:
         a = meta.attrs(S.TYPE_TENSOR_STATS)
         a[S.ATTR_STATS_FIELDS] = _STATS_FIELDS
         set_attrs(ds, a, fresh=True)
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            self._cat_tensor(path, a)
+        return path
 
     def write_view(self, parent: h5py.Group, name: str, base_path: str, meta: TensorMeta) -> str:
         """A tensor whose data is (a re-striding of) the stored dataset `base_path`.
@@ -393,14 +515,20 @@ class DumpWriter:
         a = meta.attrs(S.TYPE_TENSOR_VIEW)
         a[S.ATTR_BASE] = base.name
         set_attrs(ds, a, fresh=True)
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            self._cat_tensor(path, a)
+        return path
 
     def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
         """Hard link: the same stored tensor under a second path (written once)."""
         # low level: the high-level `parent[name] = f[path]` opens the target object first
         parent.id.links.create_hard(name.encode(), self._f.id, existing_path.encode(),
                                     lcpl=parent._lcpl, lapl=parent._lapl)
-        return f"{parent.name}/{name}"
+        path = f"{parent.name}/{name}"
+        if self._cat_prefix is not None:
+            self._cat_link(path, existing_path)
+        return path
 
     def write_value(self, parent: h5py.Group, name: str, value: Any,
                     schema_type: str | None = None) -> str:
@@ -415,7 +543,16 @@ class DumpWriter:
         else:
             ds = parent.create_dataset(name, data=value)
         set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            # what DumpFile.read_value gives back: None, the string, or the number as stored
+            try:
+                v = None if code == S.TYPE_NONE else value if code == S.TYPE_STRING \
+                    else np.asarray(value)[()].item()
+            except (TypeError, ValueError, OverflowError):
+                v = _NO_VALUE
+            self._cat_entry(path, {S.CAT_TYPE: code}, v)
+        return path
 
     def write_named(self, parent: h5py.Group, name: str, value: str, type_code: int,
                     extra: dict[str, Any] | None = None, schema_type: str | None = None) -> str:
@@ -430,7 +567,19 @@ class DumpWriter:
             ds.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
         for k, v in (extra or {}).items():
             ds.attrs[k] = v
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            attrs = {S.ATTR_TYPE: type_code, **(extra or {})}
+            if type_code == S.TYPE_SCALAR_TYPE:
+                attrs.setdefault(S.ATTR_DTYPE, value)
+            d = _cat_attrs(attrs)
+            if d is None:       # never fails the write: the op is left undescribed
+                self._cat_bad = True
+            else:       # the value as read back: the dtype name, or the string
+                v = d.get(S.ATTR_DTYPE, _NO_VALUE) if type_code == S.TYPE_SCALAR_TYPE \
+                    else value if isinstance(value, str) else _NO_VALUE
+                self._cat_entry(path, d, v)
+        return path
 
     def create_list(self, parent: h5py.Group, name: str, type_code: int = S.TYPE_TENSOR_LIST,
                     length: int = 0, schema_type: str | None = None) -> h5py.Group:
@@ -440,6 +589,8 @@ class DumpWriter:
         g.attrs["length"] = int(length)
         if schema_type:
             g.attrs[S.ATTR_SCHEMA_TYPE] = schema_type
+        if self._cat_prefix is not None:
+            self._cat_entry(g.name, {S.CAT_TYPE: int(type_code), S.CAT_LENGTH: int(length)})
         return g
 
     def _write_list(self, parent, name, value, schema_type):
@@ -459,7 +610,132 @@ class DumpWriter:
             return g.name
         ds = parent.create_dataset(name, data=arr)
         set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
-        return ds.name
+        path = ds.name
+        if self._cat_prefix is not None:
+            self._cat_entry(path, {S.CAT_TYPE: code}, arr.tolist())
+        return path
+
+    # ---- catalog -----------------------------------------------------------
+    def _cat_reset(self) -> None:
+        self._cat_prefix = None
+        self._cat_groups = {}
+        self._cat_order = {}
+        self._cat_ids = ()
+        self._cat_bad = False
+
+    def _cat_place(self, path: str) -> tuple[str, str] | None:
+        """(io group, name relative to it) of an entry of the open op, else None."""
+        prefix = self._cat_prefix
+        if prefix is None or not path.startswith(prefix):
+            return None
+        io, _, rel = path[len(prefix):].partition("/")
+        return (io, rel) if rel and io in self._cat_groups else None
+
+    def _cat_add(self, io: str, rel: str, entry: str) -> None:
+        self._cat_groups[io].setdefault(rel.partition("/")[0], []).append(entry)
+
+    def _cat_entry(self, path: str, desc: dict[str, Any], value: Any = _NO_VALUE) -> None:
+        """A non-tensor entry (value or list) of the open op."""
+        place = self._cat_place(path)
+        if place is None:
+            return
+        d = {S.CAT_NAME: place[1], **desc}
+        if value is not _NO_VALUE:
+            d[S.CAT_VALUE] = value
+        try:
+            entry = _cat_json(d)
+        except (TypeError, ValueError, OverflowError):   # complex, NaN, inf: readers read the file
+            d.pop(S.CAT_VALUE, None)
+            try:
+                entry = _cat_json(d)
+            except (TypeError, ValueError, OverflowError):
+                self._cat_bad = True
+                return
+        self._cat_add(place[0], place[1], entry)
+
+    def _cat_tensor(self, path: str, attrs: dict[str, Any], offset: int | None = None,
+                    nbytes: int = 0, dtype: Any = None, shape: Any = None) -> None:
+        """A dataset stored at `path` (tensor, view or statistics): remembered for links to
+        it, and an entry of the open op when it is one."""
+        try:
+            frag = _tensor_fragment(attrs, offset, nbytes, dtype, shape)
+        except (TypeError, ValueError, OverflowError):
+            frag = None
+        if frag is None:            # never fails the write: the op is left undescribed
+            self._cat_bad = True
+            return
+        self._cat_remember(path, (path, frag))
+        place = self._cat_place(path)
+        if place is not None:
+            self._cat_add(place[0], place[1], '{"n":' + _cat_json(place[1]) + "," + frag + "}")
+
+    def _cat_remember(self, path: str, desc: tuple[str, str]) -> None:
+        known = self._cat_desc
+        known[path] = desc
+        if len(known) > CATALOG_MAX_DESCRIPTIONS:
+            del known[next(iter(known))]
+
+    def _cat_link(self, path: str, existing_path: str) -> None:
+        if not existing_path.startswith("/"):
+            existing_path = "/" + existing_path
+        desc = self._cat_desc.get(existing_path)
+        if desc is None:
+            desc = self._cat_describe_stored(existing_path)
+            if desc is None:
+                self._cat_bad = True
+                return
+        self._cat_remember(path, desc)
+        place = self._cat_place(path)
+        if place is not None:
+            canonical, frag = desc
+            self._cat_add(place[0], place[1], '{"n":' + _cat_json(place[1]) + ',"obj":'
+                          + _cat_json(canonical) + "," + frag + "}")
+
+    def _cat_describe_stored(self, path: str) -> tuple[str, str] | None:
+        """A stored tensor's description read back from the file (a link to one written
+        so long ago that its description was forgotten, or by an earlier writer)."""
+        try:
+            obj = self._f[path]
+            if not isinstance(obj, h5py.Dataset):
+                return None
+            attrs = dict(obj.attrs)
+            attrs.setdefault(S.ATTR_TYPE, S.TYPE_TENSOR)
+            if int(attrs[S.ATTR_TYPE]) not in S.TENSOR_TYPES:
+                return None
+            offset = nbytes = shape = None
+            if int(attrs[S.ATTR_TYPE]) == S.TYPE_TENSOR and obj.shape is not None \
+                    and obj.dtype.subdtype is None:
+                shape = tuple(obj.shape)
+                nbytes = obj.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                offset = _contiguous_offset(obj.id, nbytes)
+            frag = _tensor_fragment(attrs, offset, nbytes or 0, obj.dtype, shape)
+        except (KeyError, ValueError, TypeError, OSError, RuntimeError):
+            return None
+        return None if frag is None else (path, frag)
+
+    def _cat_finish(self) -> str:
+        """The open op's catalog row ("" when it is not fully described)."""
+        prefix, groups, order, ids, bad = (self._cat_prefix, self._cat_groups, self._cat_order,
+                                           self._cat_ids, self._cat_bad)
+        self._cat_reset()
+        if prefix is None or bad:
+            return ""
+        parts = []
+        for io, key, gid in zip((S.INPUT_GROUP, S.OUTPUT_GROUP), (S.CAT_INPUTS, S.CAT_OUTPUTS), ids):
+            tops = groups[io]
+            try:        # something written around this writer (a raw h5py copy): not described
+                if len(gid) != len(tops):
+                    return ""
+            except (ValueError, RuntimeError, TypeError):
+                return ""
+            # readers list the names of `order` first, then the others alphabetically
+            names = sorted(tops)
+            listed = order.get(io)
+            if listed:
+                first = [n for n in dict.fromkeys(listed) if n in tops]
+                names = first + [n for n in names if n not in set(first)]
+            parts.append(f'"{key}":[' + ",".join(e for n in names for e in tops[n]) + "]")
+        return "{" + ",".join(parts) + "}"
 
     # ---- durability --------------------------------------------------------
     def maybe_flush(self) -> None:
@@ -469,17 +745,41 @@ class DumpWriter:
     def flush(self) -> None:
         """Make every finished op durable: index rows, op count, then HDF5 flush."""
         if self._pending_index:
+            pending = self._pending_index
             n = self._index.shape[0]
-            rows = np.array(self._pending_index, dtype=_INDEX_DTYPE)
+            rows = np.array([r[:5] for r in pending], dtype=_INDEX_DTYPE)
+            cat = [r[5] if len(r) > 5 else "" for r in pending] if self._cat_on else None
             self._index.resize((n + len(rows),))
             self._index[n:] = rows
-            self._pending_index.clear()
+            pending.clear()
+            if cat is not None:
+                try:
+                    self._write_catalog(n, cat)
+                except (OSError, RuntimeError, ValueError):
+                    # an accelerator only: stop keeping it (readers then walk the groups);
+                    # a disk-full condition is reported by the flush below
+                    self._cat_on = False
         rewrite_scalar_attr(self._f, S.ROOT_NUM_OPS, self.num_ops)
         try:
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
         self._last_flush = time.monotonic()
+
+    def _write_catalog(self, n: int, rows: list[str]) -> None:
+        """Catalog rows of index rows n, n+1, ... (in the same flush as those)."""
+        cat = self._catalog
+        if cat is None:
+            if n:
+                self._cat_on = False
+                return
+            cat = self._catalog = self._f.create_dataset(
+                S.CATALOG_PATH, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(1024,))
+        if cat.shape[0] != n:          # out of step: stop (readers then walk the groups)
+            self._cat_on = False
+            return
+        cat.resize((n + len(rows),))
+        cat[n:] = np.array(rows, dtype=object)
 
     # ---- disk full --------------------------------------------------------------------
     def _make_reserve(self, nbytes: int) -> str | None:
