@@ -36,6 +36,35 @@ def one_step(model, x, y):
     return _MLP.train_step(model, (x, y))
 
 
+def page_cache_probe(nbytes: int, tmp: str, rounds: int = 4) -> tuple[float, float]:
+    """Median ms of one os.pwrite of `nbytes` to a new file when the previous file is
+    removed first (pages recycled) and when every file is kept (new pages each time).
+    Printed next to the ratios: on the 2-core reference VM the second is ~10x the first
+    (memory the VM has not touched yet is slow to hand out), which is why the benchmarks
+    remove each step's dump outside the timing, and why their ratios move between runs."""
+    import numpy as np
+
+    buf = np.ones(nbytes, dtype=np.uint8)
+    out = []
+    for keep in (False, True):
+        times, paths = [], []
+        for i in range(rounds):
+            path = os.path.join(tmp, f"probe_{keep}_{i}.bin")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            t0 = time.perf_counter()
+            os.pwrite(fd, buf, 0)
+            times.append(time.perf_counter() - t0)
+            os.close(fd)
+            if keep:
+                paths.append(path)
+            else:
+                os.remove(path)
+        for path in paths:
+            os.remove(path)
+        out.append(statistics.median(times) * 1e3)
+    return out[0], out[1]
+
+
 def measure(kind: str, model, opt, x, y, steps: int, tmp: str) -> tuple[float, float, int]:
     """Median ms/step, MB written/step, files/step for one configuration."""
     times, sizes = [], []
@@ -92,6 +121,10 @@ def main() -> None:
     default_threads = torch.get_num_threads()
     from dumpfile.remote_writer import prestart
     print(f"writer process start-up: {prestart() * 1e3:.0f} ms (once per Python process)")
+    with tempfile.TemporaryDirectory() as tmp:
+        recycled, fresh = page_cache_probe(58_000_000, tmp)
+    print(f"raw write of 58 MB: {recycled:.0f} ms into recycled pages, {fresh:.0f} ms into new "
+          "ones (the machine's page cache; each step's dump is removed outside the timing)")
     run(1, args.steps)
     run(default_threads, args.steps)
     print("targets at 1 thread: full <= 2.5x, stats-only <= 1.2x, <= 60 MB/step")

@@ -215,16 +215,25 @@ class _Server:
         self.error: str | None = None
         self.flush_interval = 1.0
 
+    parent_gone = False     # set by the SIGTERM the kernel sends when the caller dies
+
     def serve(self) -> None:
         conn = self.conn
         while True:
+            if self.parent_gone:
+                # Only here, between DumpWriter calls: stopping inside a flush (as a
+                # SIGKILL would) could leave HDF5's metadata half written.
+                os._exit(0)
             try:
                 if self.w is not None and not conn.poll(self.flush_interval):
-                    self._idle_flush()
+                    if not self.parent_gone:
+                        self._idle_flush()
                     continue
                 msg = conn.recv()
             except (EOFError, OSError):
                 os._exit(0)      # the caller is gone: leave the file as of its last flush
+            if self.parent_gone:
+                os._exit(0)
             kind = msg[0]
             if kind == "op":
                 conn.send(self._op(msg[1]))
@@ -339,15 +348,21 @@ class _Server:
 
 def _main() -> None:
     fd = int(sys.argv[1])
-    try:    # die with the caller (Linux): no orphan writing after a SIGKILL
+    server = _Server(Connection(fd))
+    try:    # stop with the caller (Linux): no orphan writing after a SIGKILL
         import ctypes
         import signal
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+
+        def _parent_gone(signum, frame):
+            server.parent_gone = True       # acted on between two messages (serve)
+
+        signal.signal(signal.SIGTERM, _parent_gone)
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
         if os.getppid() == 1:
             os._exit(0)
     except Exception:  # noqa: BLE001 - end of file on the connection still ends us
         pass
-    _Server(Connection(fd)).serve()
+    server.serve()
 
 
 if __name__ == "__main__":

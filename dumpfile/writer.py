@@ -763,6 +763,15 @@ class DumpWriter:
         try:
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
+            # The disk filled (tensor bytes written by another thread or process can fill
+            # it before this flush runs): give back the space held for this and try once
+            # more, so the ops published so far stay readable; the error is reported anyway.
+            if self._reserve is not None:
+                self.release_reserve()
+                try:
+                    self._f.flush()
+                except (OSError, RuntimeError):
+                    pass
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
         self._last_flush = time.monotonic()
 

@@ -100,7 +100,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
-                 dedup: bool = True, writer: str = "thread", **future: Any):
+                 dedup: bool = True, writer: str = "auto", **future: Any):
         self.use_dump = use_dump
         self.dump_path = os.fspath(dump_path) if dump_path else None
         self.use_load = use_load
@@ -117,9 +117,12 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.max_pending_bytes = max_pending_bytes
         self.dedup = dedup
         # "thread": HDF5 written by a thread of this process; "process": by a child process
-        # with its own GIL (docs/FORMAT.md, durability). Statistics-only dumps use a thread.
-        if writer not in ("thread", "process"):
-            raise DumperError(f"writer must be 'thread' or 'process', got {writer!r}")
+        # with its own GIL (docs/FORMAT.md, durability); "auto": the process writer for full
+        # dumps (h5py holds the GIL for all its metadata work, which in a thread competes
+        # with the model's Python), the thread writer where no child can be started.
+        # Statistics-only dumps always use a thread (little HDF5 work).
+        if writer not in ("auto", "thread", "process"):
+            raise DumperError(f"writer must be 'auto', 'thread' or 'process', got {writer!r}")
         self.writer = writer
         self.record_views = record_views
         self.record_stack = record_stack
@@ -235,9 +238,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             if self.stats_only:
                 w = StatsDumpWriter(self.path, mode=self.mode, root_attrs=root,
                                     flush_interval=self.flush_interval, defer_open=True)
-            elif self.writer == "process":
-                w = RemoteDumpWriter(self.path, mode=self.mode, root_attrs=root,
-                                     flush_interval=self.flush_interval)
+            elif self.writer in ("auto", "process"):
+                w = self._remote_writer(root)
             else:
                 w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
                                flush_interval=self.flush_interval)
@@ -246,7 +248,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         registry = CaptureRegistry()
         if self.stats_only:
             thread_cls = StatsWriterThread
-        elif self.writer == "process":
+        elif isinstance(w, RemoteDumpWriter):
             thread_cls = ProcessWriter
         else:
             thread_cls = WriterThread
@@ -260,6 +262,19 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                               dump_mode=self.dump_mode, record_views=self.record_views,
                               record_stack=self.record_stack)
         self._mode.__enter__()
+
+    def _remote_writer(self, root: dict) -> Any:
+        """The process writer; with writer="auto", the thread writer's DumpWriter when the
+        child cannot be started (no usable interpreter, dumpfile not importable there):
+        a path problem then raises from DumpWriter as it would have."""
+        try:
+            return RemoteDumpWriter(self.path, mode=self.mode, root_attrs=root,
+                                    flush_interval=self.flush_interval)
+        except (DumpError, OSError) as e:
+            if self.writer == "process":
+                raise DumperError(str(e)) from e
+            return DumpWriter(self.path, mode=self.mode, root_attrs=root,
+                              flush_interval=self.flush_interval)
 
     def _abort(self) -> None:
         if self._writer is not None:
@@ -308,6 +323,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             "path": self.path, "mode": self.mode, "ops_seen": self._mode.seqid,
             "ops_recorded": self._mode.num_recorded, "datasets": wt.num_datasets,
             "links": wt.num_links, "views": wt.num_views, "bytes_written": w.bytes_written,
+            "writer": "process" if isinstance(w, RemoteDumpWriter) else "thread",
         }
         # Each mode's own report (replay matches, overflows, kernel dumps) under its name.
         for policy in self.policies:

@@ -207,6 +207,7 @@ class ReplayPolicy(Policy):
         self.op_map = op_map if isinstance(op_map, OpMap) else get_op_map(op_map)
         self.keep_live_strides = keep_live_strides
         self.verbose = verbose
+        self._inputs_stored = True      # the session's dump_mode stores inputs (set in begin)
         self.summary = ReplaySummary()
         self._file: DumpFile | None = None
         self._by_name: dict[str, list[_Recorded]] = {}
@@ -238,6 +239,7 @@ class ReplayPolicy(Policy):
         if not path:
             raise ReplayError("load_file_path is empty: give the dump to replay")
         dump_path = self.dump_path or getattr(session, "dump_path", None)
+        self._inputs_stored = getattr(session, "dump_mode", "all") in ("input", "all")
         if dump_path and os.path.abspath(os.fspath(dump_path)) == os.path.abspath(path):
             raise ReplayError(f"{path}: load_file_path and dump_path are the same file "
                               "(the replay would overwrite the golden dump)")
@@ -488,6 +490,10 @@ class ReplayPolicy(Policy):
                 with torch.no_grad():
                     live.copy_(src)
                 return live
+            if not self._inputs_stored and _usable_as_is(live, src, self.keep_live_strides):
+                # Nothing to gain from keeping the live tensor (no copy to save, no input
+                # to link in the dump): hand on the recorded one without reading both.
+                return src
             if _bitwise_equal(live, src):
                 # The live input already holds the recorded bits (shared weights, a replay into
                 # the recording's own run): it is what the op would get, without the copy, and
@@ -676,10 +682,16 @@ for _name, _np_name in S.STORAGE_NUMPY_DTYPE.items():
 _RAW_READ_MIN_BYTES = 64 << 10      # small ones: h5py's read is as quick
 
 
+def _usable_as_is(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> bool:
+    """`src` already has what the op would have seen of `live` but the values: dtype,
+    device and (when kept) strides; `_like` returns it without a copy."""
+    return src.dtype == live.dtype and src.device == live.device and (
+        not keep_strides or src.stride() == live.stride() or live.numel() <= 1)
+
+
 def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
     """`src`'s values with `live`'s dtype, device and (when it is a plain layout) strides."""
-    if src.dtype == live.dtype and src.device == live.device and (
-            not keep_strides or src.stride() == live.stride() or live.numel() <= 1):
+    if _usable_as_is(live, src, keep_strides):
         return src                       # already what the op would have seen: no copy
     if keep_strides and live.layout == torch.strided and _dense_non_overlapping(live):
         out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)

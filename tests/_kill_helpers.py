@@ -41,7 +41,21 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) 
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+    _wait_unlocked(p, 10.0)
     return p
+
+
+def _wait_unlocked(p: Path, timeout_s: float) -> None:
+    """A writer process outlives the killed dumper for a moment (it stops between two
+    messages) and holds HDF5's file lock until then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            h5py.File(p, "r").close()
+            return
+        except BlockingIOError:
+            assert time.monotonic() < deadline, "the writer process kept the file locked"
+            time.sleep(0.05)
 
 
 def killed_dump_tail(p: Path, *, min_flushed: int = 20, wait_unlocked_s: float = 0.0) -> list:
@@ -50,14 +64,7 @@ def killed_dump_tail(p: Path, *, min_flushed: int = 20, wait_unlocked_s: float =
 
     wait_unlocked_s: a writer process outlives its parent for a moment and holds HDF5's
     file lock until then; wait that long for it to let go."""
-    deadline = time.monotonic() + wait_unlocked_s
-    while True:
-        try:
-            h5py.File(p, "r").close()
-            break
-        except BlockingIOError:
-            assert time.monotonic() < deadline, "the writer process kept the file locked"
-            time.sleep(0.05)
+    _wait_unlocked(p, wait_unlocked_s)
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
         flushed = int(f.attrs["num_ops"])

@@ -105,8 +105,8 @@ def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(DumpWriter, "write_tensor", boom)
     p = tmp_path / "full.h5"
-    with pytest.raises(DumperError) as ei:
-        with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+    with pytest.raises(DumperError) as ei:     # (the patch reaches the thread writer only)
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="thread"):
             for _ in range(50):
                 torch.ones(3) * 2
                 time.sleep(0.002)
@@ -144,7 +144,7 @@ def test_disk_full_gives_clear_error_and_readable_file(tmp_path, writer):
 
 # ---- durability: SIGKILL mid-dump ----------------------------------------------------------
 def test_sigkill_mid_dump_leaves_readable_file(tmp_path):
-    p = sigkill_mid_dump(tmp_path, settle_s=2.5)
+    p = sigkill_mid_dump(tmp_path, settle_s=2.5, writer="thread")   # (process: its own test)
     for o in killed_dump_tail(p):      # the last flushed ops read back
         assert o.inputs()["self"].read().shape == (32, 32)
     if shutil.which("h5ls"):

@@ -131,3 +131,35 @@ def test_process_writer_sigkill_leaves_readable_file(tmp_path):
     # until then its HDF5 file lock refuses readers
     for o in killed_dump_tail(p, wait_unlocked_s=10):
         assert o.inputs()["self"].read().shape == (32, 32)
+
+
+def test_default_writer_is_the_process_writer_and_falls_back_to_a_thread(tmp_path, monkeypatch):
+    """writer="auto" (the default) writes full dumps from the child process; where no child
+    can be started it writes the same file from a thread, while an explicit
+    writer="process" reports the failure in one line."""
+    from dumpfile.errors import DumpWriteError
+
+    model, x = _model(), torch.randn(4, 128)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "auto.h5")) as d:
+        _step(model, x)
+    assert d.summary["writer"] == "process"
+    with npu_dumper.dumper(use_dump=True, stats_only=True, dump_path=str(tmp_path / "s.h5")) as s:
+        _step(model, x)
+    assert s.summary["writer"] == "thread"
+
+    def no_child(self, path, **kw):
+        raise DumpWriteError(f"{path}: dump writer process failed (no interpreter)")
+
+    monkeypatch.setattr(RemoteDumpWriter, "__init__", no_child)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "fallback.h5")) as f:
+        _step(model, x)
+    assert f.summary["writer"] == "thread" and f.num_ops == d.num_ops > 0
+    with DumpFile(str(tmp_path / "auto.h5")) as a, DumpFile(str(tmp_path / "fallback.h5")) as b:
+        assert [(o.op, o.seqid) for o in a.ops()] == [(o.op, o.seqid) for o in b.ops()]
+        assert b.complete
+    with pytest.raises(DumperError, match="dump writer process failed") as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "p.h5"), writer="process"):
+            _step(model, x)
+    assert "\n" not in str(ei.value)
+    with pytest.raises(DumperError, match="writer must be"):
+        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "q.h5"), writer="fork")
