@@ -82,6 +82,11 @@ def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None)
     return path
 
 
+# Set when writer="auto" could not start the writer process although the dump file could be
+# created: later blocks of this process go straight to the thread writer.
+_no_writer_process = False
+
+
 class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     """Record every op of the block into one HDF5 file (see docs/FORMAT.md).
 
@@ -267,14 +272,20 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         """The process writer; with writer="auto", the thread writer's DumpWriter when the
         child cannot be started (no usable interpreter, dumpfile not importable there):
         a path problem then raises from DumpWriter as it would have."""
+        global _no_writer_process
+        if self.writer == "auto" and _no_writer_process:
+            return DumpWriter(self.path, mode=self.mode, root_attrs=root,
+                              flush_interval=self.flush_interval)
         try:
             return RemoteDumpWriter(self.path, mode=self.mode, root_attrs=root,
                                     flush_interval=self.flush_interval)
         except (DumpError, OSError) as e:
             if self.writer == "process":
                 raise DumperError(str(e)) from e
-            return DumpWriter(self.path, mode=self.mode, root_attrs=root,
-                              flush_interval=self.flush_interval)
+            w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
+                           flush_interval=self.flush_interval)
+            _no_writer_process = True   # the path was fine: the child is what failed; not again
+            return w
 
     def _abort(self) -> None:
         if self._writer is not None:

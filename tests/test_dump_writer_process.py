@@ -150,10 +150,13 @@ def test_default_writer_is_the_process_writer_and_falls_back_to_a_thread(tmp_pat
     def no_child(self, path, **kw):
         raise DumpWriteError(f"{path}: dump writer process failed (no interpreter)")
 
+    import sys
+    monkeypatch.setattr(sys.modules["npu_dumper.dumper"], "_no_writer_process", False)
     monkeypatch.setattr(RemoteDumpWriter, "__init__", no_child)
     with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "fallback.h5")) as f:
         _step(model, x)
     assert f.summary["writer"] == "thread" and f.num_ops == d.num_ops > 0
+    assert sys.modules["npu_dumper.dumper"]._no_writer_process   # not tried again
     with DumpFile(str(tmp_path / "auto.h5")) as a, DumpFile(str(tmp_path / "fallback.h5")) as b:
         assert [(o.op, o.seqid) for o in a.ops()] == [(o.op, o.seqid) for o in b.ops()]
         assert b.complete
