@@ -107,8 +107,8 @@ def run(threads: int | None, steps: int) -> None:
     plain = med["plain"][0]
     label = f"threads={torch.get_num_threads()}"
     print(f"[{label}] plain      {plain:8.1f} ms/step")
-    for k, name in (("full", "full dump, writer=thread "), ("full-process", "full dump, writer=process"),
-                    ("stats", "stats-only               ")):
+    for k, name in (("full", "full dump, writer=thread            "), ("full-process", "full dump, writer=process (default)"),
+                    ("stats", "stats-only                         ")):
         ms, mb, files = med[k]
         print(f"[{label}] {name} {ms:8.1f} ms/step  ratio {ms / plain:5.2f}x  "
               f"{mb:6.1f} MB/step  {files} file/step")
