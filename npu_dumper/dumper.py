@@ -227,6 +227,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self._validate()
         self.rank, self.world_size = _dist_rank()
         self.path = resolve_dump_path(self.dump_path, self.mode, self.rank)
+        self._created = not os.path.exists(self.path)
         self.policies = self._make_policies()
         root = {
             S.ROOT_TORCH_VERSION: str(torch.__version__),
@@ -288,9 +289,19 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             return w
 
     def _abort(self) -> None:
+        """Entry failed (e.g. a policy refused its load file) before the model ran: close the
+        writer and remove the file this block created, which holds no op."""
         if self._writer is not None:
             self._writer.close()
-            self._writer.writer.close(complete=False)
+            try:
+                self._writer.writer.close(complete=False)
+            except DumpError:
+                pass
+        if self.path and getattr(self, "_created", False) and self._mode is None:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
 
     def __exit__(self, exc_type, exc, tb):
         global _active

@@ -250,6 +250,12 @@ class ReplayPolicy(Policy):
         if self._file.stats_only:
             self._file.close()
             raise ReplayError(f"{path}: statistics-only dump holds no tensor values to replay")
+        if S.INPUT_GROUP not in self._file.recorded_io:
+            mode = self._file.attrs.get(S.ROOT_DUMP_MODE)
+            self._file.close()
+            raise ReplayError(f"{path}: holds no op inputs to replay (dump_mode={mode!r}; a load-replay "
+                              "dump stores outputs only): load the dump it was replayed from, or dump "
+                              "with dump_mode='all'")
         ops = self._file.ops()
         if not ops:
             self._file.close()

@@ -269,3 +269,26 @@ def test_replay_stores_outputs_only_by_default_and_compare_pairs_only_outputs(tm
     assert len(table) == len(_outputs(ref))
     both = compare_dumps(full, ref).table
     assert set(both["IO"]) == {"input", "output"} and (both["CompareStatus"] == "compared").all()
+
+
+def test_a_dump_without_inputs_is_refused_for_replay_and_golden_replay(tmp_path):
+    """A load-replay dump holds outputs only: replaying it (load or golden fp64) would
+    recompute nothing; both say so in one line before any op runs, and leave no file."""
+    from typer.testing import CliRunner
+
+    from accucmp.cli import app
+
+    model, x = _mlp(), torch.randn(4, 8)
+    ref = _dump(tmp_path, model, x)
+    lean = str(tmp_path / "lean.h5")
+    with torch.utils.dumper(use_load=True, load_file_path=ref, dump_path=lean):
+        _step(model, x)
+    again = tmp_path / "again.h5"
+    with pytest.raises(DumperError, match="holds no op inputs") as ei:
+        with torch.utils.dumper(use_load=True, load_file_path=lean, dump_path=str(again)):
+            _step(model, x)
+    assert "\n" not in str(ei.value) and lean in str(ei.value)
+    assert not again.exists()
+    r = CliRunner().invoke(app, ["golden", "-i", lean, "-o", str(tmp_path / "g.h5")], terminal_width=200)
+    assert r.exit_code == 2 and "holds no op inputs" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "g.h5").exists()
