@@ -526,9 +526,7 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements), ios)
     if jobs <= 0:
         jobs = auto_jobs(len(pairs))
-    # fork only from a single-threaded process: a lock (h5py's among them) held by another
-    # thread at the fork would stay held forever in the child
-    if jobs > 1 and len(pairs) > 1 and _FORK is not None and threading.active_count() == 1:
+    if jobs > 1 and len(pairs) > 1 and _FORK is not None and _safe_to_fork():
         rows = _rows_in_processes(work, tf, gf, ff, jobs)
     elif jobs > 1 and len(pairs) > 1:
         rows = _rows_in_threads(work, jobs)
@@ -586,6 +584,20 @@ class _Work:
                     and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED:
                 self.comparer.run(task)
         return rows
+
+
+# The name npu_dumper.worker_threads gives its pooled threads while they wait for work
+# (a dump earlier in this process leaves them for a while); kept equal by a test.
+IDLE_DUMPER_THREAD_NAME = "npu_dumper-idle"
+
+
+def _safe_to_fork() -> bool:
+    """Fork only when no other thread can hold a lock (h5py's among them) that would stay
+    held forever in the child: the main thread alone, or with idle dumper pool threads,
+    which wait on a condition of their own and hold nothing."""
+    me = threading.current_thread()
+    return me is threading.main_thread() and all(
+        t is me or (t.daemon and t.name == IDLE_DUMPER_THREAD_NAME) for t in threading.enumerate())
 
 
 AUTO_JOBS_MIN_PAIRS = 500      # below this, starting workers costs more than it saves

@@ -35,6 +35,7 @@ from dumpfile.writer import DumpWriter, TensorMeta
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .errors import DumperError
 from .tensors import storage_array
+from .worker_threads import TaskHandle, run_in_thread
 
 
 @dataclass
@@ -95,13 +96,12 @@ class WriterThread:
         self._data_failed = False
         self._staging: torch.Tensor | None = None   # reused re-layout buffer (no page-fault churn)
         self._pieces: list = []
-        self._data_thread: threading.Thread | None = None
+        # pooled threads (worker_threads): a training loop dumping every step does not
+        # start two threads per block
+        self._data_thread: TaskHandle | None = None
         if not stats_only:
-            self._data_thread = threading.Thread(target=self._data_run, name="npu_dumper-data",
-                                                 daemon=True)
-            self._data_thread.start()
-        self._thread = threading.Thread(target=self._run, name="npu_dumper-writer", daemon=True)
-        self._thread.start()
+            self._data_thread = run_in_thread(self._data_run, "npu_dumper-data")
+        self._thread = run_in_thread(self._run, "npu_dumper-writer")
 
     # ---- main-thread side ----------------------------------------------------
     def submit(self, job: OpJob) -> None:
