@@ -137,3 +137,16 @@ def test_ir2tbe_run_cli_without_model(extracted, monkeypatch):
     assert r.exit_code == 2 and "missing.h5" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["run", "output.h5", "--acl-config", "nope.json"])
     assert r.exit_code == 2 and "nope.json: no such file" in r.output
+
+
+def test_ir2tbe_run_refuses_a_dump_without_inputs(extracted, monkeypatch):
+    """A load-replay dump stores outputs only: nothing to replay, said in one line (exit 2)
+    instead of 'mapped 0 op(s)'."""
+    from ir2tbe.cli import app
+
+    m, x, _ = extracted
+    with torch.utils.dumper(use_load=True, load_file_path="dump.h5", dump_path="replay.h5"):
+        _step(m, x)
+    r = CliRunner().invoke(app, ["run", "replay.h5", "--acl-config", "acl.json"], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    assert "replay.h5: holds no op inputs" in r.output and "Traceback" not in r.output
