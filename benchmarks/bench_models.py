@@ -1,0 +1,72 @@
+"""Dump overhead on every sample model, measured side by side in one run.
+
+The reference workload (bench_dump.py) is one model with few, large ops; real models
+also have many small ones, where the cost per op (HDF5 objects and attributes of the
+original layout) is what a user waits for. For each sample model at its full size:
+one training step plain, under a full dump (default writer, then writer="thread") and
+under a statistics-only dump; prints the ratios, ops per step and MB per step.
+
+    python benchmarks/bench_models.py [--rounds N] [--threads T] [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import npu_dumper
+import sample_models
+
+KINDS = ("plain", "full", "full-thread", "stats")
+
+
+def measure(name: str, rounds: int, tmp: str) -> dict:
+    spec = sample_models.get(name)
+    model, batch = spec.build(seed=0), spec.make_inputs(seed=0)
+    spec.train_step(model, batch)                       # warm-up (op tables, the writer process)
+    times: dict[str, list[float]] = {k: [] for k in KINDS}
+    ops = size = 0
+    for _ in range(rounds):
+        for kind in KINDS:                               # interleaved: drift hits all alike
+            path = os.path.join(tmp, f"{name}_{kind}.h5")
+            t0 = time.perf_counter()
+            if kind == "plain":
+                spec.train_step(model, batch)
+            else:
+                with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=kind == "stats",
+                                       writer="thread" if kind == "full-thread" else "auto") as d:
+                    spec.train_step(model, batch)
+            times[kind].append(time.perf_counter() - t0)
+            if kind != "plain":
+                if kind == "full":
+                    ops, size = d.num_ops, os.path.getsize(path)
+                os.remove(path)                          # outside the timing (see bench_dump)
+    med = {k: statistics.median(v[1:] if len(v) > 2 else v) for k, v in times.items()}
+    return {"plain_ms": med["plain"] * 1e3, "ops": ops, "mb": size / 1e6,
+            **{k: med[k] / med["plain"] for k in KINDS[1:]}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=list(sample_models.names()))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"{'model':12s} {'plain':>8s} {'ops':>5s} {'MB':>6s} {'full':>7s} {'thread':>7s} {'stats':>7s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            r = measure(name, args.rounds, tmp)
+            print(f"{name:12s} {r['plain_ms']:6.1f}ms {r['ops']:5d} {r['mb']:6.1f} "
+                  f"{r['full']:6.1f}x {r['full-thread']:6.1f}x {r['stats']:6.2f}x", flush=True)
+    print("full: default writer (a child process); thread: writer='thread'; "
+          "ratios to the plain step, medians")
+
+
+if __name__ == "__main__":
+    main()
