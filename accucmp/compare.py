@@ -257,6 +257,7 @@ _UNAMBIGUOUS_STORAGE = {np.dtype(k): k for k in ("float32", "float64", "int8", "
 _B_TYPE, _B_DTYPE, _B_SHAPE = S.ATTR_TYPE.encode(), S.ATTR_DTYPE.encode(), S.ATTR_SHAPE.encode()
 _B_UNINIT, _B_ORDER = S.ATTR_UNINITIALIZED.encode(), b"order"
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
+_B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 _FAST_READ_KINDS = frozenset("biufc")
 # Tensors up to this many elements are read when their record is made (at most a
@@ -425,6 +426,7 @@ class _OpTensors:
     outputs: dict[str, ValueRecord]
     compute_dtype: str
     random_outputs_replayed: bool = False
+    input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
 
 
 def _op_tensors(op, eager: int = 0) -> _OpTensors:
@@ -435,18 +437,27 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
         a = op.attrs
         return _OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
-                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)))
+                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")))
     path = op.path
     op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
     ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
     outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
     cd = _str_attr(op_id, _B_COMPUTE, "")
-    return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)))
+    return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
+                      _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")))
+
+
+def _split_dtypes(text: Any) -> tuple[str, ...]:
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+    return tuple(d for d in text.split(",") if d)
 
 
 def _op_dtypes(ot: _OpTensors) -> list[str]:
+    """Every dtype the op touched: stored tensors, the inputs' dtypes when only those were
+    recorded (a load-replay dump), and the compute dtype."""
     out = [_dtype_of(r) for r in (*ot.inputs.values(), *ot.outputs.values())]
-    return out + ([ot.compute_dtype] if ot.compute_dtype else [])
+    return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
 # A fixed 2 MiB HDF5 metadata cache (HDF5's initial size, without growth): walking

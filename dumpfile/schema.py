@@ -69,6 +69,10 @@ OP_GRAD_FN = "grad_fn"          # autograd node running a backward op, e.g. "Add
 OP_MODULE = "module"            # innermost nn.Module path, e.g. "layers.3"; "" at top level
 OP_STACK = "stack"              # user source line, when record_stack=True
 OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (emulation)
+# dtypes of the op's tensor inputs ("bfloat16,float32"), written where the dump does not
+# store inputs (dump_mode="output", the load-replay default): compare's precision for the
+# op's outputs must still see a bfloat16 input that the golden had in float32
+OP_INPUT_DTYPES = "input_dtypes"
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
 OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
 OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid

@@ -231,6 +231,10 @@ class DumpMode(TorchDispatchMode):
             for an, st, v in named_args(info, args, kwargs):
                 inputs.append((an, self._node(v, st, caps, clone=an in written,
                                               uninit=an in opaque)))
+        else:
+            dtypes = _tensor_dtypes(args, kwargs)
+            if dtypes:
+                ev.group_attrs[S.OP_INPUT_DTYPES] = dtypes
         if written:
             for t in self._write_targets(info, args, kwargs):
                 self.registry.before_write(t)
@@ -283,3 +287,17 @@ class DumpMode(TorchDispatchMode):
         elif isinstance(out, (tuple, list)):
             flat, _ = tree_flatten(out)
             self.tracker.note_outputs([t for t in flat if isinstance(t, torch.Tensor)], module)
+
+
+def _tensor_dtypes(args: tuple, kwargs: dict) -> str:
+    """The distinct dtypes of the tensor arguments (lists one level deep), sorted and
+    comma-joined: what an op's inputs were when the dump does not store them."""
+    names = set()
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            names.add(dtype_name(v.dtype))
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    names.add(dtype_name(x.dtype))
+    return ",".join(sorted(names))

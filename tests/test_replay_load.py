@@ -102,6 +102,17 @@ def test_fp32_dump_replayed_into_bf16_autocast_matches_every_recorded_op(tmp_pat
     assert s.casts["float32->bfloat16"] > 0
     out = capsys.readouterr().out
     assert "aten._to_copy.default" in out and "float32->bfloat16" in out
+    # The replay dump holds outputs only; an op that read a bfloat16 input (cast from the
+    # golden's float32) is judged at bfloat16 precision all the same: its op attribute
+    # input_dtypes says what its inputs were, so no clean op fails on the cast alone.
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict, first_failure
+
+    table = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), ref).table)
+    assert set(table["IO"]) == {"output"} and len(table) > 5
+    assert first_failure(table) is None, table[table["Result"] != "pass"][["NPUDump", "SeqId", "FailReason"]]
+    with DumpFile(str(tmp_path / "t.h5")) as t:
+        assert any("bfloat16" in str(op.attrs.get("input_dtypes", "")) for op in t.ops())
 
 
 def _faulty_gelu_lib():
