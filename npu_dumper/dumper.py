@@ -229,6 +229,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.path = resolve_dump_path(self.dump_path, self.mode, self.rank)
         self._created = not os.path.exists(self.path)
         self.policies = self._make_policies()
+        # Policies first: a load file or ACL config they refuse is reported before the
+        # dump file is created (or an existing one at dump_path truncated).
+        self.registry = CaptureRegistry()
+        self._begin_policies()
         root = {
             S.ROOT_TORCH_VERSION: str(torch.__version__),
             S.ROOT_RANK: self.rank if self.rank is not None else 0,
@@ -251,7 +255,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                                flush_interval=self.flush_interval)
         except DumpError as e:
             raise DumperError(str(e)) from e
-        registry = CaptureRegistry()
+        registry = self.registry
         if self.stats_only:
             thread_cls = StatsWriterThread
         elif isinstance(w, RemoteDumpWriter):
@@ -260,14 +264,31 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             thread_cls = WriterThread
         self._writer = thread_cls(w, registry, max_pending_bytes=self.max_pending_bytes,
                                   flush_interval=self.flush_interval, dedup=self.dedup)
-        for p in self.policies:
-            p.begin(self)
         self._tracker = ModuleTracker().__enter__()
         self._mode = DumpMode(writer=self._writer, registry=registry, policies=self.policies,
                               op_filter=self.filter, tracker=self._tracker,
                               dump_mode=self.dump_mode, record_views=self.record_views,
                               record_stack=self.record_stack)
         self._mode.__enter__()
+
+    def _begin_policies(self) -> None:
+        """begin() each policy; when one refuses, end the ones already begun (files and
+        threads they opened), quietly, and re-raise."""
+        begun = []
+        try:
+            for p in self.policies:
+                p.begin(self)
+                begun.append(p)
+        except BaseException:
+            for p in reversed(begun):
+                if hasattr(p, "verbose"):
+                    p.verbose = False
+                try:
+                    p.end(self)
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            self.policies = []
+            raise
 
     def _remote_writer(self, root: dict) -> Any:
         """The process writer; with writer="auto", the thread writer's DumpWriter when the

@@ -300,6 +300,12 @@ def test_a_dump_without_inputs_is_refused_for_replay_and_golden_replay(tmp_path)
             _step(model, x)
     assert "\n" not in str(ei.value) and lean in str(ei.value)
     assert not again.exists()
+    # an existing file at dump_path is left as it was: the load file is judged first
+    before = open(ref, "rb").read()
+    with pytest.raises(DumperError, match="holds no op inputs"):
+        with torch.utils.dumper(use_load=True, load_file_path=lean, dump_path=ref):
+            _step(model, x)
+    assert open(ref, "rb").read() == before
     r = CliRunner().invoke(app, ["golden", "-i", lean, "-o", str(tmp_path / "g.h5")], terminal_width=200)
     assert r.exit_code == 2 and "holds no op inputs" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "g.h5").exists()
