@@ -832,15 +832,9 @@ class DumpWriter:
         try:
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
-            # The disk filled (tensor bytes written by another thread or process can fill
-            # it before this flush runs): give back the space held for this and try once
-            # more, so the ops published so far stay readable; the error is reported anyway.
-            if self._reserve is not None:
-                self.release_reserve()
-                try:
-                    self._f.flush()
-                except (OSError, RuntimeError):
-                    pass
+            # (the disk-space reserve is kept for the final flush at close, which publishes
+            # every op whose bytes were written: giving it back here, before a writer
+            # process has even heard which ops are complete, lost them)
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
         self._last_flush = time.monotonic()
 
