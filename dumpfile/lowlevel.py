@@ -1,4 +1,4 @@
-"""Attribute reads through h5py's low-level API, shared by the fast readers.
+"""Low-level h5py reads shared by the fast readers (and the writer's catalog).
 
 `obj.attrs[name]` costs tens of microseconds (it builds high-level objects each time);
 compare and load-replay read a few attributes of thousands of objects, so they open
@@ -39,3 +39,16 @@ def read_open_attr(aid) -> Any:
             mtype = _MTYPES[dtype] = h5t.py_create(dtype)
         aid.read(arr, mtype=mtype)
     return arr[()] if arr.ndim == 0 else arr
+
+
+def contiguous_offset(dsid, nbytes: int) -> int | None:
+    """File offset of a dataset whose stored bytes are exactly its `nbytes`-byte array
+    (contiguous, allocated, unfiltered: what can be read or written with pread/pwrite
+    at that offset), else None."""
+    try:
+        off = dsid.get_offset()
+        if off is None or dsid.get_storage_size() != nbytes:
+            return None
+        return int(off)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None

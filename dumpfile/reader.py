@@ -248,6 +248,15 @@ class DumpFile:
             return (S.OUTPUT_GROUP,)
         return (S.INPUT_GROUP, S.OUTPUT_GROUP)
 
+    def require_inputs(self) -> None:
+        """Raise DumpFormatError unless the dump holds its ops' inputs, which replaying an
+        op (load-replay, golden replay, ir2tbe) needs."""
+        if S.INPUT_GROUP not in self.recorded_io:
+            raise DumpFormatError(
+                f"{self.path}: holds no op inputs to replay (dump_mode="
+                f"{_attr_str(self.attrs.get(S.ROOT_DUMP_MODE, ''))!r}; a load-replay dump stores "
+                "outputs only): use the dump it was replayed from, or dump with dump_mode='all'")
+
     @property
     def complete(self) -> bool:
         return bool(self.attrs.get(S.ROOT_COMPLETE, True))

@@ -21,6 +21,7 @@ from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 
 from . import schema as S
 from .errors import DumpWriteError
+from .lowlevel import contiguous_offset
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
@@ -87,18 +88,6 @@ def _tensor_fragment(attrs: dict[str, Any], offset: int | None = None, nbytes: i
         if ss != d.get(S.ATTR_SHAPE):
             d[S.CAT_STORED_SHAPE] = ss
     return _cat_json(d)[1:-1]
-
-
-def _contiguous_offset(dsid: Any, nbytes: int) -> int | None:
-    """File offset of a dataset whose stored bytes are exactly its array (as replay_index
-    finds it when walking), else None."""
-    try:
-        off = dsid.get_offset()
-        if off is None or dsid.get_storage_size() != nbytes:
-            return None
-        return int(off)
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        return None
 
 
 _SCALAR_SPACE = h5s.create(h5s.SCALAR)
@@ -228,20 +217,10 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False)
         if not fresh and h5a.exists(oid, name):
             obj.attrs[k] = v
             continue
-        dt = arr.dtype
-        ftype = _FILE_TYPES.get(dt)
-        if ftype is None:
-            ftype = _FILE_TYPES[dt] = h5t.py_create(dt, logical=True)
-            _MEM_TYPES[dt] = h5t.py_create(dt)
-        if arr.ndim == 0:
-            space = _SCALAR_SPACE
-        else:
-            space = _SIMPLE_SPACES.get(arr.shape)
-            if space is None:
-                space = _SIMPLE_SPACES[arr.shape] = h5s.create_simple(arr.shape)
-        aid = h5a.create(oid, name, ftype, space)
+        ftype, mtype = _types(arr.dtype)
+        aid = h5a.create(oid, name, ftype, _space(arr.shape))
         if arr.size:
-            aid.write(np.asarray(arr, order="C"), mtype=_MEM_TYPES[dt])
+            aid.write(np.asarray(arr, order="C"), mtype=mtype)
 
 
 def rewrite_scalar_attr(obj: h5py.HLObject, key: str, value: Any) -> None:
@@ -509,7 +488,7 @@ class DumpWriter:
         path = ds.name
         if self._cat_prefix is not None:
             if offset is None and not kw:
-                offset = _contiguous_offset(ds.id, data.nbytes)
+                offset = contiguous_offset(ds.id, data.nbytes)
             self._cat_tensor(path, attrs, offset, data.nbytes, data.dtype, data.shape)
         return path
 
@@ -776,7 +755,7 @@ class DumpWriter:
                     and obj.dtype.subdtype is None:
                 shape = tuple(obj.shape)
                 nbytes = obj.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-                offset = _contiguous_offset(obj.id, nbytes)
+                offset = contiguous_offset(obj.id, nbytes)
             frag = _tensor_fragment(attrs, offset, nbytes or 0, obj.dtype, shape)
         except (KeyError, ValueError, TypeError, OSError, RuntimeError):
             return None

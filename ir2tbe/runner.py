@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dumpfile import schema as S
-from dumpfile.errors import DumpFormatError
 from dumpfile.reader import DumpFile
 from npu_dumper.recorded import load_call
 
@@ -81,11 +79,7 @@ def run_dump_file(h5_path: str | os.PathLike, config: AclConfig, *, device: str 
         from .acl_config import AclConfigError
         raise AclConfigError(f"{h5_path}: --device {device}: CUDA is not available on this machine")
     with DumpFile(h5_path) as df:
-        if S.INPUT_GROUP not in df.recorded_io:
-            raise DumpFormatError(
-                f"{h5_path}: holds no op inputs to replay (dump_mode="
-                f"{df.attrs.get(S.ROOT_DUMP_MODE)!r}; a load-replay dump stores outputs only): "
-                "use the dump it was replayed from, or dump with dump_mode='all'")
+        df.require_inputs()
     writer = KernelDumpWriter(config, device_id=device_index(dev), dump_path=dump_path)
     result = RunResult(writer.root, writer.map_path)
     with DumpFile(h5_path) as df:

@@ -245,14 +245,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         # (the writer thread creates a statistics file, overlapping the model's first ops:
         # resolve_dump_path has checked what can be checked up front)
         try:
-            if self.stats_only:
-                w = StatsDumpWriter(self.path, mode=self.mode, root_attrs=root,
-                                    flush_interval=self.flush_interval, defer_open=True)
-            elif self.writer in ("auto", "process"):
-                w = self._remote_writer(root)
-            else:
-                w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
-                               flush_interval=self.flush_interval)
+            w = self._file_writer(root)
         except DumpError as e:
             raise DumperError(str(e)) from e
         registry = self.registry
@@ -290,24 +283,25 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             self.policies = []
             raise
 
-    def _remote_writer(self, root: dict) -> Any:
-        """The process writer; with writer="auto", the thread writer's DumpWriter when the
-        child cannot be started (no usable interpreter, dumpfile not importable there):
-        a path problem then raises from DumpWriter as it would have."""
+    def _file_writer(self, root: dict) -> Any:
+        """What writes the file: a statistics table writer; for full dumps the writer
+        process, or with writer="auto" this process's DumpWriter when the child cannot be
+        started (no usable interpreter, dumpfile not importable there; a path problem then
+        raises from DumpWriter as it would have); writer="thread": the DumpWriter."""
         global _no_writer_process
-        if self.writer == "auto" and _no_writer_process:
-            return DumpWriter(self.path, mode=self.mode, root_attrs=root,
-                              flush_interval=self.flush_interval)
-        try:
-            return RemoteDumpWriter(self.path, mode=self.mode, root_attrs=root,
-                                    flush_interval=self.flush_interval)
-        except (DumpError, OSError) as e:
-            if self.writer == "process":
-                raise DumperError(str(e)) from e
-            w = DumpWriter(self.path, mode=self.mode, root_attrs=root,
-                           flush_interval=self.flush_interval)
-            _no_writer_process = True   # the path was fine: the child is what failed; not again
-            return w
+        kw = dict(mode=self.mode, root_attrs=root, flush_interval=self.flush_interval)
+        if self.stats_only:
+            return StatsDumpWriter(self.path, defer_open=True, **kw)
+        if self.writer == "process" or (self.writer == "auto" and not _no_writer_process):
+            try:
+                return RemoteDumpWriter(self.path, **kw)
+            except (DumpError, OSError) as e:
+                if self.writer == "process":
+                    raise DumperError(str(e)) from e
+                w = DumpWriter(self.path, **kw)
+                _no_writer_process = True   # the path was fine: the child is what failed; not again
+                return w
+        return DumpWriter(self.path, **kw)
 
     def _abort(self) -> None:
         """Entry failed (e.g. a policy refused its load file) before the model ran: close the

@@ -85,10 +85,10 @@ def replay(dump_h5: str | os.PathLike, out_h5: str | os.PathLike, device: str = 
     with DumpFile(src) as dump:
         if dump.stats_only:
             raise DumperError(f"{src}: statistics-only dump holds no tensor values to replay")
-        if S.INPUT_GROUP not in dump.recorded_io:
-            raise DumperError(f"{src}: holds no op inputs to replay (dump_mode={dump.attrs.get(S.ROOT_DUMP_MODE)!r}; "
-                              "a load-replay dump stores outputs only): replay the dump it was replayed "
-                              "from, or dump with dump_mode='all'")
+        try:
+            dump.require_inputs()
+        except DumpError as e:
+            raise DumperError(str(e)) from None
         ops = dump.ops()
         result.total = len(ops)
         root = {S.ROOT_LOAD_FILE: os.path.abspath(src), S.ROOT_COMPUTE_DTYPE: dtype_name,

@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
+from dumpfile.lowlevel import contiguous_offset
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 
 from .errors import DumperError
@@ -250,12 +251,11 @@ class ReplayPolicy(Policy):
         if self._file.stats_only:
             self._file.close()
             raise ReplayError(f"{path}: statistics-only dump holds no tensor values to replay")
-        if S.INPUT_GROUP not in self._file.recorded_io:
-            mode = self._file.attrs.get(S.ROOT_DUMP_MODE)
+        try:
+            self._file.require_inputs()
+        except DumpError as e:
             self._file.close()
-            raise ReplayError(f"{path}: holds no op inputs to replay (dump_mode={mode!r}; a load-replay "
-                              "dump stores outputs only): load the dump it was replayed from, or dump "
-                              "with dump_mode='all'")
+            raise ReplayError(str(e)) from None
         ops = self._file.ops()
         if not ops:
             self._file.close()
@@ -283,8 +283,7 @@ class ReplayPolicy(Policy):
             raise ReplayError(f"{path}: cannot read the recorded inputs: {e}") from None
         # the dumper's copy-on-write hook: data captured earlier must be saved before we
         # overwrite a live tensor in place
-        registry = getattr(session, "registry", None) or \
-            getattr(getattr(session, "_writer", None), "registry", None)
+        registry = getattr(session, "registry", None)
         self._before_write = getattr(registry, "before_write", None)
         try:
             self._fd = os.open(path, os.O_RDONLY)
@@ -590,12 +589,11 @@ class ReplayPolicy(Policy):
             try:
                 if obj is None:
                     obj = self._file.h5[rec.path]
-                dsid = obj.id
-                offset = dsid.get_offset()
                 dt = obj.dtype
                 shape = tuple(obj.shape)
                 nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-                if offset is None or dsid.get_storage_size() != nbytes:
+                offset = contiguous_offset(obj.id, nbytes)
+                if offset is None:
                     return None
             except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
                 return None

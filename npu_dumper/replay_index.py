@@ -36,7 +36,7 @@ import numpy as np
 from h5py import h5a, h5g, h5o
 
 from dumpfile import schema as S
-from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
+from dumpfile.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
 from dumpfile.reader import DumpFile, ValueRecord, _attr_str
 
 _NO_VALUE = object()
@@ -144,15 +144,15 @@ def _member(f: DumpFile, parent_id, link: str, path: str) -> ValueRecord:
         rec.ident = (hash(oid), int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), _shape(attrs, oid), _stride(attrs))
         if code == S.TYPE_TENSOR:
             try:
-                off = oid.get_offset()
                 dt, shape = oid.dtype, oid.shape
-                if off is not None and shape is not None and dt.subdtype is None:
-                    nbytes = dt.itemsize * math.prod(int(d) for d in shape)
-                    if oid.get_storage_size() == nbytes:
-                        rec.file_offset, rec.stored_nbytes = off, nbytes
-                        rec.stored_dtype, rec.stored_shape = dt, tuple(shape)
             except (AttributeError, TypeError, ValueError, RuntimeError):
-                pass
+                dt = shape = None
+            if shape is not None and dt.subdtype is None:
+                nbytes = dt.itemsize * math.prod(int(d) for d in shape)
+                off = contiguous_offset(oid, nbytes)
+                if off is not None:
+                    rec.file_offset, rec.stored_nbytes = off, nbytes
+                    rec.stored_dtype, rec.stored_shape = dt, tuple(shape)
         return rec
     rec.value = _plain_value(f, oid, code, attrs)
     return rec
@@ -300,7 +300,7 @@ def _offsets_hold(f: DumpFile, placed: list[IndexedValue]) -> bool:
         for i in picks:
             rec = placed[i]
             oid = h5o.open(f.h5.id, rec.path.encode("utf-8", "surrogateescape"))
-            if oid.get_offset() != rec.file_offset or oid.get_storage_size() != rec.stored_nbytes:
+            if contiguous_offset(oid, rec.stored_nbytes) != rec.file_offset:
                 return False
     except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
         return False
