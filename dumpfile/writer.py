@@ -9,6 +9,7 @@ every `flush_interval` seconds, so a crash leaves it readable up to the last flu
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import time
@@ -301,6 +302,26 @@ def _scalar_type_code(value: Any, schema_type: str | None) -> int:
     raise TypeError(f"no Type code for {type(value).__name__}")
 
 
+def _refuse_if_open_elsewhere(path: str) -> None:
+    """Raise when an existing file at `path` is open in HDF5 (a reader here or in another
+    process holds its lock). Creating it would truncate it first: HDF5 opens with O_TRUNC
+    and only then finds the lock taken, so a reader's file would be lost, not kept."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return                      # absent (or unreadable: h5py reports that below)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        raise DumpWriteError(f"{path}: cannot create dump file (it is open elsewhere, "
+                             "e.g. by a reader; close it first)") from None
+    except OSError:
+        pass                        # no flock on this file system: nothing to tell
+    finally:
+        os.close(fd)
+
+
 class DumpWriter:
     """One open dump file. Not thread-safe: one thread writes (the dumper's writer thread)."""
 
@@ -312,6 +333,8 @@ class DumpWriter:
             raise ValueError(f"mode must be one of {S.MODES}, got {mode!r}")
         self.path = os.fspath(path)
         self.flush_interval = flush_interval
+        if not append:
+            _refuse_if_open_elsewhere(self.path)
         try:
             self._f = h5py.File(self.path, "a" if append else "w")
         except OSError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import h5py
@@ -98,6 +99,36 @@ def test_disabled_dumper_is_a_no_op(tmp_path):
         torch.ones(1) * 2
     assert d.path is None and d.num_ops == 0
 
+
+
+@pytest.mark.parametrize("writer, reader", [("thread", "here"), ("process", "here"),
+                                            ("process", "other process")])
+def test_a_dump_open_in_a_reader_is_not_overwritten(tmp_path, writer, reader):
+    # HDF5 truncates a file it creates before it checks the file's lock, so a writer in
+    # another process (or a reader there) used to empty the earlier dump and then fail
+    p = tmp_path / "held.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+        torch.ones(3) * 2
+    size = p.stat().st_size
+    holder = None
+    if reader == "here":
+        holder = h5py.File(p, "r")
+    else:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r'); "
+             "print('open', flush=True); time.sleep(60)", str(p)], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "open"
+    try:
+        with pytest.raises(DumperError) as ei:
+            with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+                torch.ones(3) * 3
+        assert "held.h5: cannot create dump file (it is open elsewhere" in _one_line(ei.value)
+    finally:
+        holder.close() if reader == "here" else holder.kill()
+    assert p.stat().st_size == size
+    with DumpFile(p) as f:             # the earlier dump is whole
+        assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor"] and f.complete
+        assert f.ops()[1].outputs()["result"].read().tolist() == [2.0, 2.0, 2.0]
 
 # ---- failures in the writer reach the user ---------------------------------------------
 def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
