@@ -277,8 +277,10 @@ class _Server:
 
     def _op(self, rec):
         w = self.w
-        if w is None or self.error is not None:
+        if w is None:
             return ("skip",)
+        if self.error is not None:      # (a failed flush): the caller learns it at once
+            return ("err", self.error)
         op, seqid, phase, module, grad_fn, attrs, inputs, outputs = rec
         offsets: list[int] = []
         try:

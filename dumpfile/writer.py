@@ -8,7 +8,9 @@ every `flush_interval` seconds, so a crash leaves it readable up to the last flu
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -302,6 +304,35 @@ def _scalar_type_code(value: Any, schema_type: str | None) -> int:
     raise TypeError(f"no Type code for {type(value).__name__}")
 
 
+_libc_fallocate: Any = None
+
+
+def claim_blocks(fd: int, offset: int, nbytes: int) -> bool:
+    """Allocate the file's blocks for [offset, offset + nbytes) now (Linux fallocate(2),
+    mode 0: no data written, an unwritten extent on ext4/xfs). Raises OSError (ENOSPC:
+    disk full). Returns False where the platform or file system has no such call (then
+    nothing was claimed and the caller need not ask again). Not posix_fallocate: glibc
+    emulates that by writing a byte per block where the file system cannot allocate."""
+    global _libc_fallocate
+    if _libc_fallocate is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.fallocate64 if hasattr(libc, "fallocate64") else libc.fallocate
+            fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+            fn.restype = ctypes.c_int
+            _libc_fallocate = fn
+        except (OSError, AttributeError):
+            _libc_fallocate = False
+    if _libc_fallocate is False or nbytes <= 0:
+        return _libc_fallocate is not False
+    if _libc_fallocate(fd, 0, offset, nbytes) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
 def _refuse_if_open_elsewhere(path: str) -> None:
     """Raise when an existing file at `path` is open in HDF5 (a reader here or in another
     process holds its lock). Creating it would truncate it first: HDF5 opens with O_TRUNC
@@ -340,6 +371,7 @@ class DumpWriter:
         except OSError as e:
             raise DumpWriteError(f"{self.path}: cannot create dump file ({e})") from e
         f = self._f
+        self._claim_blocks = True      # (reserve_tensor) until the file system says it cannot
         # A second descriptor for raw tensor bytes: os.pwrite releases the GIL, h5py does not,
         # so large writes overlap the user's Python (see write_tensor).
         self._fd = -1
@@ -537,6 +569,15 @@ class DumpWriter:
         if offset is None:      # not contiguous after all: let the caller write it through HDF5
             del parent[name]
             return None
+        # Claim the blocks now: otherwise the later write_at is what finds the disk full,
+        # after this op's metadata (and that of every op reserved meanwhile) has been made
+        # and must still be flushed into space the data took; that flush then failed and
+        # left HDF5 unable to flush again, so not even the ops already written were kept.
+        if self._claim_blocks:
+            try:
+                self._claim_blocks = claim_blocks(self._fd, offset, nbytes)
+            except OSError as e:
+                raise DumpWriteError(f"{self.path}: write failed ({e})") from e
         attrs = meta.attrs(S.TYPE_TENSOR)
         set_attrs(ds, attrs, fresh=True)
         self.bytes_written += nbytes

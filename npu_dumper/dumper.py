@@ -351,11 +351,13 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                 set_attrs(f, {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)})
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
+        close_error = None
         try:
             w.close(complete=clean)
-        except DumpError:
-            if clean:
-                raise
+        except DumpError as e:
+            # e.g. disk full at the final flush: the same one-line DumperError the user's
+            # thread gets for a failure during the block (after the summary is made)
+            close_error = e
         self.summary = {
             "path": self.path, "mode": self.mode, "ops_seen": self._mode.seqid,
             "ops_recorded": self._mode.num_recorded, "datasets": wt.num_datasets,
@@ -367,3 +369,6 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             report = getattr(policy, "summary", None)
             if report is not None:
                 self.summary[type(policy).__name__.removesuffix("Policy").lower()] = report
+        if close_error is not None and clean:
+            msg = str(close_error).replace("\n", " ")
+            raise DumperError(msg if self.path in msg else f"{self.path}: {msg}") from close_error

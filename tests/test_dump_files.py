@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 import npu_dumper
 from dumpfile import DumpFile, DumpWriter
+from dumpfile.errors import DumpWriteError
 
 from ._kill_helpers import killed_dump_tail, sigkill_mid_dump
 from npu_dumper.errors import DumperError
@@ -147,6 +149,24 @@ def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
         assert not f.attrs["complete"]
 
 
+@pytest.mark.parametrize("stats_only", [False, True])
+def test_a_failure_at_the_final_flush_is_a_one_line_dumper_error(tmp_path, monkeypatch, stats_only):
+    # (disk full may first show at the close's flush: that must read like any other
+    # writer failure, not as a DumpWriteError from inside the writer)
+    def full(self):
+        raise DumpWriteError(f"{self.path}: write failed (No space left on device)")
+    monkeypatch.setattr(DumpWriter, "flush", full)
+    p = tmp_path / "d.h5"
+    dump = npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="thread",
+                             stats_only=stats_only, flush_interval=3600.0)
+    with pytest.raises(DumperError) as ei:
+        with dump:
+            torch.ones(3) * 2
+    msg = _one_line(ei.value)
+    assert msg.startswith(str(p)) and "No space left on device" in msg
+    assert dump.summary["ops_recorded"] == 2        # the summary is still made
+
+
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_disk_full_gives_clear_error_and_readable_file(tmp_path, writer):
     """A real ENOSPC from a tiny tmpfs when we may mount one; else skip."""
@@ -242,3 +262,21 @@ def test_reader_lists_100k_ops_from_the_index(tmp_path):
     assert all(a.seqid <= b.seqid for a, b in zip(ops, ops[1:]))
     assert len(opened) < 10, "listing must not open op groups"
     print(f"listed {len(ops)} ops in {elapsed:.2f} s")
+
+
+def test_claim_blocks_allocates_the_range_it_is_given(tmp_path):
+    # reserve_tensor claims a tensor's blocks when it reserves them, so a full disk shows
+    # there (before more metadata piles up) and not at the later write of its bytes
+    from dumpfile.writer import claim_blocks
+    p = tmp_path / "f.bin"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)
+    try:
+        if not claim_blocks(fd, 1 << 20, 1 << 20):
+            pytest.skip("no fallocate on this file system")
+        st = os.fstat(fd)
+        assert st.st_size == 2 << 20 and st.st_blocks * 512 >= 1 << 20
+        with pytest.raises(OSError) as ei:          # more than any disk holds
+            claim_blocks(fd, 0, 1 << 60)
+        assert ei.value.errno in (errno.ENOSPC, errno.EFBIG)
+    finally:
+        os.close(fd)
