@@ -24,6 +24,7 @@ import numpy as np
 from h5py import h5s, h5t
 
 from . import schema as S
+from .writer import new_table
 
 _STR = h5py.string_dtype("utf-8")
 _SHAPE = h5py.vlen_dtype(np.int64)
@@ -78,7 +79,7 @@ def table(f: h5py.File, path: str, dtype: np.dtype) -> h5py.Dataset:
     """The table at `path`, created (empty, chunked, resizable) when absent."""
     if path in f:
         return f[path]
-    return f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+    return new_table(f, path, dtype)
 
 
 _MEM_TYPES: dict[np.dtype, Any] = {}

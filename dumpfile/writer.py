@@ -123,6 +123,19 @@ def _dcpl(*, early: bool = False):
 
 _DCPL_PLAIN = _dcpl()
 _DCPL_EARLY = _dcpl(early=True)
+_DCPL_TABLE = _dcpl()
+_DCPL_TABLE.set_chunk((1024,))
+_TABLE_SPACE = h5s.create_simple((0,), (h5s.UNLIMITED,))
+
+
+def new_table(f: h5py.File, path: str, dtype: np.dtype) -> h5py.Dataset:
+    """An empty, resizable, chunked (1024 rows) 1-d dataset at `path`, intermediate groups
+    made: what create_dataset(path, shape=(0,), maxshape=(None,), chunks=(1024,)) makes,
+    through the low-level API (~0.2 ms less; each dump file creates two or three)."""
+    ftype, _ = _types(np.dtype(dtype))
+    dsid = h5d.create(f.id, path.encode("utf-8"), ftype, _TABLE_SPACE, dcpl=_DCPL_TABLE,
+                      lcpl=f._lcpl)
+    return h5py.Dataset(dsid)
 
 
 def _types(dt: np.dtype) -> tuple[Any, Any]:
@@ -382,21 +395,20 @@ class DumpWriter:
                 self._fd = -1
         self._open_path: str | None = None
         self._reserve = self._make_reserve(reserve_bytes)
+        root = {k: v for k, v in (root_attrs or {}).items() if v is not None}
         if not append or S.ROOT_FORMAT not in f.attrs:
-            f.attrs[S.ROOT_FORMAT] = S.FORMAT_NAME
-            f.attrs[S.ROOT_FORMAT_VERSION] = S.FORMAT_VERSION
-            f.attrs[S.ROOT_MODE] = mode
-            f.attrs[S.ROOT_CREATED] = _dt.datetime.now().isoformat(timespec="seconds")
-            f.attrs[S.ROOT_NUM_OPS] = 0
-        f.attrs[S.ROOT_COMPLETE] = False
-        for k, v in (root_attrs or {}).items():
-            if v is not None:
-                f.attrs[k] = v
+            root = {S.ROOT_FORMAT: S.FORMAT_NAME, S.ROOT_FORMAT_VERSION: S.FORMAT_VERSION,
+                    S.ROOT_MODE: mode,
+                    S.ROOT_CREATED: _dt.datetime.now().isoformat(timespec="seconds"),
+                    S.ROOT_NUM_OPS: 0, S.ROOT_COMPLETE: False, **root}
+        else:
+            root = {S.ROOT_COMPLETE: False, **root}
+        # a new file has no attributes yet: the low-level path (~0.3 ms less per dump file)
+        set_attrs(f, root, fresh=not append)
         if S.INDEX_PATH in f:
             self._index = f[S.INDEX_PATH]
         else:
-            self._index = f.create_dataset(S.INDEX_PATH, shape=(0,), maxshape=(None,),
-                                           dtype=_INDEX_DTYPE, chunks=(1024,))
+            self._index = new_table(f, S.INDEX_PATH, _INDEX_DTYPE)
         # catalog: created at the first flush with rows. Not kept up (readers then walk the
         # groups) when an existing file's catalog does not match its index.
         self._catalog = f[S.CATALOG_PATH] if S.CATALOG_PATH in f else None
@@ -888,8 +900,7 @@ class DumpWriter:
             if n:
                 self._cat_on = False
                 return
-            cat = self._catalog = self._f.create_dataset(
-                S.CATALOG_PATH, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(1024,))
+            cat = self._catalog = new_table(self._f, S.CATALOG_PATH, _STR)
         if cat.shape[0] != n:          # out of step: stop (readers then walk the groups)
             self._cat_on = False
             return
