@@ -56,6 +56,35 @@ def _register_defaults() -> None:
                 OPAQUE_ARGS[pkt] = (arg,)
 
 
+# c10d collectives write tensors their schemas do not mark as written (`Tensor[] tensors`,
+# no `(a!)`): overload packet name -> written arguments. Recorded before the op (copy on
+# write) like any written input; where the op returns no tensor (only a Work), they are
+# recorded as outputs too, under their own names, once the collective has finished.
+C10D_WRITES: dict[str, tuple[str, ...]] = {
+    "allreduce_": ("tensors",), "allreduce_coalesced_": ("tensors",), "reduce_": ("tensors",),
+    "broadcast_": ("tensors",), "recv_": ("tensors",), "recv_any_source_": ("tensors",),
+    "allgather_": ("output_tensors",), "allgather_coalesced_": ("output_lists",),
+    "allgather_into_tensor_coalesced_": ("outputs",), "_allgather_base_": ("output_tensor",),
+    "reduce_scatter_": ("output_tensors",), "reduce_scatter_tensor_coalesced_": ("outputs",),
+    "_reduce_scatter_base_": ("output_tensor",), "gather_": ("output_tensors",),
+    "scatter_": ("output_tensors",), "alltoall_": ("output_tensors",), "alltoall_base_": ("output",),
+}
+# packets of the above once torch.distributed has registered them (op_info looks them up)
+_WRITTEN_OUTPUTS: dict[Any, tuple[str, ...]] = {}
+
+
+def _register_c10d() -> None:
+    try:
+        c10d = torch.ops.c10d
+        for name, written in C10D_WRITES.items():
+            pkt = getattr(c10d, name, None)
+            if pkt is not None:
+                HIDDEN_WRITES[pkt] = written
+                _WRITTEN_OUTPUTS[pkt] = written
+    except Exception:  # noqa: BLE001 - a build without distributed has no such ops
+        pass
+
+
 _register_defaults()
 
 
@@ -89,6 +118,11 @@ class OpInfo:
     is_view: bool
     opaque_returns: frozenset[int] = frozenset()
     opaque_args: frozenset[str] = frozenset()
+    # returns that are a c10d Work: the collective may still be running when the op returns
+    # (gloo, NCCL and async_op=True), so the outputs are what it will have written only
+    # after Work.wait(); the mode waits before it records them
+    work_returns: tuple[int, ...] = ()
+    written_outputs: tuple[str, ...] = ()   # written arguments also recorded as outputs
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -102,6 +136,8 @@ def op_info(func) -> OpInfo:
     args = schema.arguments
     written = {a.name for a in args if a.alias_info is not None and a.alias_info.is_write}
     packet = getattr(func, "overloadpacket", None)
+    if schema.name.startswith("c10d::") and packet not in HIDDEN_WRITES:
+        _register_c10d()         # (registered lazily: torch.distributed loads them)
     written |= set(HIDDEN_WRITES.get(packet, ()))
     # return names: the original's rule (result / result{i} / named field / self for in-place)
     alias_owner = {}
@@ -138,6 +174,9 @@ def op_info(func) -> OpInfo:
         is_view=bool(func.is_view),
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
         opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
+        work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
+        written_outputs=(_WRITTEN_OUTPUTS.get(packet, ())
+                         if not any("Tensor" in str(r.type) for r in rets) else ()),
     )
     _OP_INFO[func] = info
     return info

@@ -251,6 +251,8 @@ class DumpMode(TorchDispatchMode):
                 self.registry.discard(c)
             raise
         ev.outputs = out
+        if info.work_returns and self.record_outputs:
+            _wait_for_collective(out, info.work_returns)
         compute_dtype = hints.pop_compute_dtype()
         if compute_dtype is not None:
             ev.group_attrs[S.OP_COMPUTE_DTYPE] = compute_dtype
@@ -260,6 +262,10 @@ class DumpMode(TorchDispatchMode):
             for i, (rn, st, v) in enumerate(named_returns(info, out)):
                 outputs.append((rn, self._node(v, st, caps, clone=False,
                                                uninit=uninit or i in opaque)))
+            if info.written_outputs:     # (a collective that returns only its Work)
+                for an, st, v in named_args(info, args, kwargs):
+                    if an in info.written_outputs:
+                        outputs.append((an, self._node(v, st, caps, clone=False)))
         if phase == S.PHASE_FORWARD:
             self._note_forward_outputs(out, module)
         record = all(p.should_record(ev) for p in self._deciders)
@@ -287,6 +293,19 @@ class DumpMode(TorchDispatchMode):
         elif isinstance(out, (tuple, list)):
             flat, _ = tree_flatten(out)
             self.tracker.note_outputs([t for t in flat if isinstance(t, torch.Tensor)], module)
+
+
+def _wait_for_collective(out: Any, work_returns: tuple[int, ...]) -> None:
+    """Wait for the c10d Work an op returned, so that its outputs are recorded reduced (or
+    gathered...), not as they were when the collective was launched. A blocking call
+    (async_op=False) waits right after the op anyway; with async_op=True the dump gives
+    up the overlap of that collective with compute, to record true values."""
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    for i in work_returns:
+        work = items[i] if i < len(items) else None
+        wait = getattr(work, "wait", None)
+        if wait is not None:
+            wait()
 
 
 def _tensor_dtypes(args: tuple, kwargs: dict) -> str:
