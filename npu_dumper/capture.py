@@ -58,8 +58,8 @@ def _register_defaults() -> None:
 
 # c10d collectives write tensors their schemas do not mark as written (`Tensor[] tensors`,
 # no `(a!)`): overload packet name -> written arguments. Recorded before the op (copy on
-# write) like any written input; where the op returns no tensor (only a Work), they are
-# recorded as outputs too, under their own names, once the collective has finished.
+# write) like any written input and, where the op returns no tensor (only a Work), after
+# it as outputs (OpInfo.written_outputs) once the collective has finished.
 C10D_WRITES: dict[str, tuple[str, ...]] = {
     "allreduce_": ("tensors",), "allreduce_coalesced_": ("tensors",), "reduce_": ("tensors",),
     "broadcast_": ("tensors",), "recv_": ("tensors",), "recv_any_source_": ("tensors",),
@@ -69,18 +69,14 @@ C10D_WRITES: dict[str, tuple[str, ...]] = {
     "_reduce_scatter_base_": ("output_tensor",), "gather_": ("output_tensors",),
     "scatter_": ("output_tensors",), "alltoall_": ("output_tensors",), "alltoall_base_": ("output",),
 }
-# packets of the above once torch.distributed has registered them (op_info looks them up)
-_WRITTEN_OUTPUTS: dict[Any, tuple[str, ...]] = {}
-
-
 def _register_c10d() -> None:
+    """(Called by op_info at the first c10d op: torch.distributed registers them late.)"""
     try:
         c10d = torch.ops.c10d
         for name, written in C10D_WRITES.items():
             pkt = getattr(c10d, name, None)
             if pkt is not None:
                 HIDDEN_WRITES[pkt] = written
-                _WRITTEN_OUTPUTS[pkt] = written
     except Exception:  # noqa: BLE001 - a build without distributed has no such ops
         pass
 
@@ -122,7 +118,11 @@ class OpInfo:
     # (gloo, NCCL and async_op=True), so the outputs are what it will have written only
     # after Work.wait(); the mode waits before it records them
     work_returns: tuple[int, ...] = ()
-    written_outputs: tuple[str, ...] = ()   # written arguments also recorded as outputs
+    # Written arguments also recorded as outputs (after the op, under their own names, as
+    # the original names an in-place op's result `self`) where the op returns no tensor:
+    # foreach and fused-optimizer ops (`_foreach_mul_` in clip_grad_norm_), custom ops with
+    # mutates_args, collectives that return only a Work. Else their result would be lost.
+    written_outputs: tuple[str, ...] = ()
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -175,7 +175,7 @@ def op_info(func) -> OpInfo:
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
         opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
-        written_outputs=(_WRITTEN_OUTPUTS.get(packet, ())
+        written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
     )
     _OP_INFO[func] = info
@@ -238,7 +238,9 @@ class TensorCapture:
         # dies exactly when the storage is freed; it holds no reference autograd could see.
         self.owner = weakref.ref(storage) if storage is not None else None
         self.gen = gen.get(self.ptr, 0)
-        self.version = t._version
+        # an inference tensor has no version counter (reading it raises): writes to it are
+        # still seen through the registry's write generation
+        self.version = 0 if t.is_inference() else t._version
         self.dtype = dtype_name(t.dtype)
         self.shape = tuple(t.shape)
         self.stride = tuple(t.stride()) if strided else ()
@@ -315,7 +317,7 @@ class CaptureRegistry:
 
     def before_write(self, t: torch.Tensor) -> None:
         """`t`'s storage is about to be written: copy pending captures of it, bump its generation."""
-        if t.layout != torch.strided:
+        if t.layout != torch.strided or t.is_nested:
             return
         ptr = t.untyped_storage().data_ptr()
         if not ptr:

@@ -133,6 +133,11 @@ class DumpMode(TorchDispatchMode):
 
     # ---- snapshots -------------------------------------------------------------
     def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False):
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            # a nested tensor (nn.Transformer's fast path with a padding mask) has no single
+            # shape or stride: stored as the list of its components
+            return ListOf([self._node(c, "Tensor", caps, clone, uninit) for c in v.unbind()],
+                          S.TYPE_TENSOR_LIST, schema_type)
         if isinstance(v, torch.Tensor):
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
             if not clone:
@@ -262,7 +267,7 @@ class DumpMode(TorchDispatchMode):
             for i, (rn, st, v) in enumerate(named_returns(info, out)):
                 outputs.append((rn, self._node(v, st, caps, clone=False,
                                                uninit=uninit or i in opaque)))
-            if info.written_outputs:     # (a collective that returns only its Work)
+            if info.written_outputs:     # (an in-place op that returns no tensor)
                 for an, st, v in named_args(info, args, kwargs):
                     if an in info.written_outputs:
                         outputs.append((an, self._node(v, st, caps, clone=False)))

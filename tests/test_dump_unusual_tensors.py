@@ -1,0 +1,97 @@
+"""Tensors and ops off the common path: inference tensors, nested tensors, in-place ops
+that return nothing. Each once crashed the dump or lost the values an op wrote."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import npu_dumper
+from dumpfile import DumpFile
+from dumpfile import schema as S
+
+
+def test_inference_tensors_are_recorded(tmp_path):
+    # (reading an inference tensor's version counter raises: the dump used to die on it)
+    with torch.inference_mode():
+        made_outside = torch.arange(6.0).reshape(2, 3)
+    p = tmp_path / "inf.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        y = made_outside * 2
+        with torch.inference_mode():
+            z = torch.sin(y)
+            pre = z.clone()
+            z.add_(1)                       # in place on an inference tensor
+    with DumpFile(p) as f:
+        ops = {o.op: o for o in f.ops()}
+        assert f.complete
+        np.testing.assert_array_equal(ops["aten.mul.Tensor"].inputs()["self"].read(),
+                                      made_outside.numpy())
+        add = ops["aten.add_.Tensor"]
+        np.testing.assert_array_equal(add.inputs()["self"].read(), pre.numpy())
+        np.testing.assert_array_equal(add.outputs()["self"].read(), z.numpy())
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_are_stored_as_their_components(tmp_path):
+    # nn.TransformerEncoder's fast path (eval, no_grad, padding mask) makes nested tensors
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=True).eval()
+    x = torch.randn(2, 5, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=mask)
+        p = tmp_path / "nested.h5"
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+            got = enc(x, src_key_padding_mask=mask)
+    torch.testing.assert_close(got, want)
+    nt = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "nt.h5")):
+        out = nt.sin()
+    with DumpFile(tmp_path / "nt.h5") as f:
+        (op,) = [o for o in f.ops() if o.op.startswith("aten.sin")]
+        rec = op.outputs()["result"]
+        assert rec.is_list and rec.type == S.TYPE_TENSOR_LIST
+        for child, comp in zip(rec.children, out.unbind()):
+            np.testing.assert_array_equal(child.read(), comp.numpy())
+    with DumpFile(p) as f:
+        assert f.complete and len(f.ops()) > 5
+
+
+def test_in_place_ops_that_return_nothing_record_what_they_wrote(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    lin(torch.randn(2, 4)).sum().backward()
+    before = lin.weight.grad.clone()
+
+    @torch.library.custom_op("npu_dumper_test::scale_", mutates_args=("x",))
+    def scale_(x: torch.Tensor, s: float) -> None:
+        x.mul_(s)
+
+    p = tmp_path / "void.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        torch._foreach_mul_([lin.weight.grad, lin.bias.grad], 0.5)      # (clip_grad_norm_'s)
+        scale_(lin.weight.grad, 3.0)
+    with DumpFile(p) as f:
+        ops = {o.op: o for o in f.ops()}
+        fe = ops["aten._foreach_mul_.Scalar"]
+        np.testing.assert_array_equal(fe.inputs()["self"].children[0].read(), before.numpy())
+        np.testing.assert_array_equal(fe.outputs()["self"].children[0].read(), (before * 0.5).numpy())
+        sc = ops["npu_dumper_test.scale_.default"]
+        np.testing.assert_array_equal(sc.inputs()["x"].read(), (before * 0.5).numpy())
+        np.testing.assert_array_equal(sc.outputs()["x"].read(), lin.weight.grad.numpy())
+
+
+@pytest.mark.parametrize("stats_only", [False, True])
+def test_statistics_dump_of_unusual_tensors(tmp_path, stats_only):
+    with torch.inference_mode():
+        a = torch.ones(3)
+    p = tmp_path / "s.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=stats_only):
+        torch._foreach_mul_([a.clone(), a.clone()], 2.0)
+    with DumpFile(p) as f:
+        (op,) = [o for o in f.ops() if o.op == "aten._foreach_mul_.Scalar"]
+        out = op.outputs()["self"].children[0]
+        assert (out.stats()["max"] if stats_only else out.read().max()) == 2.0
