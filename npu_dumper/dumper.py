@@ -13,6 +13,8 @@ final root attributes and marks the file complete (only on a clean exit).
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
+import inspect
 import os
 import threading
 from typing import Any
@@ -57,6 +59,16 @@ def _npu_available() -> bool:
     return True
 
 
+def _path_option(name: str, value: Any) -> str | None:
+    """A path option as str (bytes and os.PathLike accepted); DumperError for anything else."""
+    if value is None or value == "" or value == b"":
+        return None
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise DumperError(f"{name} must be a path, got {type(value).__name__} {value!r}") from None
+
+
 def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None) -> str:
     """Validate `dump_path` and return the file to write. Raises DumperError (one line)."""
     path = os.fspath(dump_path)
@@ -79,6 +91,8 @@ def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None)
         raise DumperError(f"{path}: directory {parent} is not writable")
     if os.path.exists(path) and (os.path.isdir(path) or not os.access(path, os.W_OK)):
         raise DumperError(f"{path}: exists and is not a writable file")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise DumperError(f"{path}: is a symbolic link to {os.readlink(path)}, which does not exist")
     return path
 
 
@@ -105,11 +119,16 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
-                 dedup: bool = True, writer: str = "auto", **future: Any):
+                 dedup: bool = True, writer: str = "auto", **unknown: Any):
+        if unknown:      # a misspelt option must not silently give another dump than asked
+            known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
+            name = sorted(unknown)[0]
+            close = difflib.get_close_matches(name, known, n=1)
+            raise DumperError(f"unknown option {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         self.use_dump = use_dump
-        self.dump_path = os.fspath(dump_path) if dump_path else None
+        self.dump_path = _path_option("dump_path", dump_path)
         self.use_load = use_load
-        self.load_file_path = os.fspath(load_file_path) if load_file_path else None
+        self.load_file_path = _path_option("load_file_path", load_file_path)
         self.check_overflow = check_overflow
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
@@ -118,7 +137,13 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.overflow_limit = overflow_limit
         self.overflow_raise = overflow_raise
         self.op_map = op_map
-        self.flush_interval = flush_interval
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
+                or not flush_interval >= 0:
+            raise DumperError(f"flush_interval must be a number of seconds >= 0, got {flush_interval!r}")
+        if isinstance(max_pending_bytes, bool) or not isinstance(max_pending_bytes, int) \
+                or max_pending_bytes <= 0:
+            raise DumperError(f"max_pending_bytes must be a positive int, got {max_pending_bytes!r}")
+        self.flush_interval = float(flush_interval)
         self.max_pending_bytes = max_pending_bytes
         self.dedup = dedup
         # "thread": HDF5 written by a thread of this process; "process": by a child process
@@ -132,7 +157,6 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.record_views = record_views
         self.record_stack = record_stack
         self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
-        self.future = future
         if dump_mode is not None and dump_mode not in S.DUMP_MODES:
             raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
         self.filter = OpFilter(include, exclude, modules, phases)
@@ -193,6 +217,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if self.dump_path is None:
             raise DumperError(f"dump_path is required for mode {self.mode!r}")
         if self.load_file_path is not None:
+            if os.path.isdir(self.load_file_path):
+                raise DumperError(f"{self.load_file_path}: load_file_path is a directory, not a dump file")
             if not os.path.isfile(self.load_file_path):
                 raise DumperError(f"{self.load_file_path}: load_file_path does not exist")
             target = self.dump_path

@@ -35,10 +35,10 @@ class OpFilter:
     """include/exclude op patterns, module-path prefixes, phases. Decided once per op name."""
 
     def __init__(self, include=None, exclude=None, modules=None, phases=None):
-        self.include = _as_list(include)
-        self.exclude = _as_list(exclude)
-        self.modules = _as_list(modules)
-        self.phases = set(_as_list(phases)) if phases is not None else None
+        self.include = _as_list(include, "include")
+        self.exclude = _as_list(exclude, "exclude")
+        self.modules = _as_list(modules, "modules")
+        self.phases = set(_as_list(phases, "phases")) if phases is not None else None
         if self.phases is not None and not self.phases <= set(S.PHASES):
             from .errors import DumperError
             raise DumperError(f"phases must be a subset of {S.PHASES}, got {sorted(self.phases)}")
@@ -67,12 +67,19 @@ class OpFilter:
         return True
 
 
-def _as_list(v) -> list[str]:
+def _as_list(v, name: str = "option") -> list[str]:
     if v is None:
         return []
     if isinstance(v, str):
         return [v]
-    return list(v)
+    try:
+        items = list(v)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(x, str) for x in items):
+        from .errors import DumperError
+        raise DumperError(f"{name} must be a string or a list of strings, got {v!r}")
+    return items
 
 
 def _matches(pattern: str, name: str) -> bool:

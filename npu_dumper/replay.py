@@ -253,10 +253,13 @@ class ReplayPolicy(Policy):
             raise ReplayError(f"{path}: statistics-only dump holds no tensor values to replay")
         try:
             self._file.require_inputs()
+            ops = self._file.ops()
         except DumpError as e:
             self._file.close()
             raise ReplayError(str(e)) from None
-        ops = self._file.ops()
+        except Exception as e:  # noqa: BLE001 - h5py on a damaged file: one line naming it
+            self._file.close()
+            raise ReplayError(f"{path}: corrupt or unreadable dump ({_first_line(e)})") from None
         if not ops:
             self._file.close()
             raise ReplayError(f"{path}: the dump holds no ops")
@@ -361,6 +364,15 @@ class ReplayPolicy(Policy):
         except _NoFit as e:
             self._unmatched(ev, str(e))
             return
+        except DumperError:
+            raise
+        except DumpError as e:          # (the reader names the file and the object)
+            raise ReplayError(str(e)) from None
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
+            # reading the recorded inputs failed (a damaged load file): running the op on
+            # live inputs instead would pass off the live values as the reference's
+            raise ReplayError(f"{self.load_file_path}: corrupt or unreadable dump at "
+                              f"{entry.record.path} ({_first_line(e)})") from None
         entry.used = True
         if entry.index > self._consumed:
             with self._cv:
@@ -664,6 +676,11 @@ class ReplayPolicy(Policy):
                               if a.alias_info is not None and a.alias_info.is_write)
             self._written_args[func] = w
         return w
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().strip("'\"")
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 class _NoFit(Exception):

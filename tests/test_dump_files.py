@@ -89,11 +89,38 @@ def test_load_file_equal_to_dump_path_refused(tmp_path):
             pass
 
 
-def test_bad_options_refused(tmp_path):
-    with pytest.raises(DumperError, match="dump_mode"):
-        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "a.h5"), dump_mode="outputs")
-    with pytest.raises(DumperError, match="phases"):
-        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "a.h5"), phases=["fwd"])
+@pytest.mark.parametrize("options, needle", [
+    (dict(dump_mode="outputs"), "dump_mode must be one of"),
+    (dict(phases=["fwd"]), "phases must be a subset"),
+    (dict(dumpmode="input"), "unknown option 'dumpmode' (did you mean 'dump_mode'?)"),  # a typo
+    (dict(include=3), "include must be a string or a list of strings"),
+    (dict(modules=[1]), "modules must be a string or a list of strings"),
+    (dict(flush_interval="1"), "flush_interval must be a number of seconds >= 0"),
+    (dict(max_pending_bytes=0), "max_pending_bytes must be a positive int"),
+    (dict(dump_path=3), "dump_path must be a path"),
+])
+def test_bad_options_refused(tmp_path, options, needle):
+    kw = {"use_dump": True, "dump_path": str(tmp_path / "a.h5"), "writer": "process", **options}
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(**kw):
+            torch.ones(2) * 2
+    assert needle in _one_line(ei.value)
+    assert not (tmp_path / "a.h5").exists()
+
+
+def test_paths_given_as_bytes_and_a_dangling_link_or_directory_as_load_file(tmp_path):
+    with npu_dumper.dumper(use_dump=True, dump_path=os.fsencode(tmp_path / "b.h5")) as d:
+        torch.ones(2) * 2
+    assert d.path == str(tmp_path / "b.h5") and d.num_ops == 2
+    link = tmp_path / "link.h5"
+    link.symlink_to(tmp_path / "missing" / "x.h5")
+    with pytest.raises(DumperError, match="is a symbolic link to .*which does not exist"):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(link)):
+            pass
+    assert link.is_symlink()                   # (the thread writer used to replace it)
+    with pytest.raises(DumperError, match="load_file_path is a directory"):
+        with npu_dumper.dumper(load_file_path=str(tmp_path), dump_path=str(tmp_path / "r.h5")):
+            pass
 
 
 def test_disabled_dumper_is_a_no_op(tmp_path):

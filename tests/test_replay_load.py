@@ -309,3 +309,43 @@ def test_a_dump_without_inputs_is_refused_for_replay_and_golden_replay(tmp_path)
     r = CliRunner().invoke(app, ["golden", "-i", lean, "-o", str(tmp_path / "g.h5")], terminal_width=200)
     assert r.exit_code == 2 and "holds no op inputs" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "g.h5").exists()
+
+
+# ---- a damaged load file: one line naming it, never live values passed off as its own ------
+def _tiny_dump(path):
+    lin = torch.nn.Linear(8, 8)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(path)):
+        lin(torch.ones(2, 8)).relu().sum().backward()
+    return lin
+
+
+def test_a_load_file_damaged_in_its_index_is_refused_at_entry(tmp_path):
+    from h5py import h5o
+    good = tmp_path / "g.h5"
+    lin = _tiny_dump(good)
+    with h5py.File(good, "r") as f:
+        addr = h5o.get_info(f["/_npu_dumper/index"].id).addr
+    with open(good, "r+b") as fh:          # garbage over the index's object header
+        fh.seek(addr)
+        fh.write(b"\xff" * 64)
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(load_file_path=str(good), dump_path=str(tmp_path / "r.h5")):
+            lin(torch.ones(2, 8)).sum()
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{good}: corrupt or unreadable dump")
+
+
+def test_a_load_file_unreadable_mid_run_stops_the_replay_naming_it(tmp_path, monkeypatch):
+    from npu_dumper import replay as R
+    good = tmp_path / "g.h5"
+    lin = _tiny_dump(good)
+
+    def unreadable(self, ev, entry, live):     # what h5py raises on a damaged object header
+        raise KeyError("Unable to synchronously open object (bad object header version number)")
+    monkeypatch.setattr(R.ReplayPolicy, "_substitute", unreadable)
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(load_file_path=str(good), dump_path=str(tmp_path / "r.h5")):
+            lin(torch.ones(2, 8)).sum()
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{good}: corrupt or unreadable dump at /aten.")
+    assert "bad object header" in msg
