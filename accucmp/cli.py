@@ -24,6 +24,7 @@ import typer
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut off
 
 app = typer.Typer(
     name="accucmp",
@@ -43,6 +44,18 @@ def _one_line(msg: object) -> str:
     return " ".join(str(msg).split())
 
 
+def _quiet_broken_pipe() -> None:
+    """The reader of our output went away (`accucmp ls big.h5 | head`): stop without a
+    word, as other Unix tools do. stdout is pointed at /dev/null so the interpreter's
+    final flush of what is still buffered does not fail again and print a warning."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is not a file descriptor (tests)
+        pass
+
+
 @contextlib.contextmanager
 def _boundary() -> Iterator[None]:
     """Turn every expected failure into one line on stderr and exit 2."""
@@ -52,6 +65,9 @@ def _boundary() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
+    except BrokenPipeError:       # an OSError, but not bad input: nobody reads our output any more
+        _quiet_broken_pipe()
+        raise typer.Exit(EXIT_BROKEN_PIPE)
     except (DumpError, UsageProblem) as e:
         typer.echo(f"accucmp: error: {_one_line(e)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -125,9 +141,16 @@ def exit_code_for(table) -> int:
 def _console():
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own handling exits with 1, which here means "some tensors fail":
+            # hand the error to _boundary, which exits as for any other cut-off output
+            self.quiet = True
+            raise BrokenPipeError
+
     # Piped output (a log, CI) should not wrap at rich's 80-column default.
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160") or 160)
-    return Console(stderr=False, highlight=False, soft_wrap=False, width=width)
+    return _Console(stderr=False, highlight=False, soft_wrap=False, width=width)
 
 
 # ---- compare ---------------------------------------------------------------

@@ -27,7 +27,7 @@ import pandas as pd
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
-from dumpfile.reader import DumpFile, ValueRecord, decode_raw
+from dumpfile.reader import DumpFile, ValueRecord, decode_raw, h5_errors
 
 from . import matching
 from .metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
@@ -225,11 +225,17 @@ def _dedupe_bool(reasons: list[str]) -> list[str]:
 
 
 def _stats_of(chunks) -> dict[str, float]:
-    """The statistics fields of a tensor given as chunks (for stats-vs-data rows)."""
+    """The statistics fields of a tensor given as chunks (for stats-vs-data rows), computed
+    as the dumper computes a statistics-only dump's (npu_dumper tensor_stats, docs/FORMAT.md):
+    complex tensors by magnitude, std the sample std (n-1, 0 for one element)."""
     n = nan = inf = 0
     lo, hi, s, ss = math.inf, -math.inf, 0.0, 0.0
     for c in chunks:
-        c = np.asarray(c, dtype=np.float64).reshape(-1)
+        c = np.asarray(c)
+        if np.iscomplexobj(c):
+            # the other side holds statistics of |z|; a float64 cast would keep the real part
+            c = np.abs(c)
+        c = c.astype(np.float64, copy=False).reshape(-1)
         fin = np.isfinite(c)
         nan += int(np.isnan(c).sum())
         inf += int(np.isinf(c).sum())
@@ -240,8 +246,9 @@ def _stats_of(chunks) -> dict[str, float]:
             s += float(c.sum())
             ss += float(np.einsum("i,i->", c, c))
     mean = s / n if n else math.nan
-    var = max(ss / n - mean * mean, 0.0) if n else math.nan
-    return {"min": lo, "max": hi, "mean": mean, "std": math.sqrt(var), "norm": math.sqrt(ss),
+    var = max((ss - n * mean * mean) / (n - 1), 0.0) if n > 1 else (0.0 if n else math.nan)
+    return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
+            "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
             "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
 
 
@@ -374,10 +381,8 @@ class _LightTensor(ValueRecord):
             return super().read()             # empty dataspace, strings, compounds: the reader's way
         arr = np.empty(self.stored_shape, dtype=self.stored_dtype)
         if arr.size:
-            try:
+            with h5_errors(self.file.path, self.path):
                 h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape")).read(h5s.ALL, h5s.ALL, arr)
-            except (OSError, ValueError, TypeError, KeyError) as e:
-                raise DumpFormatError(f"{self.file.path}: cannot read {self.path}: {e}") from e
         return decode_raw(arr, self.dtype)
 
     def iter_chunks_into(self, chunk_elements: int):
@@ -387,19 +392,19 @@ class _LightTensor(ValueRecord):
         shape = tuple(int(d) for d in self.stored_shape)
         row = max(1, math.prod(shape[1:]))
         step = max(1, chunk_elements // row)
-        try:
+        with h5_errors(self.file.path, self.path):
             dsid = h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape"))
             fspace = dsid.get_space()
             buf = np.empty((min(step, shape[0]),) + shape[1:], dtype=self.stored_dtype)
             rest = (0,) * (len(shape) - 1)
-            for i in range(0, shape[0], step):
-                k = min(step, shape[0] - i)
-                out = buf[:k]
+        for i in range(0, shape[0], step):
+            k = min(step, shape[0] - i)
+            out = buf[:k]
+            # a generator: the guard goes around each read, not around the consumer's code
+            with h5_errors(self.file.path, self.path):
                 fspace.select_hyperslab((i,) + rest, (k,) + shape[1:])
                 dsid.read(h5s.create_simple(out.shape), fspace, out)
-                yield decode_raw(out, self.dtype).reshape(-1)
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise DumpFormatError(f"{self.file.path}: cannot read {self.path}: {e}") from e
+            yield decode_raw(out, self.dtype).reshape(-1)
 
 
 def _light_values(f: DumpFile, group_path: str, op_id=None, side: str = "", eager: int = 0
@@ -407,6 +412,11 @@ def _light_values(f: DumpFile, group_path: str, op_id=None, side: str = "", eage
     try:
         gid = h5o.open(op_id, side.encode()) if op_id is not None else h5o.open(f.h5.id, group_path.encode())
     except KeyError:
+        # a side the op has no group for has no values; any other failure to open it is
+        # damage and must raise (read as "absent", it hid a damaged op's tensors)
+        exists = op_id.links.exists(side.encode()) if op_id is not None else group_path in f.h5
+        if exists:
+            raise
         return {}
     if not isinstance(gid, h5g.GroupID):
         return {}
@@ -440,12 +450,14 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")))
     path = op.path
-    op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
-    ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
-    outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
-    cd = _str_attr(op_id, _B_COMPUTE, "")
-    return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
-                      _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")))
+    # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
+    with h5_errors(f.path):
+        op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
+        ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
+        outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
+        cd = _str_attr(op_id, _B_COMPUTE, "")
+        return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
+                          _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")))
 
 
 def _split_dtypes(text: Any) -> tuple[str, ...]:
@@ -525,8 +537,10 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     if pattern is not None:
         keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
+    with h5_errors(gf.path):
+        not_replayed = read_not_replayed(gf.h5)
     pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
-                              golden_missing_reasons=read_not_replayed(gf.h5))
+                              golden_missing_reasons=not_replayed)
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
@@ -739,12 +753,10 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
             elif pair.reason:
                 row["CompareFailReason"] = pair.reason
             fp = None
-            if ff is not None and g is not None and g.path in ff.h5:
-                try:
-                    fp = _light_record(ff, g.path, g.name, eager)
-                    fp = fp if fp.is_tensor else None
-                except (KeyError, ValueError, OSError):
-                    fp = None
+            if ff is not None and g is not None:
+                with h5_errors(ff.path):     # damage in the fp64 file stops the compare
+                    fp = _light_record(ff, g.path, g.name, eager) if g.path in ff.h5 else None
+                fp = fp if fp is not None and fp.is_tensor else None
             tasks.append(_Task(start + len(tasks), row, t, g, fp))
     return tasks
 

@@ -9,13 +9,17 @@ What plain h5copy gets wrong and this does not:
 - Appending never overwrites: an op path already in OUT is refused with a message.
 - OUT is rebuilt in a temporary file and swapped in only when complete, so a failed
   extract leaves OUT as it was.
+- OUT, when it exists, must be a tensor dump (a full dump or an earlier extract): a
+  statistics-only dump or an HDF5 file that is not a dump is refused, not mixed with.
 Every attribute of op groups, input/output groups and values is preserved; hard
 links between values inside the copied ops stay hard links (stored once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -25,8 +29,8 @@ import numpy as np
 
 from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile import schema as S
-from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.reader import decode_raw
+from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.reader import H5_ERRORS, raised_by_h5py, corrupt_dump_error, decode_raw, h5_errors
 
 # root attributes the writer owns; everything else is carried over
 _WRITER_ROOT_ATTRS = {S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE}
@@ -59,7 +63,10 @@ def parse_op_path(path: str) -> tuple[str, int | None]:
 def list_op_groups(h5: h5py.File) -> list[tuple[str, int]]:
     """Every /op/seqid group, found by walking (files appended to by h5copy lack index rows)."""
     found = []
-    for name, obj in h5.items():
+    for name in h5.keys():
+        # indexed, not .items(): that yields None for a group it cannot open, and an op
+        # skipped here would be dropped from OUT when it is rebuilt
+        obj = h5[name]
         if name == S.META_GROUP or not isinstance(obj, h5py.Group):
             continue
         found += [(name, int(k)) for k in obj.keys() if k.isdigit()]
@@ -88,14 +95,37 @@ def _resolve(src_h5: h5py.File, in_path: str, pairs: Iterable[tuple[str, str]]) 
     return jobs
 
 
+# HDF5 messages of a failed write (the temporary OUT), not of damage in the file read
+_WRITE_FAILURE = re.compile(r"writ(e|ing)|no space left|disk quota", re.IGNORECASE)
+
+
 class _Copier:
     """Copies op groups from one open file into a DumpWriter, keeping hard links."""
 
-    def __init__(self, src: h5py.File, src_path: str, writer: DumpWriter):
+    def __init__(self, src: h5py.File, src_path: str, writer: DumpWriter, out_path: str):
         self.src, self.src_path, self.w = src, src_path, writer
+        self.out_path = out_path             # what the user named OUT (the writer's is a temp file)
         self.copied: dict[object, str] = {}  # source object id -> destination path
 
+    @contextlib.contextmanager
+    def _errors(self):
+        """An HDF5 failure while copying names the file it is about: OUT when a write
+        failed, else the file being read (damaged)."""
+        try:
+            yield
+        except H5_ERRORS as e:
+            if not raised_by_h5py(e):
+                raise
+            if _WRITE_FAILURE.search(str(e)):
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise DumpWriteError(f"{self.out_path}: write failed ({first})") from e
+            raise corrupt_dump_error(self.src_path, e) from e
+
     def copy_op(self, sop: str, sseq: int, dop: str, dseq: int) -> str:
+        with self._errors():
+            return self._copy_op(sop, sseq, dop, dseq)
+
+    def _copy_op(self, sop: str, sseq: int, dop: str, dseq: int) -> str:
         grp = self.src[f"/{sop}/{sseq}"]
         attrs = {k: grp.attrs[k] for k in grp.attrs.keys()}
         op_name = _s(attrs.get(S.OP_NAME)) if dop == sop and S.OP_NAME in attrs else dop
@@ -103,12 +133,14 @@ class _Copier:
                             grad_fn=_s(attrs.get(S.OP_GRAD_FN, "")),
                             attrs={k: v for k, v in attrs.items() if k not in _WRITER_OP_ATTRS})
         g.attrs[S.OP_NAME] = op_name
-        for name, child in grp.items():
+        # members indexed, not .items(): that yields None for an object it cannot open
+        for name in grp.keys():
+            child = grp[name]
             if isinstance(child, h5py.Group) and name in (S.INPUT_GROUP, S.OUTPUT_GROUP):
                 dst = g[name]
                 dst.attrs.update({k: child.attrs[k] for k in child.attrs.keys()})
-                for cname, cobj in child.items():
-                    self.copy_node(cobj, dst, cname)
+                for cname in child.keys():
+                    self.copy_node(child[cname], dst, cname)
             else:
                 self.copy_node(child, g, name)
         self.w.end_op()
@@ -122,8 +154,8 @@ class _Copier:
         if isinstance(obj, h5py.Group):
             g = parent.create_group(name)
             g.attrs.update({k: obj.attrs[k] for k in obj.attrs.keys()})
-            for cname, cobj in obj.items():
-                self.copy_node(cobj, g, cname)
+            for cname in obj.keys():
+                self.copy_node(obj[cname], g, cname)
         elif int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
             self._materialise(obj, parent, name)
         else:
@@ -169,51 +201,91 @@ def _root_attrs(h5: h5py.File) -> tuple[str, dict]:
     return (mode if mode in S.MODES else S.MODE_DUMP), {k: v for k, v in attrs.items() if k not in _WRITER_ROOT_ATTRS}
 
 
+def _out_dir(output_path: str) -> str:
+    """The directory OUT goes in, checked before anything is read: the temporary file
+    is made there, and its name must not be what the user sees."""
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    shown = os.path.dirname(output_path) or "."
+    if not os.path.exists(out_dir):
+        raise DumpWriteError(f"{output_path}: directory {shown} does not exist")
+    if not os.path.isdir(out_dir):
+        raise DumpWriteError(f"{output_path}: {shown} is not a directory")
+    return out_dir
+
+
+def _open_output(output_path: str, src: DumpFile) -> DumpFile:
+    """An existing OUT that ops can be appended to: a dump of the same kind as the input.
+    OUT is rebuilt from its op groups, so anything else would lose data or mix kinds."""
+    old = DumpFile(output_path)   # require_dump: an HDF5 file that is not a dump is refused
+    if old.is_table:              # its ops live in tables, not groups: the rebuild would drop them
+        old.close()
+        raise ExtractError(f"{output_path}: is a statistics-only dump (format 1.1 table); "
+                           "extract cannot append to it: choose another -o")
+    if old.stats_only != src.stats_only:
+        kind = "statistics-only" if old.stats_only else "tensor"
+        old.close()
+        raise ExtractError(f"{output_path}: is a {kind} dump and {src.path} is not; refusing to mix "
+                           "statistics and tensors in one file: choose another -o")
+    return old
+
+
 def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
                 pairs: list[tuple[str, str]]) -> list[str]:
     """Copy ops (src, dst path pairs) from INPUT into OUTPUT (appending); returns the dst paths."""
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     if os.path.abspath(input_path) == os.path.abspath(output_path):
         raise ExtractError(f"{output_path}: output is the input file; choose another -o")
+    out_dir = _out_dir(output_path)
     with DumpFile(input_path) as src:  # validates: exists, HDF5, a dump
         if src.is_table:
             raise ExtractError(f"{input_path}: a statistics-only dump (format 1.1 table) has no op groups "
                                "to copy, and no tensor values to replay; extract works on tensor dumps")
-        jobs = _resolve(src.h5, input_path, pairs)
-        old = None
-        if os.path.exists(output_path):
-            old = DumpFile(output_path, require_dump=False)
+        with h5_errors(input_path):
+            jobs = _resolve(src.h5, input_path, pairs)
+        old = _open_output(output_path, src) if os.path.exists(output_path) else None
         try:
-            existing = list_op_groups(old.h5) if old else []
+            with h5_errors(output_path):
+                existing = list_op_groups(old.h5) if old else []
             taken = {(o, q) for o, q in existing}
             for sop, sseq, dop, dseq in jobs:
                 if (dop, dseq) in taken:
                     raise ExtractError(f"{output_path}: /{dop}/{dseq}/ already exists; refusing to overwrite it "
                                        "(remove it, or write it elsewhere with -d /op/seqid/)")
                 taken.add((dop, dseq))
-            mode, root = _root_attrs(old.h5 if old and old.h5.attrs.get(S.ROOT_FORMAT) is not None else src.h5)
+            root_from = old if old and old.h5.attrs.get(S.ROOT_FORMAT) is not None else src
+            with h5_errors(root_from.path):
+                mode, root = _root_attrs(root_from.h5)
             sources = [s for s in _s(root.get(ROOT_EXTRACTED_FROM, "")).split(";") if s]
             if os.path.abspath(input_path) not in sources:
                 sources.append(os.path.abspath(input_path))
             root[ROOT_EXTRACTED_FROM] = ";".join(sources)
-            out_dir = os.path.dirname(os.path.abspath(output_path))
-            fd, tmp = tempfile.mkstemp(prefix=".accucmp_extract_", suffix=".h5", dir=out_dir)
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=".accucmp_extract_", suffix=".h5", dir=out_dir)
+            except OSError as e:
+                raise DumpWriteError(f"{output_path}: cannot write in {os.path.dirname(output_path) or '.'} "
+                                     f"({e.strerror or e})") from e
             os.close(fd)
             try:
                 with DumpWriter(tmp, mode=mode, root_attrs=root) as w:
                     if old:
-                        keep = _Copier(old.h5, output_path, w)
+                        keep = _Copier(old.h5, output_path, w, output_path)
                         for o, q in existing:
                             keep.copy_op(o, q, o, q)
-                    copier = _Copier(src.h5, input_path, w)
+                    copier = _Copier(src.h5, input_path, w, output_path)
                     written = [copier.copy_op(*job) for job in jobs]
-            except BaseException:
+            except BaseException as e:
                 os.unlink(tmp)
+                if isinstance(e, DumpWriteError):   # the writer names the temporary file
+                    raise DumpWriteError(str(e).replace(tmp, output_path)) from e
                 raise
         finally:
             if old:
                 old.close()
-    os.replace(tmp, output_path)
+    try:
+        os.replace(tmp, output_path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise DumpWriteError(f"{output_path}: cannot replace it ({e.strerror or e})") from e
     return written
 
 

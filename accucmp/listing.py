@@ -14,6 +14,7 @@ import numpy as np
 
 from dumpfile import DumpFile, ValueRecord
 from dumpfile import schema as S
+from dumpfile.reader import h5_errors
 
 
 @dataclass
@@ -83,7 +84,8 @@ def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
 def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
              limit: int | None = None) -> tuple[list[OpLine], dict[str, Any]]:
     pattern = re.compile(select) if select else None
-    with DumpFile(path) as f:
+    # one file: any HDF5 failure below is this file's (the light walk reads it directly)
+    with DumpFile(path) as f, h5_errors(f.path):
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
@@ -116,8 +118,14 @@ def _light_values(f: DumpFile, op_path: str) -> list[TensorLine]:
     reads cost tens of microseconds each; the full record reads every attribute)."""
     out: list[TensorLine] = []
     for side, sub in (("in", S.INPUT_GROUP), ("out", S.OUTPUT_GROUP)):
-        grp = f.h5.get(f"{op_path}/{sub}")
-        if grp is None:
+        path = f"{op_path}/{sub}"
+        try:
+            grp = f.h5[path]
+        except KeyError:
+            # not h5.get(): it answers None for a damaged group too; only a group that is
+            # not there means no values (checked on failure only: a path lookup costs)
+            if path in f.h5:
+                raise
             continue
         names = list(grp.keys())
         order = grp.attrs.get("order")

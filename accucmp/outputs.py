@@ -189,10 +189,13 @@ def read_tensor_at(f, path: str) -> np.ndarray | None:
     from dumpfile import ValueRecord
     from dumpfile import schema as S
 
-    obj = f.h5[path]
-    if not hasattr(obj, "dtype"):
-        return None
-    attrs = dict(obj.attrs)
+    from dumpfile.reader import h5_errors
+
+    with h5_errors(f.path, path):
+        obj = f.h5[path]
+        if not hasattr(obj, "dtype"):
+            return None
+        attrs = dict(obj.attrs)
     rec = ValueRecord(f, path, path.rsplit("/", 1)[-1], int(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)), attrs)
     if rec.type not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
         return None

@@ -9,6 +9,8 @@ The stored dtype is always in `ValueRecord.dtype`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -78,6 +80,57 @@ def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
     return data
 
 
+# What h5py raises when HDF5 fails on damaged bytes (a bad B-tree or object header
+# signature, a message not aligned, a read that runs off its buffer): RuntimeError,
+# KeyError, OSError or ValueError, with a message that does not name the file.
+H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
+
+
+def raised_by_h5py(e: BaseException) -> bool:
+    """True when the innermost frame of `e` is h5py's (its Cython modules too): an HDF5
+    failure, not a bug of ours that happens to raise KeyError or ValueError."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("h5py")
+
+
+def corrupt_dump_error(path: str, e: BaseException, where: str = "") -> DumpFormatError:
+    """`{path}: corrupt or unreadable dump ({first line of the HDF5 message})[ at {where}]`."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else e   # KeyError's str() adds quotes
+    lines = str(msg).strip().splitlines()
+    first = lines[0].strip() if lines else type(e).__name__
+    return DumpFormatError(f"{path}: corrupt or unreadable dump ({first})" + (f" at {where}" if where else ""))
+
+
+@contextlib.contextmanager
+def h5_errors(path: str, where: str = "") -> Iterator[None]:
+    """Turn an HDF5 failure raised inside the block into a DumpFormatError naming `path`
+    (the file the block reads). Errors that h5py did not raise pass unchanged."""
+    try:
+        yield
+    except H5_ERRORS as e:
+        if not raised_by_h5py(e):
+            raise
+        raise corrupt_dump_error(path, e, where) from e
+
+
+def _guarded(method):
+    """h5_errors around a method of a DumpFile (self.path) or of a record (self.file.path)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:      # a plain try, not h5_errors: free when nothing fails, and shapes are read often
+            return method(self, *args, **kwargs)
+        except H5_ERRORS as e:
+            if not raised_by_h5py(e):
+                raise
+            owner = self if isinstance(self, DumpFile) else self.file
+            raise corrupt_dump_error(owner.path, e) from e
+    return wrapper
+
+
 def _attr_str(v: Any) -> str:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
@@ -112,6 +165,7 @@ class ValueRecord:
         return _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
 
     @property
+    @_guarded
     def shape(self) -> tuple[int, ...]:
         if S.ATTR_SHAPE in self.attrs:
             return tuple(int(x) for x in np.asarray(self.attrs[S.ATTR_SHAPE]).reshape(-1))
@@ -154,6 +208,7 @@ class OpRecord:
         return S.op_group_path(self.op, self.seqid)
 
     @cached_property
+    @_guarded
     def attrs(self) -> dict[str, Any]:
         return {k: (_attr_str(v) if isinstance(v, bytes) else v)
                 for k, v in self.file.h5[self.path].attrs.items()}
@@ -213,10 +268,17 @@ class DumpFile:
             raise
         except (OSError, ValueError) as e:
             raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
+        try:
+            with h5_errors(self.path):
+                self._validate(require_dump)
+        except BaseException:
+            self.close()
+            raise
+
+    def _validate(self, require_dump: bool) -> None:
         self.attrs = {k: (_attr_str(v) if isinstance(v, bytes) else v) for k, v in self.h5.attrs.items()}
         fmt = self.attrs.get(S.ROOT_FORMAT)
         if fmt is not None and fmt != S.FORMAT_NAME:
-            self.close()
             raise DumpFormatError(f"{self.path}: format {fmt!r} is not {S.FORMAT_NAME!r}")
         version = str(self.attrs.get(S.ROOT_FORMAT_VERSION, "1.0"))
         try:
@@ -224,12 +286,10 @@ class DumpFile:
         except ValueError:
             major = -1
         if major not in S.SUPPORTED_MAJOR_VERSIONS:
-            self.close()
             raise DumpFormatError(f"{self.path}: format version {version} is not supported by this reader")
         # statistics-only dumps of format 1.1+: tables instead of op groups
         self.is_table = T.is_table_file(self.h5)
         if require_dump and fmt is None and not self._looks_like_dump():
-            self.close()
             raise DumpFormatError(f"{self.path}: not a dump (no /op/seqid/ groups)")
 
     # ---- file-level --------------------------------------------------------
@@ -278,7 +338,9 @@ class DumpFile:
 
     def _looks_like_dump(self) -> bool:
         """An original-layout file without our root attributes: /op/<digits>/input|output."""
-        for op_name, link in self.h5.items():
+        for op_name in self.h5.keys():
+            # indexed, not .items(): that yields None for an object it cannot open
+            link = self.h5[op_name]
             if op_name == S.META_GROUP or not isinstance(link, h5py.Group):
                 continue
             for seq in link.keys():
@@ -291,9 +353,12 @@ class DumpFile:
     def _table(self) -> T.StatsTable:
         try:
             return T.StatsTable(self.h5)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            if raised_by_h5py(e):
+                raise corrupt_dump_error(self.path, e, "the statistics table") from e
             raise DumpFormatError(f"{self.path}: cannot read the statistics table: {e}") from e
 
+    @_guarded
     def _table_values(self, op: OpRecord, io: int) -> dict[str, ValueRecord]:
         """An op's input or output values from the stats table, lists rebuilt from
         `{name}/{name}_{i}` row names, in argument (row) order."""
@@ -325,6 +390,7 @@ class DumpFile:
         return out
 
     @cached_property
+    @_guarded
     def _ops(self) -> list[OpRecord]:
         if self.is_table and S.INDEX_PATH in self.h5:
             rows = self.h5[S.INDEX_PATH][()]
@@ -340,7 +406,9 @@ class DumpFile:
             # link listing per op name, no group opened per row
             present: dict[str, set[str]] = {}
             for name in {o.op for o in ops}:
-                grp = self.h5.get(name)
+                # not h5.get(): it answers None for a group it cannot open, which would
+                # drop a damaged op's rows without a word
+                grp = self.h5[name] if name in self.h5 else None
                 present[name] = set(grp.keys()) if isinstance(grp, h5py.Group) else set()
             ops = [o for o in ops if str(o.seqid) in present[o.op]]
         else:
@@ -348,7 +416,7 @@ class DumpFile:
             for op_name in self.h5.keys():
                 if op_name == S.META_GROUP:
                     continue
-                grp = self.h5.get(op_name, getlink=False)
+                grp = self.h5[op_name]
                 if not isinstance(grp, h5py.Group):
                     continue
                 for seq in grp.keys():
@@ -364,6 +432,7 @@ class DumpFile:
     def __len__(self) -> int:
         return len(self._ops)
 
+    @_guarded
     def op(self, op: str, seqid: int) -> OpRecord:
         path = S.op_group_path(op, seqid)
         if self.is_table:
@@ -376,10 +445,16 @@ class DumpFile:
         return _LazyOpRecord(self, op, int(seqid))
 
     # ---- values ----------------------------------------------------------
+    @_guarded
     def values(self, group_path: str) -> dict[str, ValueRecord]:
         """Entries of an input/ or output/ group, in argument order when known."""
-        grp = self.h5.get(group_path)
-        if grp is None:
+        try:
+            grp = self.h5[group_path]
+        except KeyError:
+            # not h5.get(): a damaged group must raise, not read as "no values"; only a
+            # group that is not there has none (checked on failure only: a path lookup costs)
+            if group_path in self.h5:
+                raise
             return {}
         out = {name: self._record(f"{group_path}/{name}", name) for name in grp.keys()}
         order = grp.attrs.get("order")
@@ -388,6 +463,7 @@ class DumpFile:
             out = {n: out[n] for n in names if n in out} | {n: v for n, v in out.items() if n not in names}
         return out
 
+    @_guarded
     def _record(self, path: str, name: str) -> ValueRecord:
         obj = self.h5[path]
         attrs = dict(obj.attrs)
@@ -407,9 +483,9 @@ class DumpFile:
         if isinstance(rec, TableValueRecord):
             v = rec.value
             return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
-        obj = self.h5[rec.path]
         t = rec.type
         try:
+            obj = self.h5[rec.path]
             if t == S.TYPE_TENSOR:
                 return decode_raw(obj[()], rec.dtype or str(obj.dtype))
             if t == S.TYPE_TENSOR_VIEW:
@@ -423,7 +499,9 @@ class DumpFile:
             if t == S.TYPE_SCALAR_TYPE:
                 return _attr_str(rec.attrs.get(S.ATTR_DTYPE, S.DTYPE_BY_CODE.get(int(obj[()]), "")))
             val = obj[()]
-        except (OSError, ValueError, TypeError, KeyError) as e:
+        except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:
+            if raised_by_h5py(e):
+                raise corrupt_dump_error(self.path, e, rec.path) from e
             raise DumpFormatError(f"{self.path}: cannot read {rec.path}: {e}") from e
         if isinstance(val, bytes):
             return val.decode("utf-8", "replace")
@@ -433,6 +511,7 @@ class DumpFile:
             return val.item()
         return val
 
+    @_guarded
     def _resolve_base(self, rec: ValueRecord) -> h5py.Dataset:
         obj = self.h5[rec.path]
         ref = obj[()]
@@ -448,6 +527,7 @@ class DumpFile:
             f"{self.path}: {rec.path} is a view of {base_path or 'a dataset'} that is not in this file "
             "(copy with `accucmp extract` or `h5copy -f ref`)")
 
+    @_guarded
     def _read_view(self, rec: ValueRecord) -> np.ndarray:
         base = self._resolve_base(rec)
         battrs = base.attrs
@@ -461,16 +541,24 @@ class DumpFile:
         if rec.type != S.TYPE_TENSOR:
             yield np.asarray(self.read_value(rec)).reshape(-1)
             return
-        ds = self.h5[rec.path]
-        dtype_name = rec.dtype or str(ds.dtype)
-        if ds.ndim == 0 or ds.size == 0:
-            yield decode_raw(np.asarray(ds[()]), dtype_name).reshape(-1)
+        # a generator: the guard goes around each read, not around the consumer's code
+        with h5_errors(self.path, rec.path):
+            ds = self.h5[rec.path]
+            dtype_name = rec.dtype or str(ds.dtype)
+            whole = ds.ndim == 0 or ds.size == 0
+            if whole:
+                data = np.asarray(ds[()])
+            else:
+                lead = ds.shape[0]
+                row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))
+                step = max(1, chunk_elements // row)
+        if whole:
+            yield decode_raw(data, dtype_name).reshape(-1)
             return
-        lead = ds.shape[0]
-        row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))
-        step = max(1, chunk_elements // row)
         for i in range(0, lead, step):
-            yield decode_raw(ds[i:i + step], dtype_name).reshape(-1)
+            with h5_errors(self.path, rec.path):
+                piece = ds[i:i + step]
+            yield decode_raw(piece, dtype_name).reshape(-1)
 
 
 class _LazyOpRecord(OpRecord):
