@@ -30,7 +30,8 @@ import numpy as np
 from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
-from dumpfile.reader import H5_ERRORS, raised_by_h5py, corrupt_dump_error, decode_raw, h5_errors
+from dumpfile.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members, \
+    raised_by_h5py
 
 # root attributes the writer owns; everything else is carried over
 _WRITER_ROOT_ATTRS = {S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE}
@@ -63,10 +64,7 @@ def parse_op_path(path: str) -> tuple[str, int | None]:
 def list_op_groups(h5: h5py.File) -> list[tuple[str, int]]:
     """Every /op/seqid group, found by walking (files appended to by h5copy lack index rows)."""
     found = []
-    for name in h5.keys():
-        # indexed, not .items(): that yields None for a group it cannot open, and an op
-        # skipped here would be dropped from OUT when it is rebuilt
-        obj = h5[name]
+    for name, obj in members(h5):     # (an op skipped here would be dropped from OUT)
         if name == S.META_GROUP or not isinstance(obj, h5py.Group):
             continue
         found += [(name, int(k)) for k in obj.keys() if k.isdigit()]
@@ -117,8 +115,7 @@ class _Copier:
             if not raised_by_h5py(e):
                 raise
             if _WRITE_FAILURE.search(str(e)):
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise DumpWriteError(f"{self.out_path}: write failed ({first})") from e
+                raise DumpWriteError(f"{self.out_path}: write failed ({h5_message(e)})") from e
             raise corrupt_dump_error(self.src_path, e) from e
 
     def copy_op(self, sop: str, sseq: int, dop: str, dseq: int) -> str:
@@ -133,14 +130,12 @@ class _Copier:
                             grad_fn=_s(attrs.get(S.OP_GRAD_FN, "")),
                             attrs={k: v for k, v in attrs.items() if k not in _WRITER_OP_ATTRS})
         g.attrs[S.OP_NAME] = op_name
-        # members indexed, not .items(): that yields None for an object it cannot open
-        for name in grp.keys():
-            child = grp[name]
+        for name, child in members(grp):
             if isinstance(child, h5py.Group) and name in (S.INPUT_GROUP, S.OUTPUT_GROUP):
                 dst = g[name]
                 dst.attrs.update({k: child.attrs[k] for k in child.attrs.keys()})
-                for cname in child.keys():
-                    self.copy_node(child[cname], dst, cname)
+                for cname, cobj in members(child):
+                    self.copy_node(cobj, dst, cname)
             else:
                 self.copy_node(child, g, name)
         self.w.end_op()
@@ -154,8 +149,8 @@ class _Copier:
         if isinstance(obj, h5py.Group):
             g = parent.create_group(name)
             g.attrs.update({k: obj.attrs[k] for k in obj.attrs.keys()})
-            for cname in obj.keys():
-                self.copy_node(obj[cname], g, cname)
+            for cname, cobj in members(obj):
+                self.copy_node(cobj, g, cname)
         elif int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
             self._materialise(obj, parent, name)
         else:

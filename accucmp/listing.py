@@ -14,7 +14,7 @@ import numpy as np
 
 from dumpfile import DumpFile, ValueRecord
 from dumpfile import schema as S
-from dumpfile.reader import h5_errors
+from dumpfile.reader import existing, h5_errors
 
 
 @dataclass
@@ -118,14 +118,8 @@ def _light_values(f: DumpFile, op_path: str) -> list[TensorLine]:
     reads cost tens of microseconds each; the full record reads every attribute)."""
     out: list[TensorLine] = []
     for side, sub in (("in", S.INPUT_GROUP), ("out", S.OUTPUT_GROUP)):
-        path = f"{op_path}/{sub}"
-        try:
-            grp = f.h5[path]
-        except KeyError:
-            # not h5.get(): it answers None for a damaged group too; only a group that is
-            # not there means no values (checked on failure only: a path lookup costs)
-            if path in f.h5:
-                raise
+        grp = existing(f.h5, f"{op_path}/{sub}")
+        if grp is None:
             continue
         names = list(grp.keys())
         order = grp.attrs.get("order")

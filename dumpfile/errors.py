@@ -12,3 +12,12 @@ class DumpFormatError(DumpError):
 
 class DumpWriteError(DumpError):
     """A dump could not be written (path, permissions, disk full)."""
+
+
+def writer_error_message(e: BaseException, path: str) -> str:
+    """The one line a writer failure is reported as: a DumpError's own message, anything
+    else as "dump writer failed", always naming `path`."""
+    msg = str(e) if isinstance(e, DumpError) else f"{path}: dump writer failed: {e}"
+    if path not in msg:
+        msg = f"{path}: {msg}"
+    return msg.replace("\n", " ")

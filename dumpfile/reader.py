@@ -97,12 +97,37 @@ def raised_by_h5py(e: BaseException) -> bool:
     return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("h5py")
 
 
+def h5_message(e: BaseException) -> str:
+    """The first line of an HDF5 failure's message (without the quotes KeyError's str() adds)."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+    lines = str(msg).strip().splitlines()
+    return lines[0].strip() if lines else type(e).__name__
+
+
 def corrupt_dump_error(path: str, e: BaseException, where: str = "") -> DumpFormatError:
     """`{path}: corrupt or unreadable dump ({first line of the HDF5 message})[ at {where}]`."""
-    msg = e.args[0] if isinstance(e, KeyError) and e.args else e   # KeyError's str() adds quotes
-    lines = str(msg).strip().splitlines()
-    first = lines[0].strip() if lines else type(e).__name__
-    return DumpFormatError(f"{path}: corrupt or unreadable dump ({first})" + (f" at {where}" if where else ""))
+    return DumpFormatError(f"{path}: corrupt or unreadable dump ({h5_message(e)})"
+                           + (f" at {where}" if where else ""))
+
+
+def existing(h5: h5py.File, path: str) -> Any | None:
+    """The object at `path`, or None when there is none. Not `h5.get()`: it answers None
+    for a damaged object too, which read as "no values"; damage raises here (whether the
+    path exists is asked on failure only: a path lookup costs)."""
+    try:
+        return h5[path]
+    except KeyError:
+        if path in h5:
+            raise
+        return None
+
+
+def members(group: h5py.Group) -> Iterator[tuple[str, Any]]:
+    """(name, object) of a group's members, each looked up by name. Not `.items()`: it
+    yields None for an object it cannot open, so damage read as absence (a damaged op
+    skipped, then dropped from a file rebuilt without it); a lookup raises instead."""
+    for name in group.keys():
+        yield name, group[name]
 
 
 @contextlib.contextmanager
@@ -338,9 +363,7 @@ class DumpFile:
 
     def _looks_like_dump(self) -> bool:
         """An original-layout file without our root attributes: /op/<digits>/input|output."""
-        for op_name in self.h5.keys():
-            # indexed, not .items(): that yields None for an object it cannot open
-            link = self.h5[op_name]
+        for op_name, link in members(self.h5):
             if op_name == S.META_GROUP or not isinstance(link, h5py.Group):
                 continue
             for seq in link.keys():
@@ -406,9 +429,7 @@ class DumpFile:
             # link listing per op name, no group opened per row
             present: dict[str, set[str]] = {}
             for name in {o.op for o in ops}:
-                # not h5.get(): it answers None for a group it cannot open, which would
-                # drop a damaged op's rows without a word
-                grp = self.h5[name] if name in self.h5 else None
+                grp = existing(self.h5, name)     # (a damaged op's rows must not vanish)
                 present[name] = set(grp.keys()) if isinstance(grp, h5py.Group) else set()
             ops = [o for o in ops if str(o.seqid) in present[o.op]]
         else:
@@ -448,13 +469,8 @@ class DumpFile:
     @_guarded
     def values(self, group_path: str) -> dict[str, ValueRecord]:
         """Entries of an input/ or output/ group, in argument order when known."""
-        try:
-            grp = self.h5[group_path]
-        except KeyError:
-            # not h5.get(): a damaged group must raise, not read as "no values"; only a
-            # group that is not there has none (checked on failure only: a path lookup costs)
-            if group_path in self.h5:
-                raise
+        grp = existing(self.h5, group_path)
+        if grp is None:
             return {}
         out = {name: self._record(f"{group_path}/{name}", name) for name in grp.keys()}
         order = grp.attrs.get("order")

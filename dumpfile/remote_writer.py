@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from . import schema as S
-from .errors import DumpError, DumpWriteError
+from .errors import DumpWriteError, writer_error_message
 from .writer import pwrite_all
 
 
@@ -197,13 +197,6 @@ class RemoteDumpWriter:
 
 
 # ---- child side ---------------------------------------------------------------------------
-def _message(e: BaseException, path: str) -> str:
-    msg = str(e) if isinstance(e, DumpError) else f"{path}: dump writer failed: {e}"
-    if path not in msg:
-        msg = f"{path}: {msg}"
-    return msg.replace("\n", " ")
-
-
 class _Server:
     def __init__(self, conn: Connection):
         import numpy as np
@@ -259,21 +252,21 @@ class _Server:
                                      flush_interval=flush_interval)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             self.w = None
-            return ("err", _message(e, path))
+            return ("err", writer_error_message(e, path))
         return ("ok",)
 
     def _maybe_flush(self) -> None:
         try:
             self.w.maybe_flush()
         except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-            self.error = _message(e, self.w.path)
+            self.error = writer_error_message(e, self.w.path)
 
     def _idle_flush(self) -> None:
         if self.error is None:
             try:
                 self.w.flush()
             except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-                self.error = _message(e, self.w.path)
+                self.error = writer_error_message(e, self.w.path)
 
     def _op(self, rec):
         w = self.w
@@ -293,7 +286,7 @@ class _Server:
                     w.set_order(parent, [n for n, _ in entries])
             w.end_op(deferred=True)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
-            self.error = _message(e, w.path)
+            self.error = writer_error_message(e, w.path)
             w.release_reserve()
             w.abort_op()
             return ("err", self.error)
@@ -344,7 +337,7 @@ class _Server:
             w.close(complete=bool(complete) and err is None)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             if complete and err is None:
-                err = _message(e, w.path)
+                err = writer_error_message(e, w.path)
         return ("closed", w.bytes_written, w.num_ops, err)
 
 

@@ -69,6 +69,8 @@ C10D_WRITES: dict[str, tuple[str, ...]] = {
     "_reduce_scatter_base_": ("output_tensor",), "gather_": ("output_tensors",),
     "scatter_": ("output_tensors",), "alltoall_": ("output_tensors",), "alltoall_base_": ("output",),
 }
+
+
 def _register_c10d() -> None:
     """(Called by op_info at the first c10d op: torch.distributed registers them late.)"""
     try:

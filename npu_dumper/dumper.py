@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dumpfile import schema as S
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, writer_error_message
 from dumpfile.stats_writer import StatsDumpWriter
 from dumpfile.remote_writer import RemoteDumpWriter
 from dumpfile.writer import DumpWriter, set_attrs
@@ -396,5 +396,4 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             if report is not None:
                 self.summary[type(policy).__name__.removesuffix("Policy").lower()] = report
         if close_error is not None and clean:
-            msg = str(close_error).replace("\n", " ")
-            raise DumperError(msg if self.path in msg else f"{self.path}: {msg}") from close_error
+            raise DumperError(writer_error_message(close_error, self.path)) from close_error

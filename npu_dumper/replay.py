@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.lowlevel import contiguous_offset
-from dumpfile.reader import DumpFile, OpRecord, ValueRecord
+from dumpfile.reader import DumpFile, OpRecord, ValueRecord, corrupt_dump_error
 
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
@@ -259,7 +259,7 @@ class ReplayPolicy(Policy):
             raise ReplayError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - h5py on a damaged file: one line naming it
             self._file.close()
-            raise ReplayError(f"{path}: corrupt or unreadable dump ({_first_line(e)})") from None
+            raise ReplayError(str(corrupt_dump_error(path, e))) from None
         if not ops:
             self._file.close()
             raise ReplayError(f"{path}: the dump holds no ops")
@@ -371,8 +371,7 @@ class ReplayPolicy(Policy):
         except (OSError, RuntimeError, KeyError, ValueError) as e:
             # reading the recorded inputs failed (a damaged load file): running the op on
             # live inputs instead would pass off the live values as the reference's
-            raise ReplayError(f"{self.load_file_path}: corrupt or unreadable dump at "
-                              f"{entry.record.path} ({_first_line(e)})") from None
+            raise ReplayError(str(corrupt_dump_error(self.load_file_path, e, entry.record.path))) from None
         entry.used = True
         if entry.index > self._consumed:
             with self._cv:
@@ -676,11 +675,6 @@ class ReplayPolicy(Policy):
                               if a.alias_info is not None and a.alias_info.is_write)
             self._written_args[func] = w
         return w
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().strip("'\"")
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 class _NoFit(Exception):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, writer_error_message
 from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
@@ -118,10 +118,7 @@ class WriterThread:
         if self._error is not None and not self._reported:
             self._reported = True
             err = self._error
-            msg = str(err) if isinstance(err, DumpError) else f"{self.writer.path}: dump writer failed: {err}"
-            if self.writer.path not in msg:
-                msg = f"{self.writer.path}: {msg}"
-            raise DumperError(msg.replace("\n", " ")) from err
+            raise DumperError(writer_error_message(err, self.writer.path)) from err
 
     @property
     def failed(self) -> bool:

@@ -347,5 +347,6 @@ def test_a_load_file_unreadable_mid_run_stops_the_replay_naming_it(tmp_path, mon
         with npu_dumper.dumper(load_file_path=str(good), dump_path=str(tmp_path / "r.h5")):
             lin(torch.ones(2, 8)).sum()
     msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith(f"{good}: corrupt or unreadable dump at /aten.")
-    assert "bad object header" in msg
+    assert "\n" not in msg and msg.startswith(
+        f"{good}: corrupt or unreadable dump (Unable to synchronously open object "
+        "(bad object header version number)) at /aten.")
