@@ -94,7 +94,10 @@ class ProcessWriter(WriterThread):
                 rec = ("reserve", cap.shape, dt.str, self._meta(cap))
                 self._pieces.append((cap, None, cap.nbytes))   # the data thread writes the bytes
             else:
-                rec = ("tensor", storage_array(t), self._meta(cap))
+                # a copy: storage_array may view the live tensor, and the record is pickled
+                # only when the whole op is sent; once `done` is set, copy-on-write no longer
+                # saves this capture, so a later in-place op could change what is sent
+                rec = ("tensor", storage_array(t).copy(), self._meta(cap))
                 cap.done = True
                 cap.tensor = None
         self.num_datasets += 1

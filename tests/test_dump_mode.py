@@ -218,6 +218,35 @@ def test_inplace_ops_record_pre_op_inputs_and_later_writes_do_not_leak(tmp_path)
         np.testing.assert_array_equal(mul_.outputs()["self"].read(), (x0.numpy() + 100) * 3)
 
 
+def test_process_writer_sends_what_it_captured_not_what_a_later_in_place_op_wrote(tmp_path, monkeypatch):
+    # The process writer used to put a view of the live tensor in the op's record and
+    # pickle it only when the op was sent; an in-place op in between (copy-on-write no
+    # longer covers a capture marked written) changed what was sent. Here the writer is
+    # held between recording add_'s output and sending it while the model runs mul_.
+    import time
+    from npu_dumper import writer_process as WP
+    record = WP.ProcessWriter._tensor_record
+
+    def held(self, gpath, name, cap):
+        rec = record(self, gpath, name, cap)
+        if "/aten.add_.Tensor/" in gpath and gpath.endswith("/output"):
+            time.sleep(0.05)
+        return rec
+
+    monkeypatch.setattr(WP.ProcessWriter, "_tensor_record", held)
+    x0 = torch.arange(6, dtype=torch.float32)
+    p = tmp_path / "d.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="process"):
+        x = x0.clone()
+        x.add_(100)
+        time.sleep(0.01)                 # the writer now holds add_'s output record
+        x.mul_(3)
+    with DumpFile(p) as f:
+        ops = {o.op: o for o in f.ops()}
+        np.testing.assert_array_equal(ops["aten.add_.Tensor"].outputs()["self"].read(), x0.numpy() + 100)
+        np.testing.assert_array_equal(ops["aten.mul_.Tensor"].outputs()["self"].read(), (x0.numpy() + 100) * 3)
+
+
 def test_out_variant_records_out_before_and_after(tmp_path):
     a, b = torch.ones(3), torch.full((3,), 2.0)
     out = torch.full((3,), 7.0)
