@@ -210,23 +210,35 @@ def named_returns(info: OpInfo, out: Any) -> list[tuple[str, str, Any]]:
 # ---- captured values -------------------------------------------------------------
 _DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# devices whose tensors are exactly (storage, offset, shape, stride, dtype)
+_REBUILT_DEVICES = frozenset({"cpu", "cuda"})
+_DK_NEG = torch._C.DispatchKey.Negative
+_DK_CONJ = torch._C.DispatchKey.Conjugate
+
+
+def _has_neg_or_conj(keys) -> bool:
+    """Whether a tensor's dispatch keys carry the negative or conjugate bit (read from
+    the key set: `is_neg()`/`is_conj()` release the GIL)."""
+    return keys.has(_DK_NEG) or keys.has(_DK_CONJ)
 
 
 class TensorCapture:
-    """A tensor as it was at op time. `tensor` is an alias until materialised (cloned)."""
+    """A tensor as it was at op time: its storage (or an alias of it) until materialised.
 
-    __slots__ = ("tensor", "ptr", "gen", "version", "dtype", "shape", "stride", "offset",
-                 "device", "nbytes", "uninitialized", "owner", "lock", "done", "__weakref__")
+    `tensor` gives the op-time view of the data; `materialize()` makes it a private copy.
+    """
+
+    __slots__ = ("_tensor", "_storage", "ptr", "gen", "version", "dtype", "shape", "stride",
+                 "offset", "device", "nbytes", "uninitialized", "owner", "lock", "done",
+                 "_torch_dtype", "__weakref__")
 
     def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False):
         # Called with the dispatch mode off: detach()/clone() here are not recorded.
-        # `.data` is the same storage alias as detach() (shape, stride, offset, no autograd
-        # history) without a trip through the dispatcher, which releases the GIL: with the
-        # writer thread waiting for it, each release costs the model's thread a hand-over.
-        # Only plain tensors: a subclass decides what its detach() means. The alias's own
-        # version counter is never read (self.version is taken from `t`).
-        alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
-        self.tensor = alias.clone() if clone else alias
+        # On the common path (a plain CPU/CUDA tensor) everything read from `t` keeps the
+        # GIL. `.data`, `.detach()`, `is_inference()`, `is_neg()` and dispatcher calls
+        # release it, and with the writer thread waiting, each release costs the model's
+        # thread a hand-over (40-170 us each, measured with a busy second thread on the
+        # reference 2-core machine).
         device = t.device
         names = _DEVICE_NAMES.get(device)
         if names is None:       # str(device) and device.type cost ~0.3 us each, per tensor
@@ -242,7 +254,11 @@ class TensorCapture:
         self.gen = gen.get(self.ptr, 0)
         # an inference tensor has no version counter (reading it raises): writes to it are
         # still seen through the registry's write generation
-        self.version = 0 if t.is_inference() else t._version
+        try:
+            self.version = t._version
+        except RuntimeError:
+            self.version = 0
+        self._torch_dtype = t.dtype
         self.dtype = dtype_name(t.dtype)
         self.shape = tuple(t.shape)
         self.stride = tuple(t.stride()) if strided else ()
@@ -252,6 +268,36 @@ class TensorCapture:
         self.uninitialized = uninitialized
         self.lock = threading.Lock()
         self.done = False
+        if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
+                and names[1] in _REBUILT_DEVICES
+                and not _has_neg_or_conj(torch._C._dispatch_keys(t))):
+            # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
+            # the storage, like an alias, leaves autograd's counts on `t` untouched.
+            self._storage = storage
+            self._tensor = None
+        else:
+            # Conj/neg views, subclasses and other devices (an NPU tensor's format lives
+            # on the tensor) keep an alias: `.data` (no autograd history) for a plain
+            # tensor; a subclass decides what its detach() means.
+            alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
+            self._storage = None
+            self._tensor = alias.clone() if clone else alias
+
+    @property
+    def tensor(self) -> torch.Tensor | None:
+        """The captured data as a tensor (None once written)."""
+        t = self._tensor
+        if t is None and self._storage is not None:
+            st = self._storage
+            t = torch.empty(0, dtype=self._torch_dtype, device=st.device)
+            t.set_(st, self.offset, self.shape, self.stride)
+            self._tensor = t
+        return t
+
+    @tensor.setter
+    def tensor(self, value: torch.Tensor | None) -> None:
+        self._tensor = value
+        self._storage = None
 
     def materialize(self) -> None:
         """Copy the data now (before an op overwrites it), unless the writer already wrote it."""

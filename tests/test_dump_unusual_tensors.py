@@ -95,3 +95,45 @@ def test_statistics_dump_of_unusual_tensors(tmp_path, stats_only):
         (op,) = [o for o in f.ops() if o.op == "aten._foreach_mul_.Scalar"]
         out = op.outputs()["self"].children[0]
         assert (out.stats()["max"] if stats_only else out.read().max()) == 2.0
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_negative_and_conjugate_views_are_recorded_as_their_values(tmp_path, writer):
+    # A capture keeps only the storage of a plain tensor and rebuilds the view in the
+    # writer; a tensor with the negative or conjugate bit is not (storage, shape, stride):
+    # rebuilt from its storage it would read -x or conj(z).
+    z = torch.tensor([1 + 2j, -3 + 0.5j, 4 - 1j], dtype=torch.complex64)
+    base = torch.arange(12.0).reshape(3, 4)
+    p = tmp_path / f"negconj_{writer}.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+        im = z.conj().imag                  # float32 with the negative bit
+        a = torch.add(im, 1)
+        b = torch.mul(z.conj(), 2)          # complex64 with the conjugate bit
+        c = torch.sub(base[1:, ::2], 1)     # offset, strided: rebuilt from its storage
+    with DumpFile(p) as f:
+        by = {o.op: o for o in f.ops()}
+        # the Negative/Conjugate fallbacks resolve the bit with a clone, which sees it
+        clones = [o for o in f.ops() if o.op == "aten.clone.default"]
+        assert len(clones) == 2
+        for op in clones:
+            np.testing.assert_array_equal(op.inputs()["self"].read(), op.outputs()["result"].read())
+        np.testing.assert_array_equal(by["aten.add.Tensor"].inputs()["self"].read(), im.resolve_neg().numpy())
+        np.testing.assert_array_equal(by["aten.add.Tensor"].outputs()["result"].read(), a.numpy())
+        np.testing.assert_array_equal(by["aten.mul.Tensor"].inputs()["self"].read(),
+                                      z.conj().resolve_conj().numpy())
+        np.testing.assert_array_equal(by["aten.mul.Tensor"].outputs()["result"].read(), b.numpy())
+        np.testing.assert_array_equal(by["aten.sub.Tensor"].inputs()["self"].read(),
+                                      base[1:, ::2].numpy())
+        np.testing.assert_array_equal(by["aten.sub.Tensor"].outputs()["result"].read(), c.numpy())
+
+
+def test_statistics_of_a_negative_view_are_those_of_its_values(tmp_path):
+    x = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    p = tmp_path / "neg_stats.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True):
+        torch.add(torch._neg_view(x), 0.5)
+    with DumpFile(p) as f:
+        (op,) = [o for o in f.ops() if o.op == "aten.clone.default"]   # (resolves the bit)
+        st = op.inputs()["self"].stats()
+        assert (st["min"], st["max"]) == (-10.0, -1.0)
+        assert st["mean"] == pytest.approx(-4.0)
