@@ -159,6 +159,41 @@ def test_a_dump_open_in_a_reader_is_not_overwritten(tmp_path, writer, reader):
         assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor"] and f.complete
         assert f.ops()[1].outputs()["result"].read().tolist() == [2.0, 2.0, 2.0]
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_dump_over_an_earlier_one_replaces_it_and_keeps_links_semantics(tmp_path, writer):
+    # An earlier dump at the path is unlinked, not truncated (truncating a freshly written
+    # file waits for its dirty pages): a reader that opened it before keeps reading it
+    # whole. A symlink and a file with a second hard link are written through, as before.
+    p = tmp_path / "again.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+        torch.ones(3) * 2
+    old = os.open(p, os.O_RDONLY)      # (no HDF5 lock: the dump goes ahead)
+    try:
+        old_size = os.fstat(old).st_size
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+            torch.ones(2) + 5
+        st = os.fstat(old)             # the earlier file: unlinked, whole
+        assert st.st_nlink == 0 and st.st_size == old_size
+    finally:
+        os.close(old)
+    with DumpFile(p) as f:
+        assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.add.Tensor"] and f.complete
+
+    target = tmp_path / "target.h5"
+    link = tmp_path / "link.h5"
+    other_name = tmp_path / "other_name.h5"
+    os.link(p, other_name)
+    shutil.copy(p, target)
+    os.symlink(target.name, link)
+    for path, seen_through in ((link, target), (p, other_name)):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(path), writer=writer):
+            torch.ones(4) * 3
+        with DumpFile(seen_through) as f:
+            assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor"]
+            assert f.ops()[1].outputs()["result"].read().tolist() == [3.0] * 4
+    assert link.is_symlink() and os.path.samefile(p, other_name)
+
+
 # ---- failures in the writer reach the user ---------------------------------------------
 def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
     def boom(self, *a, **k):

@@ -1,0 +1,108 @@
+"""Attribute creation through the HDF5 C library that h5py itself links (the writer's hot path).
+
+A dump of a model with many small ops makes ~35 attributes per op (the original layout's
+DeviceType, DataType, FormatType, Type, Stride, plus dtype and shape on every tensor, and
+the op group's own). Through h5py's low-level `h5a.create` + `write` one costs ~13 us on
+the reference machine, of which HDF5's own work is ~6; calling the same library functions
+directly (ctypes, GIL held as h5py holds it, under h5py's lock) halves it. The file is the
+same: same library, same file types (h5py's own type objects), same calls h5py makes.
+
+Only scalars and arrays of native numbers and scalar strings (variable-length UTF-8, as
+h5py writes `str`) take this path; anything else, or any failure, goes through h5py, whose
+exceptions carry HDF5's message. `available()` is False where the library cannot be
+reached (then the writer uses h5py alone).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import h5py
+import numpy as np
+from h5py import h5a, h5t
+from h5py._objects import phil
+
+_hid = ctypes.c_int64          # hid_t since HDF5 1.10 (h5py 3 requires >= 1.10)
+_H5P_DEFAULT = 0
+
+
+class _Lib:
+    def __init__(self, dll: ctypes.PyDLL):
+        self.create = dll.H5Acreate2
+        self.create.restype = _hid
+        self.create.argtypes = [_hid, ctypes.c_char_p, _hid, _hid, _hid, _hid]
+        self.write = dll.H5Awrite
+        self.write.restype = ctypes.c_int
+        self.write.argtypes = [_hid, _hid, ctypes.c_void_p]
+        self.close = dll.H5Aclose
+        self.close.restype = ctypes.c_int
+        self.close.argtypes = [_hid]
+
+
+def _load() -> _Lib | None:
+    if h5py.version.hdf5_version_tuple < (1, 10, 0):
+        return None
+    try:
+        # PyDLL: calls keep the GIL, as h5py's do (no hand-over per attribute). The
+        # extension module's handle resolves the symbols of the libhdf5 it was linked with.
+        return _Lib(ctypes.PyDLL(h5a.__file__))
+    except (OSError, AttributeError):
+        return None
+
+
+_LIB = _load()
+# memory type of a `char *` UTF-8 string: what H5Awrite reads for a variable-length string
+_VLEN_UTF8_MEM = h5t.C_S1.copy()
+_VLEN_UTF8_MEM.set_size(h5t.VARIABLE)
+_VLEN_UTF8_MEM.set_cset(h5t.CSET_UTF8)
+
+
+def available() -> bool:
+    return _LIB is not None
+
+
+def create_attrs(oid: Any, items: list[tuple[bytes, Any, Any, Any, Any]]) -> list[int]:
+    """Create and write attributes on the object `oid` (an h5py ObjectID).
+
+    `items`: (name, file type, memory type or None for a str, space, value) where value is
+    a C-contiguous numpy array, or bytes (UTF-8) for a scalar string. Returns the indices
+    of the items not written (to be done through h5py), after the first failure: an
+    attribute half made (created, not written) is closed and reported too, so the caller
+    overwrites it.
+    """
+    lib = _LIB
+    if lib is None:
+        return list(range(len(items)))
+    loc = oid.id
+    with phil:
+        for i, (name, ftype, mtype, space, value) in enumerate(items):
+            aid = lib.create(loc, name, ftype.id, space.id, _H5P_DEFAULT, _H5P_DEFAULT)
+            if aid < 0:
+                return list(range(i, len(items)))
+            if mtype is None:
+                ptr = ctypes.c_char_p(value)
+                ok = lib.write(aid, _VLEN_UTF8_MEM.id, ctypes.addressof(ptr)) >= 0
+            else:
+                ok = value.size == 0 or lib.write(aid, mtype.id, value.ctypes.data) >= 0
+            lib.close(aid)
+            if not ok:
+                return list(range(i, len(items)))
+    return []
+
+
+def string_value(arr: np.ndarray) -> bytes | None:
+    """The UTF-8 bytes of a 0-d string array h5py would write as a variable-length string."""
+    if arr.ndim != 0:
+        return None
+    v = arr[()]
+    if isinstance(v, str):
+        try:
+            b = v.encode("utf-8")
+        except UnicodeEncodeError:      # lone surrogates: h5py's path decides
+            return None
+    elif isinstance(v, bytes):
+        b = v
+    else:
+        return None
+    return None if b"\0" in b else b   # (a C string ends at NUL: h5py's path decides)
