@@ -212,6 +212,10 @@ _DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # devices whose tensors are exactly (storage, offset, shape, stride, dtype)
 _REBUILT_DEVICES = frozenset({"cpu", "cuda"})
+# a quantized tensor's scale and zero point live on the tensor, not its storage
+QUANTIZED_DTYPES = frozenset(getattr(torch, n) for n in
+                              ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+                              if hasattr(torch, n))
 _DK_NEG = torch._C.DispatchKey.Negative
 _DK_CONJ = torch._C.DispatchKey.Conjugate
 
@@ -269,15 +273,15 @@ class TensorCapture:
         self.lock = threading.Lock()
         self.done = False
         if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
-                and names[1] in _REBUILT_DEVICES
+                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in QUANTIZED_DTYPES
                 and not _has_neg_or_conj(torch._C._dispatch_keys(t))):
             # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
             # the storage, like an alias, leaves autograd's counts on `t` untouched.
             self._storage = storage
             self._tensor = None
         else:
-            # Conj/neg views, subclasses and other devices (an NPU tensor's format lives
-            # on the tensor) keep an alias: `.data` (no autograd history) for a plain
+            # Conj/neg views, quantized tensors, subclasses and other devices (an NPU
+            # tensor's format lives on the tensor) keep an alias: `.data` (no autograd history) for a plain
             # tensor; a subclass decides what its detach() means.
             alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
             self._storage = None

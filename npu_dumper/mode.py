@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_flatten
 from dumpfile import schema as S
 
 from . import hints
-from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
-    named_returns, op_info
+from .capture import QUANTIZED_DTYPES, CaptureRegistry, ListOf, Named, TensorCapture, Value, \
+    named_args, named_returns, op_info
 from .module_tracking import ModuleTracker, backward_module
 from .policy import OpEvent, Policy
 from .tensors import dtype_name
@@ -145,6 +145,11 @@ class DumpMode(TorchDispatchMode):
             # shape or stride: stored as the list of its components
             return ListOf([self._node(c, "Tensor", caps, clone, uninit) for c in v.unbind()],
                           S.TYPE_TENSOR_LIST, schema_type)
+        if isinstance(v, torch.Tensor) and v.dtype in QUANTIZED_DTYPES:
+            # (deprecated in torch) its values are integers plus a scale and zero point that
+            # the format has no place for: recorded as what it was, without values
+            return Value(f"<quantized {dtype_name(v.dtype)} tensor of shape {list(v.shape)}: "
+                         "values not recorded>", schema_type)
         if isinstance(v, torch.Tensor):
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
             if not clone:
