@@ -277,9 +277,8 @@ class _Server:
         op, seqid, phase, module, grad_fn, attrs, inputs, outputs = rec
         offsets: list[int] = []
         try:
-            g = w.begin_op(op, seqid, phase=phase, module=module, grad_fn=grad_fn, attrs=attrs)
-            for group_name, entries in ((S.INPUT_GROUP, inputs), (S.OUTPUT_GROUP, outputs)):
-                parent = g[group_name]
+            w.begin_op(op, seqid, phase=phase, module=module, grad_fn=grad_fn, attrs=attrs)
+            for parent, entries in zip(w.io_groups(), (inputs, outputs)):
                 for name, node in entries:
                     self._node(parent, name, node, offsets)
                 if len(entries) > 1:

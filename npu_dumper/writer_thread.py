@@ -267,10 +267,9 @@ class WriterThread:
 
     def _write_job(self, job: OpJob) -> None:
         w = self.writer
-        g = w.begin_op(job.op, job.seqid, phase=job.phase, module=job.module,
-                       grad_fn=job.grad_fn, attrs=job.attrs)
-        for group_name, entries in ((S.INPUT_GROUP, job.inputs), (S.OUTPUT_GROUP, job.outputs)):
-            parent = g[group_name]
+        w.begin_op(job.op, job.seqid, phase=job.phase, module=job.module,
+                   grad_fn=job.grad_fn, attrs=job.attrs)
+        for parent, entries in zip(w.io_groups(), (job.inputs, job.outputs)):
             for name, node in entries:
                 self._write_node(parent, name, node)
             if len(entries) > 1:
