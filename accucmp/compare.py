@@ -198,8 +198,8 @@ class _Comparer:
                     fp[0].add(x, z)
                 for y, z in aligned(self._chunks(g, g_n), self._chunks(f, f_n)):
                     fp[1].add(y, z)
-        if tc.total != t_n:
-            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.total} elements, shape says {t_n}")
+        if tc.elements != t_n:
+            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.elements} elements, shape says {t_n}")
         self._put(row, tc.results(), tc.extras())
         row["CompareStatus"] = STATUS_COMPARED
         if fp:

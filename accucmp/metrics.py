@@ -142,7 +142,8 @@ class TensorComparison:
     algorithms: tuple[str, ...] = METRIC_NAMES
     bool_mode: bool = False
     n: int = 0                    # elements compared (finite on both sides)
-    total: int = 0                # elements seen
+    total: int = 0                # elements seen (a complex element counts as two: re, im)
+    elements: int = 0             # tensor elements seen (a complex element counts once)
     sxy: float = 0.0
     sxx: float = 0.0
     syy: float = 0.0
@@ -205,6 +206,7 @@ class TensorComparison:
         y = np.asarray(y).reshape(-1)
         if x.size != y.size:
             raise ValueError(f"pieces differ in size ({x.size} vs {y.size})")
+        self.elements += x.size
         for xb, yb in self._blocks(x, y):
             self._add_block(xb, yb)
 
