@@ -121,10 +121,12 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
-def _seqid(row: dict[str, Any]) -> str:
-    v = row.get("SeqId")
+def _seqid(row: dict[str, Any], key: str = "SeqId") -> str:
+    v = row.get(key)
     if isinstance(v, float) and not math.isnan(v) and v.is_integer():
         return str(int(v))
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
+        return ""
     return fmt_value(v)
 
 
@@ -142,7 +144,11 @@ def describe_row(row: dict[str, Any]) -> str:
     op = text_of("NPUDump") or (path.strip("/").split("/")[0] if path else "?")
     where = ", ".join(x for x in (text_of("Phase"), text_of("Module")) if x)
     tensor = "/".join(path.strip("/").split("/")[2:]) if path.count("/") >= 3 else path
-    text = f"{op} seqid {_seqid(row)}"
+    seqid = _seqid(row)
+    if not seqid and _seqid(row, "GoldenSeqId"):     # a golden-only op: the target has no seqid
+        text = f"{op} golden seqid {_seqid(row, 'GoldenSeqId')}"
+    else:
+        text = f"{op} seqid {seqid}"
     if where:
         text += f" ({where})"
     if tensor:
