@@ -534,6 +534,22 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     from dumpfile.golden_info import read_not_replayed
 
     t_ops, g_ops = tf.ops(), gf.ops()
+    # A filtered dump (include/exclude/modules/phases) against one filtered differently or
+    # not at all: pass each side's ops through the other's selection, so both streams hold
+    # the ops both runs would have written; otherwise the name-stream alignment pairs a
+    # selected op with a same-named op the filter dropped (another layer's mm).
+    with h5_errors(tf.path):
+        t_sel = tf.op_filter
+    with h5_errors(gf.path):
+        g_sel = gf.op_filter
+    filtered_out = 0
+    if t_sel != g_sel:
+        n = len(t_ops) + len(g_ops)
+        if g_sel is not None:
+            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
+        if t_sel is not None:
+            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
+        filtered_out = n - len(t_ops) - len(g_ops)
     if pattern is not None:
         keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
@@ -573,6 +589,8 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
         "target_ops": len(t_ops), "golden_ops": len(g_ops),
         "paired_ops": sum(1 for p in pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
+        "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
+                      "ops_left_out": filtered_out},
         "rows": len(table), "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }

@@ -165,6 +165,14 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
     parts = [f"{s.total} tensors"] + [f"{s.counts[r]} {r}" for r in RESULTS if s.counts.get(r)]
     parts += [f"{n} {r}" for r, n in s.counts.items() if r not in RESULTS]
     console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
+    for w in (meta or {}).get("warnings") or ():
+        console.print(f"  warning: {w}", soft_wrap=True, markup=False, highlight=False)
+    flt = (meta or {}).get("op_filter") or {}
+    for side in ("target", "golden"):
+        if flt.get(side):
+            console.print(f"  note: the {side} dump was filtered ({flt[side]}); the other side's ops were "
+                          f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)",
+                          soft_wrap=True, markup=False, highlight=False)
 
     if s.first_failure is not None:
         ff = s.first_failure

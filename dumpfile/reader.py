@@ -343,6 +343,19 @@ class DumpFile:
                 "outputs only): use the dump it was replayed from, or dump with dump_mode='all'")
 
     @property
+    def op_filter(self):
+        """The dumper's op selection (dumpfile.opfilter.OpSelection) when the dump was
+        filtered (include/exclude/modules/phases), else None."""
+        text = self.attrs.get(S.ROOT_OP_FILTER)
+        if text is None:
+            return None
+        from .opfilter import OpSelection
+        try:
+            return OpSelection.from_json(_attr_str(text))
+        except ValueError as e:
+            raise DumpFormatError(f"{self.path}: unreadable root attribute {S.ROOT_OP_FILTER!r} ({e})") from e
+
+    @property
     def complete(self) -> bool:
         return bool(self.attrs.get(S.ROOT_COMPLETE, True))
 

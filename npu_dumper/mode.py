@@ -6,9 +6,7 @@ FlopCounterMode owns its mode). Order per eligible op is documented in policy.py
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import traceback
 from typing import Any
 
@@ -17,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
+from dumpfile.opfilter import OpSelection
 
 from . import hints
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
@@ -31,40 +30,16 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class OpFilter:
+class OpFilter(OpSelection):
     """include/exclude op patterns, module-path prefixes, phases. Decided once per op name."""
 
     def __init__(self, include=None, exclude=None, modules=None, phases=None):
-        self.include = _as_list(include, "include")
-        self.exclude = _as_list(exclude, "exclude")
-        self.modules = _as_list(modules, "modules")
-        self.phases = set(_as_list(phases, "phases")) if phases is not None else None
+        phase_list = _as_list(phases, "phases") if phases is not None else None
+        super().__init__(_as_list(include, "include"), _as_list(exclude, "exclude"),
+                         _as_list(modules, "modules"), phase_list)
         if self.phases is not None and not self.phases <= set(S.PHASES):
             from .errors import DumperError
             raise DumperError(f"phases must be a subset of {S.PHASES}, got {sorted(self.phases)}")
-        self._by_name: dict[str, bool] = {}
-
-    @property
-    def trivial(self) -> bool:
-        return not (self.include or self.exclude or self.modules or self.phases is not None)
-
-    def op_selected(self, name: str) -> bool:
-        ok = self._by_name.get(name)
-        if ok is None:
-            ok = ((not self.include or any(_matches(p, name) for p in self.include))
-                  and not any(_matches(p, name) for p in self.exclude))
-            self._by_name[name] = ok
-        return ok
-
-    def selected(self, name: str, phase: str, module: str) -> bool:
-        if not self.op_selected(name):
-            return False
-        if self.phases is not None and phase not in self.phases:
-            return False
-        if self.modules and not any(module == m or module.startswith(m + ".") or m == ""
-                                    for m in self.modules):
-            return False
-        return True
 
 
 def _as_list(v, name: str = "option") -> list[str]:
@@ -80,19 +55,6 @@ def _as_list(v, name: str = "option") -> list[str]:
         from .errors import DumperError
         raise DumperError(f"{name} must be a string or a list of strings, got {v!r}")
     return items
-
-
-def _matches(pattern: str, name: str) -> bool:
-    """Glob or regex against the full overload name, the packet name and the bare name."""
-    parts = name.split(".")
-    candidates = (name, ".".join(parts[:2]), parts[1] if len(parts) > 1 else name)
-    if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
-        return True
-    try:
-        rx = re.compile(pattern)
-    except re.error:
-        return False
-    return any(rx.fullmatch(c) for c in candidates)
 
 
 def user_stack_line() -> str:
