@@ -30,6 +30,7 @@ from dumpfile.errors import DumpError
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
+from .capture import op_info
 from .errors import DumperError
 from .recorded import load_call, tensor_to_storage
 
@@ -135,12 +136,12 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
         return call.why_not
     recorded_outputs = rec.outputs()
     inputs = call.arg_names
-    if dump_inputs:
-        # in-place / out= arguments are overwritten by the call: keep them as they were
-        written = {a.name for a in call.func._schema.arguments
-                   if a.alias_info is not None and a.alias_info.is_write}
-        inputs = {n: (v.clone() if n in written and isinstance(v, torch.Tensor) else v)
-                  for n, v in inputs.items()}
+    if dump_inputs and op_info(call.func).written:
+        # in-place / out= arguments and hidden writes (training-mode batch norm's
+        # running_mean/var, which the schema does not mark) are overwritten by the call:
+        # keep the inputs as they were. Every tensor input, not only the written ones: a
+        # recorded view of a written tensor shares its storage and would change too.
+        inputs = {n: _snapshot(v) for n, v in inputs.items()}
     try:
         with torch.no_grad():
             out = call.call()
@@ -168,6 +169,14 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
     writer.set_order(outs, names[:len(values)])
     writer.end_op()
     return None
+
+
+def _snapshot(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(x.clone() if isinstance(x, torch.Tensor) else x for x in v)
+    return v
 
 
 def _output_values(out: Any) -> list[Any]:
