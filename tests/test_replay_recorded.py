@@ -224,3 +224,41 @@ def test_golden_inputs_of_hidden_writes_are_as_before_the_op(tmp_path):
     from accucmp.verdict import apply_verdict
     t = apply_verdict(compare_dumps(str(tmp_path / "d.h5"), str(tmp_path / "g.h5")).table)
     assert (t["Result"] != "fail").all(), t[t["Result"] == "fail"][["NPUDumpPath", "FailReason"]]
+
+
+def test_golden_replay_of_sparse_gradients(tmp_path):
+    """nn.Embedding(sparse=True): the backward builds a sparse COO gradient. Golden replay
+    aborted the whole file on it ('unsupported memory format option Contiguous', blamed on
+    the dump) and left a file with complete=False; sparse results are stored dense, as the
+    dumper stores them."""
+    import npu_dumper
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(20, 8, sparse=True)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
+        emb(torch.tensor([[1, 2, 3], [4, 5, 1]])).sum().backward()
+    res = replay(tmp_path / "d.h5", tmp_path / "g.h5", progress=False)
+    assert res.not_replayed == [] and res.replayed == res.total
+    with DumpFile(tmp_path / "d.h5") as d, DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete
+        rec = next(o for o in d.ops() if "sparse_coo" in o.op)
+        got = np.asarray(g.op(rec.op, rec.seqid).outputs()["result"].read())
+        want = np.asarray(rec.outputs()["result"].read())
+        assert got.shape == (20, 8) and np.allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert np.count_nonzero(got.any(axis=1)) == 5       # rows 1..5, row 1 summed twice
+
+
+def test_golden_lists_an_op_whose_result_cannot_be_stored(tmp_path, monkeypatch):
+    import npu_dumper.golden as golden
+    x = torch.arange(6.0).reshape(2, 3)
+    record(tmp_path / "i.h5", [(aten.exp.default, (x,), {}), (aten.neg.default, (x,), {})])
+    real = golden.tensor_to_storage
+
+    def refuse_exp_results(t):
+        if t.dtype == torch.float64 and torch.equal(t, x.double().exp()):
+            raise RuntimeError("cannot store this")
+        return real(t)
+    monkeypatch.setattr(golden, "tensor_to_storage", refuse_exp_results)
+    res = replay(tmp_path / "i.h5", tmp_path / "g.h5", progress=False)
+    assert [(op, why.split(":")[0]) for op, _, why in res.not_replayed] == [("aten.exp.default", "result cannot be stored")]
+    with DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete and [o.op for o in g.ops()] == ["aten.neg.default"]
