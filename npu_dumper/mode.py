@@ -67,6 +67,11 @@ def user_stack_line() -> str:
     return ""
 
 
+# torch dtypes the format has no storage for (quantized, sub-byte, packed float4)
+_UNSTORED_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
+                             and dtype_name(d) not in S.STORAGE_NUMPY_DTYPE)
+
+
 def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
     base = getattr(Policy, hook)
     return [p for p in policies if getattr(type(p), hook) is not base]
@@ -107,6 +112,12 @@ class DumpMode(TorchDispatchMode):
             # shape or stride: stored as the list of its components
             return ListOf([self._node(c, "Tensor", caps, clone, uninit) for c in v.unbind()],
                           S.TYPE_TENSOR_LIST, schema_type)
+        if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in _UNSTORED_DTYPES):
+            # no values to store: a meta tensor (deferred init, shape inference) has no data,
+            # and quantized / sub-byte dtypes have no storage format. A placeholder naming
+            # what it was, instead of a writer failure that stops the user's run.
+            why = "meta tensor, no data" if v.is_meta else "dtype not stored"
+            return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
         if isinstance(v, torch.Tensor):
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
             if not clone:

@@ -137,3 +137,35 @@ def test_statistics_of_a_negative_view_are_those_of_its_values(tmp_path):
         st = op.inputs()["self"].stats()
         assert (st["min"], st["max"]) == (-10.0, -1.0)
         assert st["mean"] == pytest.approx(-4.0)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("kw", [dict(writer="process"), dict(writer="thread"), dict(stats_only=True)])
+def test_meta_and_quantized_tensors_do_not_stop_the_run(tmp_path, kw):
+    """A meta tensor (deferred init, shape inference) has no data and quantized dtypes have
+    no storage format: the writer failed ('Cannot copy out of meta tensor', 'Got
+    unsupported ScalarType QUInt8') and the DumperError stopped the user's model. They
+    are recorded as a string placeholder naming dtype, shape and device; the ops around
+    them keep their values."""
+    p = tmp_path / "m.h5"
+    x = torch.arange(6.0).reshape(2, 3)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), **kw):
+        m = torch.empty(3, 4, device="meta")
+        (m + 1).sum()
+        q = torch.quantize_per_tensor(x, 0.5, 10, torch.quint8)
+        d = q.dequantize()
+        y = d * 2
+    np.testing.assert_array_equal(y.numpy(), x.numpy() * 2)
+    with DumpFile(p) as f:
+        assert f.complete
+        ops = {o.op: o for o in f.ops()}
+        add = ops["aten.add.Tensor"].inputs()["self"]
+        assert add.read() == "<Tensor float32[3, 4] on meta: meta tensor, no data>"
+        deq = ops["aten.dequantize.self"].inputs()["self"]
+        assert deq.read() == "<Tensor quint8[2, 3] on cpu: dtype not stored>"
+        mul = ops["aten.mul.Tensor"]
+        if kw.get("stats_only"):
+            assert mul.outputs()["result"].stats()["max"] == 10.0
+        else:
+            np.testing.assert_array_equal(mul.inputs()["self"].read(), x.numpy())
+            np.testing.assert_array_equal(mul.outputs()["result"].read(), x.numpy() * 2)
