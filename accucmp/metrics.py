@@ -161,6 +161,10 @@ class TensorComparison:
     nonfinite_mismatch: int = 0   # NaN/Inf on one side only (or different ones)
     target_nonfinite: int = 0
     golden_nonfinite: int = 0
+    # integer/bool on both sides: elements that differ, counted on the native values (float64
+    # loses integers above 2**53, and a bool/int tensor whose golden is all zero has no
+    # relative metric); -1 once a non-integer piece was seen
+    exact_mismatches: int = 0
     mx: _Moments = field(default_factory=_Moments)
     my: _Moments = field(default_factory=_Moments)
     # KL second pass
@@ -207,6 +211,11 @@ class TensorComparison:
         if x.size != y.size:
             raise ValueError(f"pieces differ in size ({x.size} vs {y.size})")
         self.elements += x.size
+        if self.exact_mismatches >= 0:
+            if x.dtype.kind in "iub" and y.dtype.kind in "iub":
+                self.exact_mismatches += int(np.count_nonzero(x != y))
+            else:
+                self.exact_mismatches = -1
         for xb, yb in self._blocks(x, y):
             self._add_block(xb, yb)
 
@@ -370,6 +379,7 @@ class TensorComparison:
             "NonFiniteMismatch": self.nonfinite_mismatch,
             "TargetNonFinite": self.target_nonfinite,
             "GoldenNonFinite": self.golden_nonfinite,
+            "ExactMismatches": self.exact_mismatches if self.exact_mismatches >= 0 and self.elements else math.nan,
         }
 
 
