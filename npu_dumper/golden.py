@@ -227,7 +227,12 @@ def _write_value(writer: DumpWriter, parent, name: str, value: Any, device,
         flat, _ = tree_flatten(value)
         if any(isinstance(v, torch.Tensor) for v in flat):
             return  # nested structures of tensors are not part of the format
-        writer.write_value(parent, name, value)
+        try:
+            writer.write_value(parent, name, value)
+        except TypeError:
+            # an object the format has no type for (a ScriptObject such as the handle
+            # profiler._record_function_enter_new returns): its type name, as the dumper does
+            writer.write_value(parent, name, f"<{type(value).__name__}>")
 
 
 class _Progress:

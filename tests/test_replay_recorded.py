@@ -262,3 +262,31 @@ def test_golden_lists_an_op_whose_result_cannot_be_stored(tmp_path, monkeypatch)
     assert [(op, why.split(":")[0]) for op, _, why in res.not_replayed] == [("aten.exp.default", "result cannot be stored")]
     with DumpFile(tmp_path / "g.h5") as g:
         assert g.complete and [o.op for o in g.ops()] == ["aten.neg.default"]
+
+
+def test_golden_replay_of_an_op_returning_a_script_object(tmp_path):
+    """torch.profiler.record_function (used inside nn.TransformerEncoderLayer's fast path)
+    runs profiler._record_function_enter_new, which returns a ScriptObject: golden replay
+    raised 'TypeError: no Type code for ScriptObject' out of `accucmp golden` (a traceback,
+    and a file left complete=False). The object is written as its type name, as the
+    dumper writes it, and the replay goes on."""
+    import npu_dumper
+    from typer.testing import CliRunner
+
+    from accucmp.cli import app
+    x = torch.arange(6.0).reshape(2, 3)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
+        with torch.profiler.record_function("block"):
+            y = x * 2
+        torch.exp(y)
+    with DumpFile(tmp_path / "d.h5") as d:
+        assert any(o.op.startswith("profiler.") for o in d.ops())
+    r = CliRunner().invoke(app, ["golden", "-i", str(tmp_path / "d.h5"), "-o", str(tmp_path / "g.h5")])
+    assert r.exit_code == 0, r.output
+    with DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete
+        ops = {o.op: o for o in g.ops()}
+        enter = next(o for name, o in ops.items() if name.startswith("profiler._record_function_enter"))
+        assert list(enter.outputs().values())[0].read() == "<ScriptObject>"
+        np.testing.assert_allclose(np.asarray(ops["aten.exp.default"].outputs()["result"].read()),
+                                   np.exp(x.double().numpy() * 2))
