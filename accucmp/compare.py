@@ -530,6 +530,12 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
             f.close()
 
 
+def _attr_text(v) -> str:
+    if v is None:
+        return ""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
 def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements):
     from dumpfile.golden_info import read_not_replayed
 
@@ -559,6 +565,16 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
                               golden_missing_reasons=not_replayed)
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
+    warnings = []
+    if replay:
+        bad, both = matching.seqid_name_mismatches(pairs)
+        if both and bad > matching.MAX_SEQID_NAME_MISMATCH * both:
+            replay = False
+            pairs = matching.pair_by_stream(t_ops, g_ops)
+            src = _attr_text(tf.attrs.get(S.ROOT_LOAD_FILE) or gf.attrs.get(S.ROOT_LOAD_FILE))
+            warnings.append(f"seqids do not line up: {bad} of {both} ops paired by seqid have different names, "
+                            f"so {gf.path} is not the file {tf.path} was replayed from"
+                            + (f" ({src})" if src else "") + "; paired by aligning the op streams instead")
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
     # side; the other side's tensors are not "unmatched", they were never asked for.
@@ -581,11 +597,11 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     n_unmatched_t = sum(1 for p in pairs if p.golden is None)
     n_unmatched_g = sum(1 for p in pairs if p.target is None)
     warnings = [f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
-                "comparing what was flushed" for f in (tf, gf) if not f.complete]
+                "comparing what was flushed" for f in (tf, gf) if not f.complete] + warnings
     meta = {
         "target": tf.path, "golden": gf.path, "golden_fp64": ff.path if ff is not None else None,
         "target_mode": tf.mode, "golden_mode": gf.mode,
-        "pairing": "seqid" if matching.is_replay_pairing(tf.mode, gf.mode) else "stream",
+        "pairing": "seqid" if replay else "stream",
         "target_ops": len(t_ops), "golden_ops": len(g_ops),
         "paired_ops": sum(1 for p in pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
