@@ -292,6 +292,11 @@ class DumpFile:
         except DumpFormatError:
             raise
         except (OSError, ValueError) as e:
+            if "unable to lock file" in str(e):
+                # HDF5's file lock: a writer (a dumper block still running, another tool)
+                # holds the file; it is not damaged
+                raise DumpFormatError(f"{self.path}: is open for writing by another process (a dumper "
+                                      "block still running?); read it once the writer has closed it") from e
             raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
         try:
             with h5_errors(self.path):
