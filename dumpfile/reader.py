@@ -187,7 +187,16 @@ class ValueRecord:
 
     @property
     def dtype(self) -> str:
-        return _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
+        d = _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
+        if d or self.type != S.TYPE_TENSOR:
+            return d
+        # no dtype attribute (the original dumper's files, hand-written ones): the data's own
+        # dtype, as read_value decodes it, so listings and comparisons name the same dtype
+        try:
+            ds = self.file.h5[self.path]
+        except (KeyError, TypeError, ValueError, OSError):
+            return ""
+        return str(ds.dtype) if isinstance(ds, h5py.Dataset) else ""
 
     @property
     @_guarded
