@@ -169,3 +169,28 @@ def test_meta_and_quantized_tensors_do_not_stop_the_run(tmp_path, kw):
         else:
             np.testing.assert_array_equal(mul.inputs()["self"].read(), x.numpy())
             np.testing.assert_array_equal(mul.outputs()["result"].read(), x.numpy() * 2)
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_the_model_can_still_resize_tensors_the_dumper_has_written(tmp_path, writer):
+    """The writer read tensors through Tensor.numpy(), which marks the storage
+    non-resizable for good: the model's own `a.resize_(4, 5)` (or an out= op resizing its
+    output) then failed with 'Trying to resize storage that is not resizable'."""
+    import time
+    p = tmp_path / "r.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+        a = torch.arange(6.0)                  # written by the writer ...
+        out = torch.ones(2) * 3
+        time.sleep(0.2)                        # ... before the model goes on
+        a.resize_(4, 5)
+        a.fill_(1.0)
+        torch.add(torch.ones(3, 3), 1, out=out)    # out= resizes its output from 2 to 3x3
+        b = a * 2
+    assert out.shape == (3, 3) and float(b.sum()) == 40.0
+    with DumpFile(p) as f:
+        ops = {o.op: o for o in f.ops()}
+        arange = next(o for name, o in ops.items() if name.startswith("aten.arange"))
+        np.testing.assert_array_equal(arange.outputs()["result"].read(), np.arange(6.0))
+        np.testing.assert_array_equal(ops["aten.mul.Tensor"].outputs()["result"].read(), np.full((4, 5), 2.0))
+        np.testing.assert_array_equal(ops["aten.add.out"].outputs()["out"].read(), np.full((3, 3), 2.0))
