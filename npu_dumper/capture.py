@@ -25,6 +25,9 @@ from .tensors import dtype_name
 HIDDEN_WRITES: dict[Any, tuple[str, ...]] = {}
 # Ops whose outputs hold uninitialised memory: recorded, marked `uninitialized`.
 UNINITIALIZED_OUTPUTS: set[Any] = set()
+# In-place resizes: the elements past the old size are uninitialised memory, so the
+# output is marked `uninitialized` when the op made its tensor larger.
+RESIZE_OPS: set[Any] = set()
 # Opaque backend buffers (RNN workspaces): bytes with no numeric meaning, possibly
 # uninitialised. Packet -> return indices / argument names marked `uninitialized`.
 OPAQUE_RETURNS: dict[Any, tuple[int, ...]] = {}
@@ -44,6 +47,10 @@ def _register_defaults() -> None:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             UNINITIALIZED_OUTPUTS.add(pkt)
+    for name in ("resize_", "resize_as_", "_resize_output_"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            RESIZE_OPS.add(pkt)
     for name, returns, arg in (("mkldnn_rnn_layer", (3,), None),
                                ("mkldnn_rnn_layer_backward", (), "workspace"),
                                ("_cudnn_rnn", (3,), None), ("_cudnn_rnn_backward", (), "reserve"),
@@ -125,6 +132,7 @@ class OpInfo:
     # foreach and fused-optimizer ops (`_foreach_mul_` in clip_grad_norm_), custom ops with
     # mutates_args, collectives that return only a Work. Else their result would be lost.
     written_outputs: tuple[str, ...] = ()
+    resizes: bool = False          # RESIZE_OPS: uninitialized when the tensor grew
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -179,6 +187,7 @@ def op_info(func) -> OpInfo:
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
+        resizes=packet in RESIZE_OPS,
     )
     _OP_INFO[func] = info
     return info

@@ -223,6 +223,7 @@ class DumpMode(TorchDispatchMode):
         if written:
             for t in self._write_targets(info, args, kwargs):
                 self.registry.before_write(t)
+        size_before = args[0].numel() if info.resizes and args and isinstance(args[0], torch.Tensor) else None
         try:
             out = NotImplemented
             for p in self._runners:
@@ -244,6 +245,8 @@ class DumpMode(TorchDispatchMode):
         outputs = []
         if self.record_outputs:
             uninit, opaque = info.uninitialized, info.opaque_returns
+            if size_before is not None and isinstance(out, torch.Tensor) and out.numel() > size_before:
+                uninit = True       # resize_ grew the tensor: the new elements are garbage
             for i, (rn, st, v) in enumerate(named_returns(info, out)):
                 outputs.append((rn, self._node(v, st, caps, clone=False,
                                                uninit=uninit or i in opaque)))

@@ -193,4 +193,16 @@ def test_the_model_can_still_resize_tensors_the_dumper_has_written(tmp_path, wri
         arange = next(o for name, o in ops.items() if name.startswith("aten.arange"))
         np.testing.assert_array_equal(arange.outputs()["result"].read(), np.arange(6.0))
         np.testing.assert_array_equal(ops["aten.mul.Tensor"].outputs()["result"].read(), np.full((4, 5), 2.0))
+        assert ops["aten.resize_.default"].outputs()["self"].uninitialized      # it grew: garbage past 6
         np.testing.assert_array_equal(ops["aten.add.out"].outputs()["out"].read(), np.full((3, 3), 2.0))
+
+
+def test_a_resize_that_shrinks_keeps_its_values(tmp_path):
+    p = tmp_path / "s.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        a = torch.arange(12.0)
+        a.resize_(2, 3)
+    with DumpFile(p) as f:
+        out = next(o for o in f.ops() if o.op == "aten.resize_.default").outputs()["self"]
+        assert not out.uninitialized
+        np.testing.assert_array_equal(out.read(), np.arange(6.0).reshape(2, 3))
