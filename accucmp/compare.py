@@ -566,6 +566,27 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
     warnings = []
+    # An extracted file (accucmp extract: a few ops of a run, under their seqids) against
+    # a whole dump: the name-stream alignment pairs its mm/13 with the run's first mm. When
+    # its seqids line up with the other file's (same names at the same seqids), pair by
+    # seqid and leave out the other file's ops the extract does not hold.
+    subset_note = ""
+    from .extract import ROOT_EXTRACTED_FROM
+
+    extracted = [f for f in (tf, gf) if f.attrs.get(ROOT_EXTRACTED_FROM) is not None]
+    if not replay and extracted:
+        seqs_t, seqs_g = {o.seqid for o in t_ops}, {o.seqid for o in g_ops}
+        # the whole dump's ops the extract holds (both extracted: the seqids both hold)
+        t_sub = t_ops if gf not in extracted else [o for o in t_ops if o.seqid in seqs_g]
+        g_sub = g_ops if tf not in extracted else [o for o in g_ops if o.seqid in seqs_t]
+        trial = matching.pair_by_seqid(t_sub, g_sub)
+        bad, both = matching.seqid_name_mismatches(trial)
+        if both and bad <= matching.MAX_SEQID_NAME_MISMATCH * both:
+            left_out = len(t_ops) + len(g_ops) - len(t_sub) - len(g_sub)
+            pairs, replay = trial, True
+            t_ops, g_ops = t_sub, g_sub
+            subset_note = (f"{' and '.join(f.path for f in extracted)} extracted: paired by seqid"
+                           + (f", {left_out} op(s) of the other file outside the extract left out" if left_out else ""))
     if replay:
         bad, both = matching.seqid_name_mismatches(pairs)
         if both and bad > matching.MAX_SEQID_NAME_MISMATCH * both:
@@ -607,6 +628,7 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
         "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
                       "ops_left_out": filtered_out},
+        "notes": [subset_note] if subset_note else [],
         "rows": len(table), "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }

@@ -167,6 +167,8 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
     console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
     for w in (meta or {}).get("warnings") or ():
         console.print(f"  warning: {w}", soft_wrap=True, markup=False, highlight=False)
+    for n in (meta or {}).get("notes") or ():
+        console.print(f"  note: {n}", soft_wrap=True, markup=False, highlight=False)
     flt = (meta or {}).get("op_filter") or {}
     for side in ("target", "golden"):
         if flt.get(side):
