@@ -54,7 +54,10 @@ def _register_defaults() -> None:
     for name, returns, arg in (("mkldnn_rnn_layer", (3,), None),
                                ("mkldnn_rnn_layer_backward", (), "workspace"),
                                ("_cudnn_rnn", (3,), None), ("_cudnn_rnn_backward", (), "reserve"),
-                               ("miopen_rnn", (3,), None), ("miopen_rnn_backward", (), "reserve")):
+                               ("miopen_rnn", (3,), None), ("miopen_rnn_backward", (), "reserve"),
+                               # CTC's log_alpha: allocated with empty() and filled only where
+                               # a target can be; the rest is garbage that differs run to run
+                               ("_ctc_loss", (1,), None), ("_ctc_loss_backward", (), "log_alpha")):
         pkt = getattr(aten, name, None)
         if pkt is not None:
             if returns:

@@ -206,3 +206,36 @@ def test_a_resize_that_shrinks_keeps_its_values(tmp_path):
         out = next(o for o in f.ops() if o.op == "aten.resize_.default").outputs()["self"]
         assert not out.uninitialized
         np.testing.assert_array_equal(out.read(), np.arange(6.0).reshape(2, 3))
+
+
+def test_ctc_loss_workspace_is_marked_uninitialized(tmp_path):
+    """F.ctc_loss on CPU returns log_alpha allocated with empty() and filled only where a
+    target can be: two dumps of the same run differed there (garbage, 1e10) and compare
+    failed the run against itself at aten._ctc_loss. It is marked like the RNN workspaces."""
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+
+    def run(p):
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(7, 3, 6, generator=g, requires_grad=True)
+        lp = logits.log_softmax(-1)
+        tgt = torch.tensor([[1, 2, 3], [2, 3, 0], [4, 1, 1]])
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+            # (some garbage for the workspace to pick up)
+            torch.full((4096,), 1e10).clone()
+            loss = torch.nn.functional.ctc_loss(lp, tgt, torch.full((3,), 7), torch.tensor([3, 2, 1]))
+            loss.backward()
+        return str(p), float(loss.detach())
+
+    a, la = run(tmp_path / "a.h5")
+    b, lb = run(tmp_path / "b.h5")
+    assert la == lb
+    with DumpFile(a) as f:
+        ctc = next(o for o in f.ops() if o.op.startswith("aten._ctc_loss."))
+        outs = ctc.outputs()
+        assert outs["result1"].uninitialized and not outs["result0"].uninitialized
+        bwd = next(o for o in f.ops() if o.op.startswith("aten._ctc_loss_backward"))
+        assert bwd.inputs()["log_alpha"].uninitialized
+    t = apply_verdict(compare_dumps(a, b).table)
+    assert (t["Result"] != "fail").all(), t[t["Result"] == "fail"][["NPUDumpPath", "FailReason"]]
+    assert (t[t["NPUDumpPath"].str.contains("_ctc_loss.") & t["NPUDumpPath"].str.endswith("result0")]["Result"] == "pass").all()
