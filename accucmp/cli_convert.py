@@ -39,6 +39,10 @@ def convert_command(
         typer.echo(f"accucmp: error: --format {fmt!r}: use one of {', '.join(FORMATS)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     sources = _split(dump)
+    missing = [src for src in sources if not Path(src).exists()]
+    if missing:     # a typo in -d is bad input (exit 2), not a kernel dump that failed to convert
+        typer.echo(f"accucmp: error: {missing[0]}: no such file or directory", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
     out_dir = str(out) if out is not None else "."
     try:
         result = convert_paths(sources, out_dir, fmt)

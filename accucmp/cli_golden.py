@@ -29,18 +29,21 @@ def golden_command(
     """
     from dumpfile.errors import DumpError
 
-    try:
-        from npu_dumper.golden import replay
+    from .cli import _boundary
 
-        result = replay(input, output, device=device, dtype=dtype, remap_devices=remap_devices,
-                        dump_inputs=dump_inputs, progress=None if progress else False)
-    except DumpError as e:
-        typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(2)
-    except RuntimeError as e:  # e.g. an unavailable --device
-        typer.echo(f"accucmp: error: {input}: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(2)
-    typer.echo(result.summary())
+    with _boundary():       # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
+        try:
+            from npu_dumper.golden import replay
+
+            result = replay(input, output, device=device, dtype=dtype, remap_devices=remap_devices,
+                            dump_inputs=dump_inputs, progress=None if progress else False)
+        except DumpError as e:
+            typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
+            raise typer.Exit(2)
+        except RuntimeError as e:  # e.g. an unavailable --device
+            typer.echo(f"accucmp: error: {input}: {' '.join(str(e).split())}", err=True)
+            raise typer.Exit(2)
+        typer.echo(result.summary())
 
 
 def register(app: typer.Typer) -> None:

@@ -37,7 +37,7 @@ TAIL_COLUMNS = [
     "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
     "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
     "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite",
+    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -198,8 +198,8 @@ class _Comparer:
                     fp[0].add(x, z)
                 for y, z in aligned(self._chunks(g, g_n), self._chunks(f, f_n)):
                     fp[1].add(y, z)
-        if tc.total != t_n:
-            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.total} elements, shape says {t_n}")
+        if tc.elements != t_n:
+            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.elements} elements, shape says {t_n}")
         self._put(row, tc.results(), tc.extras())
         row["CompareStatus"] = STATUS_COMPARED
         if fp:
@@ -530,10 +530,32 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
             f.close()
 
 
+def _attr_text(v) -> str:
+    if v is None:
+        return ""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
 def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements):
     from dumpfile.golden_info import read_not_replayed
 
     t_ops, g_ops = tf.ops(), gf.ops()
+    # A filtered dump (include/exclude/modules/phases) against one filtered differently or
+    # not at all: pass each side's ops through the other's selection, so both streams hold
+    # the ops both runs would have written; otherwise the name-stream alignment pairs a
+    # selected op with a same-named op the filter dropped (another layer's mm).
+    with h5_errors(tf.path):
+        t_sel = tf.op_filter
+    with h5_errors(gf.path):
+        g_sel = gf.op_filter
+    filtered_out = 0
+    if t_sel != g_sel:
+        n = len(t_ops) + len(g_ops)
+        if g_sel is not None:
+            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
+        if t_sel is not None:
+            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
+        filtered_out = n - len(t_ops) - len(g_ops)
     if pattern is not None:
         keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
@@ -543,6 +565,37 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
                               golden_missing_reasons=not_replayed)
     metric_cols = list(algs)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
+    warnings = []
+    # An extracted file (accucmp extract: a few ops of a run, under their seqids) against
+    # a whole dump: the name-stream alignment pairs its mm/13 with the run's first mm. When
+    # its seqids line up with the other file's (same names at the same seqids), pair by
+    # seqid and leave out the other file's ops the extract does not hold.
+    subset_note = ""
+    from .extract import ROOT_EXTRACTED_FROM
+
+    extracted = [f for f in (tf, gf) if f.attrs.get(ROOT_EXTRACTED_FROM) is not None]
+    if not replay and extracted:
+        seqs_t, seqs_g = {o.seqid for o in t_ops}, {o.seqid for o in g_ops}
+        # the whole dump's ops the extract holds (both extracted: the seqids both hold)
+        t_sub = t_ops if gf not in extracted else [o for o in t_ops if o.seqid in seqs_g]
+        g_sub = g_ops if tf not in extracted else [o for o in g_ops if o.seqid in seqs_t]
+        trial = matching.pair_by_seqid(t_sub, g_sub)
+        bad, both = matching.seqid_name_mismatches(trial)
+        if both and bad <= matching.MAX_SEQID_NAME_MISMATCH * both:
+            left_out = len(t_ops) + len(g_ops) - len(t_sub) - len(g_sub)
+            pairs, replay = trial, True
+            t_ops, g_ops = t_sub, g_sub
+            subset_note = (f"{' and '.join(f.path for f in extracted)} extracted: paired by seqid"
+                           + (f", {left_out} op(s) of the other file outside the extract left out" if left_out else ""))
+    if replay:
+        bad, both = matching.seqid_name_mismatches(pairs)
+        if both and bad > matching.MAX_SEQID_NAME_MISMATCH * both:
+            replay = False
+            pairs = matching.pair_by_stream(t_ops, g_ops)
+            src = _attr_text(tf.attrs.get(S.ROOT_LOAD_FILE) or gf.attrs.get(S.ROOT_LOAD_FILE))
+            warnings.append(f"seqids do not line up: {bad} of {both} ops paired by seqid have different names, "
+                            f"so {gf.path} is not the file {tf.path} was replayed from"
+                            + (f" ({src})" if src else "") + "; paired by aligning the op streams instead")
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
     # side; the other side's tensors are not "unmatched", they were never asked for.
@@ -565,14 +618,17 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     n_unmatched_t = sum(1 for p in pairs if p.golden is None)
     n_unmatched_g = sum(1 for p in pairs if p.target is None)
     warnings = [f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
-                "comparing what was flushed" for f in (tf, gf) if not f.complete]
+                "comparing what was flushed" for f in (tf, gf) if not f.complete] + warnings
     meta = {
         "target": tf.path, "golden": gf.path, "golden_fp64": ff.path if ff is not None else None,
         "target_mode": tf.mode, "golden_mode": gf.mode,
-        "pairing": "seqid" if matching.is_replay_pairing(tf.mode, gf.mode) else "stream",
+        "pairing": "seqid" if replay else "stream",
         "target_ops": len(t_ops), "golden_ops": len(g_ops),
         "paired_ops": sum(1 for p in pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
+        "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
+                      "ops_left_out": filtered_out},
+        "notes": [subset_note] if subset_note else [],
         "rows": len(table), "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }

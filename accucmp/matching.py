@@ -165,6 +165,19 @@ def pair_by_stream(target: list[OpRecord], golden: list[OpRecord]) -> list[OpPai
     return out
 
 
+# A replayed file pairs by seqid only if its seqids are the other file's. When more than
+# this share of seqid pairs name different ops, the golden is not the file that was
+# replayed (another run's dump, a different step): pair by aligning the op streams.
+MAX_SEQID_NAME_MISMATCH = 0.2
+
+
+def seqid_name_mismatches(pairs: list[OpPair]) -> tuple[int, int]:
+    """(pairs whose op names differ, pairs with both sides) of a seqid pairing."""
+    both = [p for p in pairs if p.target is not None and p.golden is not None]
+    bad = sum(1 for p in both if canonical_op(p.target.op) != canonical_op(p.golden.op))
+    return bad, len(both)
+
+
 def pair_ops(target: list[OpRecord], golden: list[OpRecord], *, target_mode: str, golden_mode: str,
              golden_missing_reasons: dict[tuple[str, int], str] | None = None) -> list[OpPair]:
     if is_replay_pairing(target_mode, golden_mode):

@@ -142,7 +142,8 @@ class TensorComparison:
     algorithms: tuple[str, ...] = METRIC_NAMES
     bool_mode: bool = False
     n: int = 0                    # elements compared (finite on both sides)
-    total: int = 0                # elements seen
+    total: int = 0                # elements seen (a complex element counts as two: re, im)
+    elements: int = 0             # tensor elements seen (a complex element counts once)
     sxy: float = 0.0
     sxx: float = 0.0
     syy: float = 0.0
@@ -160,6 +161,10 @@ class TensorComparison:
     nonfinite_mismatch: int = 0   # NaN/Inf on one side only (or different ones)
     target_nonfinite: int = 0
     golden_nonfinite: int = 0
+    # integer/bool on both sides: elements that differ, counted on the native values (float64
+    # loses integers above 2**53, and a bool/int tensor whose golden is all zero has no
+    # relative metric); -1 once a non-integer piece was seen
+    exact_mismatches: int = 0
     mx: _Moments = field(default_factory=_Moments)
     my: _Moments = field(default_factory=_Moments)
     # KL second pass
@@ -205,6 +210,12 @@ class TensorComparison:
         y = np.asarray(y).reshape(-1)
         if x.size != y.size:
             raise ValueError(f"pieces differ in size ({x.size} vs {y.size})")
+        self.elements += x.size
+        if self.exact_mismatches >= 0:
+            if x.dtype.kind in "iub" and y.dtype.kind in "iub":
+                self.exact_mismatches += int(np.count_nonzero(x != y))
+            else:
+                self.exact_mismatches = -1
         for xb, yb in self._blocks(x, y):
             self._add_block(xb, yb)
 
@@ -368,6 +379,7 @@ class TensorComparison:
             "NonFiniteMismatch": self.nonfinite_mismatch,
             "TargetNonFinite": self.target_nonfinite,
             "GoldenNonFinite": self.golden_nonfinite,
+            "ExactMismatches": self.exact_mismatches if self.exact_mismatches >= 0 and self.elements else math.nan,
         }
 
 

@@ -124,13 +124,20 @@ def _indented_flat_rows(rows: list[dict]) -> str | None:
     return "[\n  {\n   " + "\n  },\n  {\n   ".join(rows_text) + "\n  }\n ]"
 
 
+TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape", "CompareFailReason",
+                "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenOp", "IO", "TensorName",
+                "PrecisionDtype", "ComputeDtype", "CompareStatus", "MatchedBy", "Result", "FailReason")
+
+
 def read_result_csv(path: Path) -> pd.DataFrame:
     """A saved result; checks it is one (has the columns a verdict needs)."""
     path = Path(path)
     if not path.exists():
         raise DumpFormatError(f"{path}: no such file")
     try:
-        table = pd.read_csv(path, keep_default_na=True)
+        # text columns stay text: module paths of nn.Sequential children ("0", "3", "1.10")
+        # and tensor names would otherwise come back as numbers (and "1.10" as 1.1)
+        table = pd.read_csv(path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise DumpFormatError(f"{path}: not a readable result csv ({type(e).__name__}: {e})") from e
     missing = [c for c in ("NPUDump", "NPUDumpPath", "GroundTruthPath") if c not in table.columns]

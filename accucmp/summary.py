@@ -121,10 +121,12 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
-def _seqid(row: dict[str, Any]) -> str:
-    v = row.get("SeqId")
+def _seqid(row: dict[str, Any], key: str = "SeqId") -> str:
+    v = row.get(key)
     if isinstance(v, float) and not math.isnan(v) and v.is_integer():
         return str(int(v))
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v == "":
+        return ""
     return fmt_value(v)
 
 
@@ -142,7 +144,11 @@ def describe_row(row: dict[str, Any]) -> str:
     op = text_of("NPUDump") or (path.strip("/").split("/")[0] if path else "?")
     where = ", ".join(x for x in (text_of("Phase"), text_of("Module")) if x)
     tensor = "/".join(path.strip("/").split("/")[2:]) if path.count("/") >= 3 else path
-    text = f"{op} seqid {_seqid(row)}"
+    seqid = _seqid(row)
+    if not seqid and _seqid(row, "GoldenSeqId"):     # a golden-only op: the target has no seqid
+        text = f"{op} golden seqid {_seqid(row, 'GoldenSeqId')}"
+    else:
+        text = f"{op} seqid {seqid}"
     if where:
         text += f" ({where})"
     if tensor:
@@ -159,6 +165,16 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
     parts = [f"{s.total} tensors"] + [f"{s.counts[r]} {r}" for r in RESULTS if s.counts.get(r)]
     parts += [f"{n} {r}" for r, n in s.counts.items() if r not in RESULTS]
     console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
+    for w in (meta or {}).get("warnings") or ():
+        console.print(f"  warning: {w}", soft_wrap=True, markup=False, highlight=False)
+    for n in (meta or {}).get("notes") or ():
+        console.print(f"  note: {n}", soft_wrap=True, markup=False, highlight=False)
+    flt = (meta or {}).get("op_filter") or {}
+    for side in ("target", "golden"):
+        if flt.get(side):
+            console.print(f"  note: the {side} dump was filtered ({flt[side]}); the other side's ops were "
+                          f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)",
+                          soft_wrap=True, markup=False, highlight=False)
 
     if s.first_failure is not None:
         ff = s.first_failure

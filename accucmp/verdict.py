@@ -16,7 +16,8 @@ The rule (docs/COMPARE.md has the reasoning and the measurements behind each def
   With an fp64 golden replay (columns TargetErrorVsFp64 / GoldenErrorVsFp64) the first
   test becomes: the target's error against fp64 <= Fp64Factor * the golden device's own
   error against fp64 + Fp64FloorUlps * u.
-* integer and bool tensors must agree exactly (RelativeEuclideanDistance <= ExactTolerance).
+* integer and bool tensors must agree exactly (RelativeEuclideanDistance <= ExactTolerance; with
+  the default 0, also no element may differ in ExactMismatches, counted on the native values).
 * NaN/Inf where the other side is finite fails; size mismatch and corrupt data fail;
   empty tensors and outputs of empty-like ops are skipped; unpaired tensors are unmatched.
 * a metric name as a threshold (e.g. CosineSimilarity=0.99) adds an absolute test in the
@@ -159,6 +160,12 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
     if exact:
         check(red if not math.isnan(red) else max_abs, th["ExactTolerance"],
               f"{'/'.join(d for d in dtypes if d)} values differ: RelativeEuclideanDistance{red_note}")
+        mism = _num(row.get("ExactMismatches"))
+        if not failures and th["ExactTolerance"] <= 0 and mism > 0:
+            # counted on the native values: a difference float64 cannot show (int64 above
+            # 2**53) or no relative metric can (a bool/int golden that is all zero)
+            severity = math.inf
+            failures.append(f"{'/'.join(d for d in dtypes if d)} values differ: {mism:.0f} element(s)")
     else:
         u, prec = _unit_roundoff(row)
         t64, g64 = _num(row.get("TargetErrorVsFp64")), _num(row.get("GoldenErrorVsFp64"))

@@ -187,7 +187,16 @@ class ValueRecord:
 
     @property
     def dtype(self) -> str:
-        return _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
+        d = _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
+        if d or self.type != S.TYPE_TENSOR:
+            return d
+        # no dtype attribute (the original dumper's files, hand-written ones): the data's own
+        # dtype, as read_value decodes it, so listings and comparisons name the same dtype
+        try:
+            ds = self.file.h5[self.path]
+        except (KeyError, TypeError, ValueError, OSError):
+            return ""
+        return str(ds.dtype) if isinstance(ds, h5py.Dataset) else ""
 
     @property
     @_guarded
@@ -292,6 +301,11 @@ class DumpFile:
         except DumpFormatError:
             raise
         except (OSError, ValueError) as e:
+            if "unable to lock file" in str(e):
+                # HDF5's file lock: a writer (a dumper block still running, another tool)
+                # holds the file; it is not damaged
+                raise DumpFormatError(f"{self.path}: is open for writing by another process (a dumper "
+                                      "block still running?); read it once the writer has closed it") from e
             raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
         try:
             with h5_errors(self.path):
@@ -341,6 +355,19 @@ class DumpFile:
                 f"{self.path}: holds no op inputs to replay (dump_mode="
                 f"{_attr_str(self.attrs.get(S.ROOT_DUMP_MODE, ''))!r}; a load-replay dump stores "
                 "outputs only): use the dump it was replayed from, or dump with dump_mode='all'")
+
+    @property
+    def op_filter(self):
+        """The dumper's op selection (dumpfile.opfilter.OpSelection) when the dump was
+        filtered (include/exclude/modules/phases), else None."""
+        text = self.attrs.get(S.ROOT_OP_FILTER)
+        if text is None:
+            return None
+        from .opfilter import OpSelection
+        try:
+            return OpSelection.from_json(_attr_str(text))
+        except ValueError as e:
+            raise DumpFormatError(f"{self.path}: unreadable root attribute {S.ROOT_OP_FILTER!r} ({e})") from e
 
     @property
     def complete(self) -> bool:

@@ -25,6 +25,8 @@ import torch
 
 from dumpfile.errors import DumpWriteError
 
+from npu_dumper.tensors import numpy_view
+
 from .acl_config import AclConfig
 from .dump_data import FORMAT_NCHW, FORMAT_ND, TensorToWrite, write_kernel_dump
 from .kernels import KernelMapping, KernelRecord
@@ -54,14 +56,14 @@ def tensor_to_write(t: torch.Tensor) -> TensorToWrite:
     fmt = FORMAT_NCHW if t.dim() == 4 else FORMAT_ND
     if t.dtype in _RAW_BITS:
         view_dtype, np_dtype, name = _RAW_BITS[t.dtype]
-        return TensorToWrite(t.view(view_dtype).numpy().view(np_dtype), name, fmt)
+        return TensorToWrite(numpy_view(t.view(view_dtype)).view(np_dtype), name, fmt)
     if t.dtype == torch.complex32:          # no CANN code: widen exactly
         t = t.to(torch.complex64)
     elif t.dtype not in (torch.float32, torch.float16, torch.float64, torch.int8, torch.uint8,
                          torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
                          torch.complex128, torch.uint16, torch.uint32, torch.uint64):
         t = t.to(torch.float32)             # other exotic dtypes (float8 variants): exact in float32
-    return TensorToWrite(t.numpy(), "", fmt)
+    return TensorToWrite(numpy_view(t), "", fmt)   # (t may be the model's own tensor)
 
 
 def _describe(tensors: list[torch.Tensor]) -> tuple[str, str]:

@@ -25,6 +25,9 @@ from .tensors import dtype_name
 HIDDEN_WRITES: dict[Any, tuple[str, ...]] = {}
 # Ops whose outputs hold uninitialised memory: recorded, marked `uninitialized`.
 UNINITIALIZED_OUTPUTS: set[Any] = set()
+# In-place resizes: the elements past the old size are uninitialised memory, so the
+# output is marked `uninitialized` when the op made its tensor larger.
+RESIZE_OPS: set[Any] = set()
 # Opaque backend buffers (RNN workspaces): bytes with no numeric meaning, possibly
 # uninitialised. Packet -> return indices / argument names marked `uninitialized`.
 OPAQUE_RETURNS: dict[Any, tuple[int, ...]] = {}
@@ -44,10 +47,17 @@ def _register_defaults() -> None:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             UNINITIALIZED_OUTPUTS.add(pkt)
+    for name in ("resize_", "resize_as_", "_resize_output_"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            RESIZE_OPS.add(pkt)
     for name, returns, arg in (("mkldnn_rnn_layer", (3,), None),
                                ("mkldnn_rnn_layer_backward", (), "workspace"),
                                ("_cudnn_rnn", (3,), None), ("_cudnn_rnn_backward", (), "reserve"),
-                               ("miopen_rnn", (3,), None), ("miopen_rnn_backward", (), "reserve")):
+                               ("miopen_rnn", (3,), None), ("miopen_rnn_backward", (), "reserve"),
+                               # CTC's log_alpha: allocated with empty() and filled only where
+                               # a target can be; the rest is garbage that differs run to run
+                               ("_ctc_loss", (1,), None), ("_ctc_loss_backward", (), "log_alpha")):
         pkt = getattr(aten, name, None)
         if pkt is not None:
             if returns:
@@ -125,6 +135,7 @@ class OpInfo:
     # foreach and fused-optimizer ops (`_foreach_mul_` in clip_grad_norm_), custom ops with
     # mutates_args, collectives that return only a Work. Else their result would be lost.
     written_outputs: tuple[str, ...] = ()
+    resizes: bool = False          # RESIZE_OPS: uninitialized when the tensor grew
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -179,6 +190,7 @@ def op_info(func) -> OpInfo:
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
+        resizes=packet in RESIZE_OPS,
     )
     _OP_INFO[func] = info
     return info
@@ -213,7 +225,7 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # devices whose tensors are exactly (storage, offset, shape, stride, dtype)
 _REBUILT_DEVICES = frozenset({"cpu", "cuda"})
 # a quantized tensor's scale and zero point live on the tensor, not its storage
-QUANTIZED_DTYPES = frozenset(getattr(torch, n) for n in
+_QUANTIZED_DTYPES = frozenset(getattr(torch, n) for n in
                               ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
                               if hasattr(torch, n))
 _DK_NEG = torch._C.DispatchKey.Negative
@@ -273,7 +285,7 @@ class TensorCapture:
         self.lock = threading.Lock()
         self.done = False
         if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
-                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in QUANTIZED_DTYPES
+                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in _QUANTIZED_DTYPES
                 and not _has_neg_or_conj(torch._C._dispatch_keys(t))):
             # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
             # the storage, like an alias, leaves autograd's counts on `t` untouched.

@@ -266,6 +266,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_DUMP_MODE: self.dump_mode,
             S.ROOT_STATS_ONLY: bool(self.stats_only),
             S.ROOT_LOAD_FILE: self.load_file_path,
+            # what was selected, so compare can pass the other dump's ops through it too
+            S.ROOT_OP_FILTER: None if self.filter.trivial else self.filter.to_json(),
         }
         # statistics-only dumps are tables, not op groups (docs/FORMAT.md: why)
         # (the writer thread creates a statistics file, overlapping the model's first ops:

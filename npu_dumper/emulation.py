@@ -293,8 +293,9 @@ class _FaultMode(TorchDispatchMode):
         corrupted = False
         gen = torch.Generator().manual_seed(self.seed + self.hits)
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-                sign = torch.randint(0, 2, t.shape, generator=gen).to(t.dtype).mul_(2).sub_(1)
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.numel():
+                real = t.real.dtype if t.is_complex() else t.dtype    # complex: scale re and im
+                sign = torch.randint(0, 2, t.shape, generator=gen).to(real).mul_(2).sub_(1)
                 # In place: an in-place op's result is its `self`, which a buggy kernel
                 # would have written wrong too; a fresh output is ours to change.
                 t.mul_(sign.mul_(self.rel).add_(1))
@@ -339,6 +340,8 @@ class inject_fault:
         self._mode.__exit__(exc_type, exc, tb)
         if exc_type is None and self.strict and self.hits == 0:
             which = f"call {self._mode.call} of " if self._mode.call else ""
+            why = (" (no floating-point or complex output to corrupt)"
+                   if self.calls and (self._mode.call is None or self.calls >= self._mode.call) else "")
             raise FaultSpecError(
-                f"fault on {which}{self.op_name} never fired: the op ran {self.calls} time(s) in the block")
+                f"fault on {which}{self.op_name} never fired: the op ran {self.calls} time(s) in the block{why}")
         return False

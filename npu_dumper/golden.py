@@ -30,6 +30,7 @@ from dumpfile.errors import DumpError
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
+from .capture import op_info
 from .errors import DumperError
 from .recorded import load_call, tensor_to_storage
 
@@ -135,20 +136,28 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
         return call.why_not
     recorded_outputs = rec.outputs()
     inputs = call.arg_names
-    if dump_inputs:
-        # in-place / out= arguments are overwritten by the call: keep them as they were
-        written = {a.name for a in call.func._schema.arguments
-                   if a.alias_info is not None and a.alias_info.is_write}
-        inputs = {n: (v.clone() if n in written and isinstance(v, torch.Tensor) else v)
-                  for n, v in inputs.items()}
+    if dump_inputs and op_info(call.func).written:
+        # in-place / out= arguments and hidden writes (training-mode batch norm's
+        # running_mean/var, which the schema does not mark) are overwritten by the call:
+        # keep the inputs as they were. Every tensor input, not only the written ones: a
+        # recorded view of a written tensor shares its storage and would change too.
+        inputs = {n: _snapshot(v) for n, v in inputs.items()}
     try:
         with torch.no_grad():
             out = call.call()
     except Exception as e:  # an op that cannot run in this dtype/device is listed, not fatal
         return f"failed to run in {str(dtype).replace('torch.', '')} on {device}: " \
                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    if call.func._schema.returns and not recorded_outputs:
-        pass  # dump_mode="input": nothing to name the outputs after; use schema names
+    # Every tensor converted before the op's group is begun: one that cannot be stored
+    # lists the op with the reason instead of aborting the replay with a half-written group.
+    values = _output_values(out)
+    stored: dict[int, tuple[Any, str]] = {}
+    try:
+        for t in tree_flatten((list(inputs.values()) if dump_inputs else [], values))[0]:
+            if isinstance(t, torch.Tensor) and id(t) not in stored:
+                stored[id(t)] = tensor_to_storage(t)
+    except Exception as e:  # noqa: BLE001 - listed with its reason, as a failed run is
+        return f"result cannot be stored: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     attrs = {k: rec.attrs[k] for k in _CARRIED_ATTRS if k in rec.attrs}
     attrs[S.OP_COMPUTE_DTYPE] = str(dtype).replace("torch.", "")
     group = writer.begin_op(rec.op, rec.seqid, phase=attrs.pop(S.OP_PHASE, S.PHASE_FORWARD) or S.PHASE_FORWARD,
@@ -157,17 +166,24 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
     if dump_inputs:
         names = []
         for name, value in inputs.items():
-            _write_value(writer, group[S.INPUT_GROUP], name, value, device)
+            _write_value(writer, group[S.INPUT_GROUP], name, value, device, stored)
             names.append(name)
         writer.set_order(group[S.INPUT_GROUP], names)
     outs = group[S.OUTPUT_GROUP]
     names = _output_names(call.func, recorded_outputs, out)
-    values = _output_values(out)
     for name, value in zip(names, values):
-        _write_value(writer, outs, name, value, device)
+        _write_value(writer, outs, name, value, device, stored)
     writer.set_order(outs, names[:len(values)])
     writer.end_op()
     return None
+
+
+def _snapshot(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(x.clone() if isinstance(x, torch.Tensor) else x for x in v)
+    return v
 
 
 def _output_values(out: Any) -> list[Any]:
@@ -186,16 +202,19 @@ def _output_names(func, recorded: dict[str, ValueRecord], out: Any) -> list[str]
     return ["result"] if n == 1 else [f"result{i}" for i in range(n)]
 
 
-def _write_value(writer: DumpWriter, parent, name: str, value: Any, device) -> None:
+def _write_value(writer: DumpWriter, parent, name: str, value: Any, device,
+                 stored: dict[int, tuple[Any, str]] | None = None) -> None:
     if isinstance(value, torch.Tensor):
-        data, dtype_name = tensor_to_storage(value)
-        meta = TensorMeta(dtype=dtype_name, shape=tuple(value.shape), stride=tuple(value.stride()),
-                          storage_offset=int(value.storage_offset()), device=str(value.device))
+        data, dtype_name = (stored or {}).get(id(value)) or tensor_to_storage(value)
+        strided = value.layout == torch.strided      # sparse results are stored dense, no strides
+        meta = TensorMeta(dtype=dtype_name, shape=tuple(value.shape),
+                          stride=tuple(value.stride()) if strided else (),
+                          storage_offset=int(value.storage_offset()) if strided else 0, device=str(value.device))
         writer.write_tensor(parent, name, data, meta)
     elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
         g = writer.create_list(parent, name, S.TYPE_TENSOR_LIST, len(value))
         for i, v in enumerate(value):
-            _write_value(writer, g, f"{name}_{i}", v, device)
+            _write_value(writer, g, f"{name}_{i}", v, device, stored)
     elif isinstance(value, torch.dtype):
         writer.write_named(parent, name, str(value).replace("torch.", ""), S.TYPE_SCALAR_TYPE)
     elif isinstance(value, torch.device):
@@ -208,7 +227,12 @@ def _write_value(writer: DumpWriter, parent, name: str, value: Any, device) -> N
         flat, _ = tree_flatten(value)
         if any(isinstance(v, torch.Tensor) for v in flat):
             return  # nested structures of tensors are not part of the format
-        writer.write_value(parent, name, value)
+        try:
+            writer.write_value(parent, name, value)
+        except TypeError:
+            # an object the format has no type for (a ScriptObject such as the handle
+            # profiler._record_function_enter_new returns): its type name, as the dumper does
+            writer.write_value(parent, name, f"<{type(value).__name__}>")
 
 
 class _Progress:

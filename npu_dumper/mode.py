@@ -6,9 +6,7 @@ FlopCounterMode owns its mode). Order per eligible op is documented in policy.py
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import traceback
 from typing import Any
 
@@ -17,10 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
+from dumpfile.opfilter import OpSelection
 
 from . import hints
-from .capture import QUANTIZED_DTYPES, CaptureRegistry, ListOf, Named, TensorCapture, Value, \
-    named_args, named_returns, op_info
+from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
+    named_returns, op_info
 from .module_tracking import ModuleTracker, backward_module
 from .policy import OpEvent, Policy
 from .tensors import dtype_name
@@ -31,40 +30,16 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class OpFilter:
+class OpFilter(OpSelection):
     """include/exclude op patterns, module-path prefixes, phases. Decided once per op name."""
 
     def __init__(self, include=None, exclude=None, modules=None, phases=None):
-        self.include = _as_list(include, "include")
-        self.exclude = _as_list(exclude, "exclude")
-        self.modules = _as_list(modules, "modules")
-        self.phases = set(_as_list(phases, "phases")) if phases is not None else None
+        phase_list = _as_list(phases, "phases") if phases is not None else None
+        super().__init__(_as_list(include, "include"), _as_list(exclude, "exclude"),
+                         _as_list(modules, "modules"), phase_list)
         if self.phases is not None and not self.phases <= set(S.PHASES):
             from .errors import DumperError
             raise DumperError(f"phases must be a subset of {S.PHASES}, got {sorted(self.phases)}")
-        self._by_name: dict[str, bool] = {}
-
-    @property
-    def trivial(self) -> bool:
-        return not (self.include or self.exclude or self.modules or self.phases is not None)
-
-    def op_selected(self, name: str) -> bool:
-        ok = self._by_name.get(name)
-        if ok is None:
-            ok = ((not self.include or any(_matches(p, name) for p in self.include))
-                  and not any(_matches(p, name) for p in self.exclude))
-            self._by_name[name] = ok
-        return ok
-
-    def selected(self, name: str, phase: str, module: str) -> bool:
-        if not self.op_selected(name):
-            return False
-        if self.phases is not None and phase not in self.phases:
-            return False
-        if self.modules and not any(module == m or module.startswith(m + ".") or m == ""
-                                    for m in self.modules):
-            return False
-        return True
 
 
 def _as_list(v, name: str = "option") -> list[str]:
@@ -82,19 +57,6 @@ def _as_list(v, name: str = "option") -> list[str]:
     return items
 
 
-def _matches(pattern: str, name: str) -> bool:
-    """Glob or regex against the full overload name, the packet name and the bare name."""
-    parts = name.split(".")
-    candidates = (name, ".".join(parts[:2]), parts[1] if len(parts) > 1 else name)
-    if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
-        return True
-    try:
-        rx = re.compile(pattern)
-    except re.error:
-        return False
-    return any(rx.fullmatch(c) for c in candidates)
-
-
 def user_stack_line() -> str:
     """The innermost frame outside torch and npu_dumper: 'file:line in func: code'."""
     for fr in reversed(traceback.extract_stack()):
@@ -103,6 +65,11 @@ def user_stack_line() -> str:
             continue
         return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
     return ""
+
+
+# torch dtypes the format has no storage for (quantized, sub-byte, packed float4)
+_UNSTORED_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
+                             and dtype_name(d) not in S.STORAGE_NUMPY_DTYPE)
 
 
 def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
@@ -145,11 +112,12 @@ class DumpMode(TorchDispatchMode):
             # shape or stride: stored as the list of its components
             return ListOf([self._node(c, "Tensor", caps, clone, uninit) for c in v.unbind()],
                           S.TYPE_TENSOR_LIST, schema_type)
-        if isinstance(v, torch.Tensor) and v.dtype in QUANTIZED_DTYPES:
-            # (deprecated in torch) its values are integers plus a scale and zero point that
-            # the format has no place for: recorded as what it was, without values
-            return Value(f"<quantized {dtype_name(v.dtype)} tensor of shape {list(v.shape)}: "
-                         "values not recorded>", schema_type)
+        if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in _UNSTORED_DTYPES):
+            # no values to store: a meta tensor (deferred init, shape inference) has no data,
+            # and quantized / sub-byte dtypes have no storage format. A placeholder naming
+            # what it was, instead of a writer failure that stops the user's run.
+            why = "meta tensor, no data" if v.is_meta else "dtype not stored"
+            return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
         if isinstance(v, torch.Tensor):
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
             if not clone:
@@ -255,6 +223,7 @@ class DumpMode(TorchDispatchMode):
         if written:
             for t in self._write_targets(info, args, kwargs):
                 self.registry.before_write(t)
+        size_before = args[0].numel() if info.resizes and args and isinstance(args[0], torch.Tensor) else None
         try:
             out = NotImplemented
             for p in self._runners:
@@ -276,6 +245,8 @@ class DumpMode(TorchDispatchMode):
         outputs = []
         if self.record_outputs:
             uninit, opaque = info.uninitialized, info.opaque_returns
+            if size_before is not None and isinstance(out, torch.Tensor) and out.numel() > size_before:
+                uninit = True       # resize_ grew the tensor: the new elements are garbage
             for i, (rn, st, v) in enumerate(named_returns(info, out)):
                 outputs.append((rn, self._node(v, st, caps, clone=False,
                                                uninit=uninit or i in opaque)))

@@ -396,6 +396,8 @@ def tensor_to_storage(t: torch.Tensor) -> tuple[np.ndarray, str]:
     """A torch tensor as (numpy array in the file's storage dtype, dtype name)."""
     name = str(t.dtype).replace("torch.", "")
     t = t.detach()
+    if t.layout != torch.strided:        # sparse / mkldnn results: the dense values, as the dumper stores them
+        t = t.to_dense()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()

@@ -8,6 +8,7 @@ Replay (npu_dumper.replay) and the ACL policy use `from_record` to rebuild input
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,31 @@ for _d, _n in _DTYPE_NAME.items():
 
 # raw-bit dtypes: the unsigned int torch dtype of the same width
 _RAW_BITS_TORCH = {1: torch.uint8, 2: torch.uint16}
+_NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+             torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+             torch.uint8: np.uint8, torch.uint16: np.uint16, torch.uint32: np.uint32,
+             torch.uint64: np.uint64, torch.bool: np.bool_, torch.complex64: np.complex64,
+             torch.complex128: np.complex128}
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """`t.numpy()` for a contiguous CPU tensor, without its side effect on the user's tensor.
+
+    Tensor.numpy() marks the storage non-resizable for good, so after the writer had
+    viewed a tensor the model's own `x.resize_(...)` (or an out= op resizing its output)
+    failed with 'Trying to resize storage that is not resizable'. This views the same
+    memory through a ctypes buffer that keeps `t` alive; the capture lock (in-place
+    writes, resizes included, wait for it) keeps the memory valid while it is read.
+    """
+    dt = _NUMPY_OF.get(t.dtype)
+    if dt is None or t.device.type != "cpu" or not t.is_contiguous():
+        return t.contiguous().numpy()       # (not a user's storage: a copy made here)
+    n = t.numel()
+    if n == 0:
+        return np.empty(tuple(t.shape), dtype=dt)
+    buf = (ctypes.c_char * (n * t.element_size())).from_address(t.data_ptr())
+    buf._keep = t
+    return np.frombuffer(buf, dtype=dt, count=n).reshape(tuple(t.shape))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -81,7 +107,7 @@ def storage_array(t: torch.Tensor) -> np.ndarray:
     elif name == "complex32":
         t = torch.view_as_real(t.contiguous())
     # torch's copy kernel re-lays-out (e.g. transposed weights) ~2.5x faster than numpy's
-    return t.contiguous().numpy()
+    return numpy_view(t.contiguous())
 
 
 def to_record(t: torch.Tensor, *, uninitialized: bool = False) -> tuple[np.ndarray, TensorMeta]:

@@ -34,7 +34,7 @@ from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .errors import DumperError
-from .tensors import storage_array
+from .tensors import numpy_view, storage_array
 from .worker_threads import TaskHandle, run_in_thread
 
 
@@ -263,7 +263,7 @@ class WriterThread:
             src = self._staging[:nbytes].view(t.dtype).view(t.shape)
             src.copy_(t.detach())
             src = src.reshape(-1)
-        return src.view(torch.uint8).numpy()
+        return numpy_view(src.view(torch.uint8))   # (not .numpy(): it makes the user's storage non-resizable)
 
     def _write_job(self, job: OpJob) -> None:
         w = self.writer

@@ -201,3 +201,39 @@ def test_cli_import_is_light():
     heavy_line = next((ln for ln in r.stdout.splitlines() if ln.startswith("HEAVY")), r.stderr[-1500:])
     culprits = [ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if "accucmp." in ln]
     assert heavy_line == "HEAVY []", f"{heavy_line}; accucmp modules imported: {culprits}"
+
+
+def _original_layout(path, scale=1.0):
+    """A file in the original Ascend dumper's layout: wrapper op names, Type/DataType/Stride
+    attributes, no dtype or shape attributes, no root attributes."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        def tensor(parent, name, arr):
+            d = parent.create_dataset(name, data=arr)
+            d.attrs.update({"Type": 0, "DataType": 1, "DeviceType": 10, "FormatType": 2,
+                            "Stride": np.array([3, 1][:arr.ndim], np.int64)})
+        g = f.create_group("addmm/1")
+        tensor(g.create_group("input"), "mat1", x)
+        tensor(g.create_group("output"), "result", (x @ w * scale).astype(np.float32))
+        g = f.create_group("relu/2")
+        tensor(g.create_group("input"), "self", (x @ w).astype(np.float32))
+        tensor(g.create_group("output"), "result", np.maximum(x @ w * scale, 0).astype(np.float32))
+    return str(path)
+
+
+def test_original_layout_files_list_and_compare(tmp_path):
+    """`ls --stats` printed '?' as the dtype of every tensor of a file without dtype
+    attributes (the original dumper wrote none), while plain `ls` said float32."""
+    g = _original_layout(tmp_path / "g.h5")
+    t = _original_layout(tmp_path / "t.h5", scale=1.02)
+    for args in (["ls", g], ["ls", "--stats", g]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert "?[" not in r.output and "mat1: float32[4, 8]" in r.output, r.output
+    r = runner.invoke(app, ["compare", "-m", t, "-g", g, "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1
+    assert "first failure (execution order): addmm seqid 1 output/result" in r.output
+    r = runner.invoke(app, ["compare", "-m", g, "-g", g, "-o", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output

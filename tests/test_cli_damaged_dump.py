@@ -121,3 +121,26 @@ def test_damage_anywhere_is_named_or_harmless(good, tmp_path):
                 assert r.output.strip().startswith(f"accucmp: error: {bad}: "), (pct, args, r.output)
                 named += "corrupt or unreadable dump" in r.output
     assert named  # the sweep did hit metadata somewhere
+
+
+def test_a_dump_still_being_written_is_not_called_corrupt(good, tmp_path):
+    """`accucmp ls` on a dump whose dumper block is still running hits HDF5's file lock;
+    it said 'cannot open as HDF5 (truncated or corrupt?)' about a healthy file."""
+    import subprocess
+    import sys
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'a'); "
+         "print('open', flush=True); time.sleep(60)", str(good)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(DumpFormatError, match="is open for writing by another process"):
+            DumpFile(good)
+        r = runner.invoke(app, ["ls", str(good)])
+        assert r.exit_code == 2
+        assert r.output.strip() == (f"accucmp: error: {good}: is open for writing by another process "
+                                    "(a dumper block still running?); read it once the writer has closed it")
+    finally:
+        holder.kill()
+        holder.wait()
+    with DumpFile(good) as f:          # once the writer is gone, it reads
+        assert len(f.ops()) > 0

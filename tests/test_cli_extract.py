@@ -193,3 +193,32 @@ def test_ls_and_extract_bad_input_is_one_line_exit_2(tmp_path, dump, content):
         assert r.exit_code == 2, (args, r.output)
         msg = r.output.strip()
         assert len(msg.splitlines()) == 1 and str(p) in msg and "Traceback" not in msg
+
+
+def test_extracted_ops_compare_with_the_run_they_came_from(tmp_path):
+    """An extract holds a few ops under their seqids. Compared with the whole dump, the
+    name-stream alignment paired its second mm with the run's first mm: the extract of a
+    run failed against that same run ('values differ'). It now pairs by seqid when the
+    seqids line up, and leaves out the ops the extract does not hold."""
+    from tests._compare_helpers import write_dump as write_plain
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+
+    rng = np.random.default_rng(1)
+    ops = []
+    for i, name in enumerate(["aten.mm.default", "aten.relu.default", "aten.mm.default", "aten.sum.default",
+                              "aten.mm.default"], start=1):
+        v = rng.standard_normal((4, 4)).astype(np.float32)
+        ops.append(dict(op=name, seqid=i, inputs={"self": v}, outputs={"result": v * i}))
+    write_plain(tmp_path / "run.h5", ops)
+    r = runner.invoke(app, ["extract", "-i", str(tmp_path / "run.h5"), "-o", str(tmp_path / "x.h5"),
+                            "-s", "/aten.mm.default/3/", "-s", "/aten.mm.default/5/"])
+    assert r.exit_code == 0, r.output
+    for mine, golden in ((tmp_path / "x.h5", tmp_path / "run.h5"), (tmp_path / "run.h5", tmp_path / "x.h5")):
+        res = compare_dumps(str(mine), str(golden))
+        t = apply_verdict(res.table)
+        assert res.meta["pairing"] == "seqid"
+        assert (t["Result"] == "pass").all(), t[["NPUDump", "SeqId", "GoldenSeqId", "Result"]]
+        assert sorted(set(t["SeqId"])) == [3, 5] and (t["SeqId"] == t["GoldenSeqId"]).all()
+    r = runner.invoke(app, ["compare", "-m", str(tmp_path / "x.h5"), "-g", str(tmp_path / "run.h5"), "-o", str(tmp_path / "c")])
+    assert r.exit_code == 0 and "extracted: paired by seqid, 3 op(s) of the other file outside the extract left out" in r.output

@@ -114,3 +114,52 @@ def test_option_parsing():
     assert normalize_argv(["compare", "-p", "1", "-m", "x"]) == ["compare", "-p", "-m", "x"]
     assert normalize_argv(["compare", "-p", "0"]) == ["compare"]
     assert normalize_argv(["compare", "-p", "-m", "1"]) == ["compare", "-p", "-m", "1"]
+
+
+def test_golden_only_op_is_described_by_its_golden_seqid(tmp_path):
+    """An op the target lacks has no target seqid: the line named 'seqid ' with nothing after
+    it; it names the golden's seqid instead (real compare of two dumps)."""
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+    from tests._compare_helpers import write_dump
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ops = [dict(op="aten.relu.default", seqid=1, inputs={"self": a}, outputs={"result": a}),
+           dict(op="aten.exp.default", seqid=2, module="l.1", inputs={"self": a}, outputs={"result": np.exp(a)})]
+    write_dump(tmp_path / "g.h5", ops)
+    write_dump(tmp_path / "t.h5", ops[:1])
+    t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
+    rows = [r for _, r in t.iterrows() if r["Result"] == "unmatched"]
+    assert rows
+    for r in rows:
+        line = describe_row(r.to_dict())
+        assert line.startswith("aten.exp.default golden seqid 2 (forward, l.1) "), line
+    paired = [r for _, r in t.iterrows() if r["Result"] == "pass"][0]
+    assert describe_row(paired.to_dict()).startswith("aten.relu.default seqid 1 (forward) ")
+
+
+def test_saved_result_keeps_numeric_looking_module_paths(tmp_path):
+    """nn.Sequential children are named '0', '3', '1.10': read back from the csv as numbers,
+    `accucmp report` printed '(forward)' without the module, and '1.10' would be 1.1."""
+    from typer.testing import CliRunner
+
+    from accucmp.cli import app
+    from tests._compare_helpers import write_dump
+
+    a = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    mods = ["0", "1.10", "3"]
+    ops = [dict(op="aten.relu.default", seqid=i + 1, module=m, inputs={"self": a}, outputs={"result": a * (i + 1)})
+           for i, m in enumerate(mods)]
+    bad = [dict(o, outputs={"result": o["outputs"]["result"] * (1.05 if o["seqid"] == 2 else 1)}) for o in ops]
+    write_dump(tmp_path / "g.h5", ops)
+    write_dump(tmp_path / "t.h5", bad)
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    r = runner.invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(tmp_path / "g.h5"),
+                            "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 1, r.output
+    csv = next((tmp_path / "out").glob("result_*.csv"))
+    t = read_result_csv(csv)
+    assert sorted(set(t["Module"])) == mods
+    r = runner.invoke(app, ["report", str(csv)])
+    assert r.exit_code == 1
+    assert "first failure (execution order): aten.relu.default seqid 2 (forward, 1.10) output/result" in r.output

@@ -88,3 +88,37 @@ def test_tensor_pairing_by_name_rename_and_lists(tmp_path):
         got = [(n, t is not None, g is not None) for n, t, g in pair_tensors(t_in, g_in)]
     assert got == [("tensors/tensors_0", True, True), ("tensors/tensors_1", True, True),
                    ("self", True, True), ("tensors/tensors_2", False, True)]
+
+
+def test_replay_against_a_golden_that_is_not_its_source(tmp_path):
+    """A load-replay dump carries its source's seqids. Compared against another run's dump
+    (here one with two extra ops first), seqid pairing paired addmm with zeros, gelu with
+    add, ...: 11 'size mismatch' failures on a clean run. When most seqid pairs name
+    different ops, compare pairs by aligning the op streams and says why."""
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+    from dumpfile import schema as S
+
+    rng = np.random.default_rng(0)
+    names = ["aten.addmm.default", "aten.gelu.default", "aten.addmm.default", "aten.sum.default", "aten.mm.default"]
+    vals = [rng.standard_normal((4, 8)).astype(np.float32) for _ in names]
+    src = [dict(op=n, seqid=i + 1, inputs={"self": v}, outputs={"result": v * 2}) for i, (n, v) in enumerate(zip(names, vals))]
+    extra = [dict(op="aten.zeros.default", seqid=1, outputs={"result": np.zeros(1, np.float32)}),
+             dict(op="aten.add.Tensor", seqid=2, inputs={"self": np.zeros(1, np.float32)},
+                  outputs={"result": np.ones(1, np.float32)})]
+    other = extra + [dict(o, seqid=o["seqid"] + 2) for o in src]
+    replayed = [dict(o, inputs={}) for o in src]
+    write_dump(tmp_path / "replay.h5", replayed, mode=S.MODE_LOAD)
+    write_dump(tmp_path / "source.h5", src)
+    write_dump(tmp_path / "other.h5", other)
+    good = compare_dumps(str(tmp_path / "replay.h5"), str(tmp_path / "source.h5"))
+    assert good.meta["pairing"] == "seqid" and not good.meta["warnings"]
+    res = compare_dumps(str(tmp_path / "replay.h5"), str(tmp_path / "other.h5"))
+    assert res.meta["pairing"] == "stream"
+    assert any("seqids do not line up" in w for w in res.meta["warnings"])
+    t = apply_verdict(res.table)
+    paired = t[t["Result"] != "unmatched"]
+    assert (paired["Result"] == "pass").all(), paired[["NPUDump", "GoldenOp", "FailReason"]]
+    assert list(paired["GoldenSeqId"]) == [s + 2 for s in paired["SeqId"]]
+    un = t[(t["Result"] == "unmatched") & (t["IO"] == "output")]
+    assert sorted(un["GroundTruthPath"].str.split("/").str[1]) == ["aten.add.Tensor", "aten.zeros.default"]

@@ -154,3 +154,35 @@ def test_first_failure_and_worst_ops():
     assert list(w["NPUDump"]) == ["b", "a"]
     assert first_failure(t.iloc[:1]) is None
     assert math.isnan(t["Severity"][0]) is False and t["Severity"][0] < 1
+
+
+def test_integer_and_bool_differences_float64_metrics_cannot_see(tmp_path):
+    """A bool mask whose golden is all False (RelativeEuclideanDistance undefined, no
+    MaxAbsoluteError for bool) was 'skipped', and int64 values above 2**53 that differ by
+    one passed (equal in float64). Mismatches are counted on the native values."""
+    from accucmp.compare import compare_dumps
+    from tests._compare_helpers import write_dump
+
+    a = np.ones((2, 3), np.float32)
+    big = np.full((2, 3), 2**62, np.int64)
+    cases = {
+        "aten.gt.Scalar": (np.zeros((2, 3), bool), np.eye(2, 3, dtype=bool)),
+        "aten.argmax.default": (big, big + np.eye(2, 3, dtype=np.int64)),
+        "aten.eq.Scalar": (np.zeros((2, 3), bool), np.zeros((2, 3), bool)),
+        "aten.add.Tensor": (big, big.copy()),
+    }
+    mk = lambda side: [dict(op=op, seqid=i + 1, inputs={"self": a}, outputs={"result": outs[side]})  # noqa: E731
+                       for i, (op, outs) in enumerate(cases.items())]
+    write_dump(tmp_path / "g.h5", mk(0))
+    write_dump(tmp_path / "t.h5", mk(1))
+    t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
+    out = t[t["IO"] == "output"].set_index("NPUDump")
+    assert out.loc["aten.gt.Scalar", "Result"] == "fail"
+    assert out.loc["aten.gt.Scalar", "ExactMismatches"] == 2
+    assert out.loc["aten.argmax.default", "Result"] == "fail"
+    assert "2 element(s)" in out.loc["aten.argmax.default", "FailReason"]
+    assert out.loc["aten.eq.Scalar", "Result"] == "pass" and out.loc["aten.eq.Scalar", "ExactMismatches"] == 0
+    assert out.loc["aten.add.Tensor", "Result"] == "pass"
+    # a tolerance the user asked for still rules
+    t2 = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table, {"ExactTolerance": 1e-9})
+    assert t2[(t2["IO"] == "output") & (t2["NPUDump"] == "aten.argmax.default")]["Result"].item() == "pass"

@@ -191,8 +191,11 @@ def test_convert_cli_single_file_long_option_and_missing(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["convert", "-d", str(tmp_path / NAME), "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [f"{NAME}.input.0.npy", f"{NAME}.output.0.npy"]
+    # a missing -d is bad input (docs/CLI.md: exit 2 for every command), named in one line
     r = CliRunner().invoke(app, ["convert", "-d", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 1 and "no such file" in r.output
+    assert r.exit_code == 2 and f"{tmp_path / 'nope'}: no such file or directory" in r.output
+    r = CliRunner().invoke(app, ["convert", "-d", f"{tmp_path / NAME},{tmp_path / 'nope'}", "--out", str(tmp_path / "o2")])
+    assert r.exit_code == 2 and not (tmp_path / "o2").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     r = CliRunner().invoke(app, ["convert", "-d", str(empty), "--out", str(tmp_path / "o")])

@@ -199,3 +199,94 @@ def test_golden_inputs_of_in_place_ops_are_as_before_the_op(tmp_path):
         op = g.ops()[0]
         assert np.asarray(op.inputs()["self"].read()).tolist() == [2.0, 2.0, 2.0]
         assert np.asarray(list(op.outputs().values())[0].read()).tolist() == [6.0, 6.0, 6.0]
+
+
+def test_golden_inputs_of_hidden_writes_are_as_before_the_op(tmp_path):
+    """Training-mode batch norm writes running_mean/var without a schema write mark: the
+    golden file recorded them after the op (updated), and compare failed the same run's
+    batch norm input against its own golden replay (RelativeEuclideanDistance 1)."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(4)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    import npu_dumper
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
+        bn(conv(x)).relu().sum()       # (a plain sum of a batch-normed tensor is 0 + rounding noise)
+    replay(tmp_path / "d.h5", tmp_path / "g.h5", progress=False)
+    with DumpFile(tmp_path / "d.h5") as d, DumpFile(tmp_path / "g.h5") as g:
+        rec = next(o for o in d.ops() if "batch_norm" in o.op)
+        gold = g.op(rec.op, rec.seqid)
+        for name in ("running_mean", "running_var"):
+            before = np.asarray(rec.inputs()[name].read())
+            assert before.tolist() == ([0.0] * 4 if name == "running_mean" else [1.0] * 4)
+            np.testing.assert_array_equal(np.asarray(gold.inputs()[name].read()), before)
+    from accucmp.compare import compare_dumps
+    from accucmp.verdict import apply_verdict
+    t = apply_verdict(compare_dumps(str(tmp_path / "d.h5"), str(tmp_path / "g.h5")).table)
+    assert (t["Result"] != "fail").all(), t[t["Result"] == "fail"][["NPUDumpPath", "FailReason"]]
+
+
+def test_golden_replay_of_sparse_gradients(tmp_path):
+    """nn.Embedding(sparse=True): the backward builds a sparse COO gradient. Golden replay
+    aborted the whole file on it ('unsupported memory format option Contiguous', blamed on
+    the dump) and left a file with complete=False; sparse results are stored dense, as the
+    dumper stores them."""
+    import npu_dumper
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(20, 8, sparse=True)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
+        emb(torch.tensor([[1, 2, 3], [4, 5, 1]])).sum().backward()
+    res = replay(tmp_path / "d.h5", tmp_path / "g.h5", progress=False)
+    assert res.not_replayed == [] and res.replayed == res.total
+    with DumpFile(tmp_path / "d.h5") as d, DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete
+        rec = next(o for o in d.ops() if "sparse_coo" in o.op)
+        got = np.asarray(g.op(rec.op, rec.seqid).outputs()["result"].read())
+        want = np.asarray(rec.outputs()["result"].read())
+        assert got.shape == (20, 8) and np.allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert np.count_nonzero(got.any(axis=1)) == 5       # rows 1..5, row 1 summed twice
+
+
+def test_golden_lists_an_op_whose_result_cannot_be_stored(tmp_path, monkeypatch):
+    import npu_dumper.golden as golden
+    x = torch.arange(6.0).reshape(2, 3)
+    record(tmp_path / "i.h5", [(aten.exp.default, (x,), {}), (aten.neg.default, (x,), {})])
+    real = golden.tensor_to_storage
+
+    def refuse_exp_results(t):
+        if t.dtype == torch.float64 and torch.equal(t, x.double().exp()):
+            raise RuntimeError("cannot store this")
+        return real(t)
+    monkeypatch.setattr(golden, "tensor_to_storage", refuse_exp_results)
+    res = replay(tmp_path / "i.h5", tmp_path / "g.h5", progress=False)
+    assert [(op, why.split(":")[0]) for op, _, why in res.not_replayed] == [("aten.exp.default", "result cannot be stored")]
+    with DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete and [o.op for o in g.ops()] == ["aten.neg.default"]
+
+
+def test_golden_replay_of_an_op_returning_a_script_object(tmp_path):
+    """torch.profiler.record_function (used inside nn.TransformerEncoderLayer's fast path)
+    runs profiler._record_function_enter_new, which returns a ScriptObject: golden replay
+    raised 'TypeError: no Type code for ScriptObject' out of `accucmp golden` (a traceback,
+    and a file left complete=False). The object is written as its type name, as the
+    dumper writes it, and the replay goes on."""
+    import npu_dumper
+    from typer.testing import CliRunner
+
+    from accucmp.cli import app
+    x = torch.arange(6.0).reshape(2, 3)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
+        with torch.profiler.record_function("block"):
+            y = x * 2
+        torch.exp(y)
+    with DumpFile(tmp_path / "d.h5") as d:
+        assert any(o.op.startswith("profiler.") for o in d.ops())
+    r = CliRunner().invoke(app, ["golden", "-i", str(tmp_path / "d.h5"), "-o", str(tmp_path / "g.h5")])
+    assert r.exit_code == 0, r.output
+    with DumpFile(tmp_path / "g.h5") as g:
+        assert g.complete
+        ops = {o.op: o for o in g.ops()}
+        enter = next(o for name, o in ops.items() if name.startswith("profiler._record_function_enter"))
+        assert list(enter.outputs().values())[0].read() == "<ScriptObject>"
+        np.testing.assert_allclose(np.asarray(ops["aten.exp.default"].outputs()["result"].read()),
+                                   np.exp(x.double().numpy() * 2))
