@@ -18,7 +18,9 @@ from __future__ import annotations
 FORMAT_NAME = "npu_dumper.h5"
 # 1.1: statistics-only dumps are tables (STATS_TABLE_PATH), no per-op groups.
 # 1.2: /_npu_dumper/catalog (CATALOG_PATH), an accelerator next to the index.
-FORMAT_VERSION = "1.2"
+# 1.3: root attribute op_filter (a filtered dump names its selection); Type 31 strings for
+#      tensors with no values to store (meta device, quantized and sub-byte dtypes).
+FORMAT_VERSION = "1.3"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
