@@ -35,6 +35,7 @@ class OpLine:
     phase: str
     module: str
     values: list[TensorLine]
+    raised: str = ""              # the op raised this (it has inputs, no outputs)
 
 
 def _short(v: Any, limit: int = 40) -> str:
@@ -95,8 +96,10 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
             if limit is not None and len(lines) >= limit:
                 break
             if not stats and not f.is_table:   # table (stats 1.1) files: values from the rows below
-                lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "",
-                                    _light_values(f, op.path)))
+                vals = _light_values(f, op.path)
+                # (only an op with no outputs can have raised: no attribute read per op)
+                raised = "" if any(v.side == "out" for v in vals) else _raised(op)
+                lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
                 continue
             vals = []
             for side, label, rec in _flatten("in", op.inputs()) + _flatten("out", op.outputs()):
@@ -108,9 +111,20 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                     line = TensorLine(side, label, S.TYPE_NAMES.get(rec.type, str(rec.type)),
                                       value=_short(rec.read()))
                 vals.append(line)
-            lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals))
+            raised = "" if any(v.side == "out" for v in vals) else _raised(op)
+            lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
         info["shown"] = len(lines)
     return lines, info
+
+
+def _raised(op) -> str:
+    v = op.attrs.get(S.OP_RAISED)
+    return str(v) if v else ""
+
+
+def _outputs_text(ln: OpLine, stats: bool, sep: str) -> str:
+    text = sep.join(describe_value(v, stats) for v in ln.values if v.side == "out")
+    return text or (f"raised {ln.raised}" if ln.raised else "")
 
 
 def _light_values(f: DumpFile, op_path: str) -> list[TensorLine]:
@@ -189,7 +203,7 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
         out = [header, "seqid\top\tphase\tmodule\tinputs\toutputs"]
         for ln in lines:
             ins = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "in")
-            outs = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "out")
+            outs = _outputs_text(ln, stats, "; ")
             out.append(f"{ln.seqid}\t{ln.op}\t{ln.phase}\t{ln.module}\t{ins}\t{outs}")
         # print, not rich: rich expands tabs, and plain output is for cut/awk/grep
         print("\n".join(out))
@@ -203,5 +217,5 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     for ln in lines:
         t.add_row(str(ln.seqid), escape(ln.op), ln.phase, escape(ln.module),
                   escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "in")),
-                  escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "out")))
+                  escape(_outputs_text(ln, stats, "\n")))
     console.print(t)

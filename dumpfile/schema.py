@@ -76,6 +76,7 @@ OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (
 # store inputs (dump_mode="output", the load-replay default): compare's precision for the
 # op's outputs must still see a bfloat16 input that the golden had in float32
 OP_INPUT_DTYPES = "input_dtypes"
+OP_RAISED = "raised"            # the op raised: "TypeName: first line"; inputs only, no outputs
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
 OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
 OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid

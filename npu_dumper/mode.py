@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
+from dumpfile.errors import DumpError
 from dumpfile.opfilter import OpSelection
 
 from . import hints
@@ -232,7 +233,16 @@ class DumpMode(TorchDispatchMode):
                     break
             if out is NotImplemented:
                 out = func(*args, **kwargs)
-        except BaseException:
+        except Exception as e:
+            if writer is not None and not self._deciders and self.record_inputs \
+                    and not isinstance(e, DumpError) and not type(e).__module__.startswith("npu_dumper"):
+                # the op the run died in: its inputs as it got them, the error it raised
+                self._record_raised(ev, inputs, caps, e)
+            else:
+                for c in caps:
+                    self.registry.discard(c)
+            raise
+        except BaseException:       # KeyboardInterrupt, SystemExit: not the op's doing
             for c in caps:
                 self.registry.discard(c)
             raise
@@ -272,6 +282,24 @@ class DumpMode(TorchDispatchMode):
         for p in self._after:
             p.after_op(ev, recorded=record)
         return out
+
+    def _record_raised(self, ev: OpEvent, inputs: list, caps: list, error: Exception) -> None:
+        """Record an op that raised: its inputs, no outputs, and `raised` (the error's type
+        and first line). The dump is then closed incomplete by the block's exit; the op is
+        in it, so the inputs that made the op fail can be read back and replayed."""
+        attrs = dict(ev.group_attrs)
+        if ev.stack:
+            attrs[S.OP_STACK] = ev.stack
+        text = str(error).strip().splitlines()
+        attrs[S.OP_RAISED] = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+        try:
+            self.writer.submit(OpJob(ev.store_op, ev.store_seqid, ev.phase, ev.module, ev.grad_fn,
+                                     attrs, inputs, [], captures=caps,
+                                     nbytes=sum(c.nbytes for c in caps)))
+            self.num_recorded += 1
+        except Exception:  # noqa: BLE001 - the user's error is the one to report
+            for c in caps:
+                self.registry.discard(c)
 
     def _note_forward_outputs(self, out, module: str) -> None:
         if not torch.is_grad_enabled():

@@ -239,3 +239,53 @@ def test_ctc_loss_workspace_is_marked_uninitialized(tmp_path):
     t = apply_verdict(compare_dumps(a, b).table)
     assert (t["Result"] != "fail").all(), t[t["Result"] == "fail"][["NPUDumpPath", "FailReason"]]
     assert (t[t["NPUDumpPath"].str.contains("_ctc_loss.") & t["NPUDumpPath"].str.endswith("result0")]["Result"] == "pass").all()
+
+
+@pytest.mark.parametrize("kw", [dict(writer="process"), dict(writer="thread"), dict(stats_only=True)])
+def test_an_op_that_raises_is_recorded_with_its_inputs_and_the_error(tmp_path, kw):
+    # the op a run dies in is the one to look at: its inputs as it got them, no outputs,
+    # and `raised`; the user's exception is unchanged and the file is marked incomplete
+    a, b = torch.arange(6.0).reshape(2, 3), torch.ones(2, 5)
+    p = tmp_path / "raised.h5"
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), **kw):
+            c = a + 1
+            torch.mm(c, b)
+    with DumpFile(p) as f:
+        assert not f.complete
+        add, mm = f.ops()
+        assert add.attrs.get(S.OP_RAISED) is None
+        assert mm.op == "aten.mm.default" and mm.seqid == 2
+        assert mm.attrs[S.OP_RAISED].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+        assert mm.outputs() == {}
+        ins = mm.inputs()
+        if kw.get("stats_only"):
+            assert ins["self"].stats()["max"] == 6.0 and ins["mat2"].shape == (2, 5)
+        else:
+            np.testing.assert_array_equal(ins["self"].read(), (a + 1).numpy())
+            np.testing.assert_array_equal(ins["mat2"].read(), b.numpy())
+    from typer.testing import CliRunner
+    from accucmp.cli import app
+    res = CliRunner().invoke(app, ["ls", str(p), "--plain"], terminal_width=200)
+    assert res.exit_code == 0
+    assert "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in res.output.splitlines()[-1]
+
+
+def test_an_interrupt_is_not_recorded_as_the_op_raising(tmp_path):
+    # (KeyboardInterrupt is not the op's doing: the op is not recorded)
+    class Boom(KeyboardInterrupt):
+        pass
+
+    def interrupt(*a, **k):
+        raise Boom()
+
+    p = tmp_path / "interrupted.h5"
+    lib = torch.library.Library("npu_dumper_test_interrupt", "DEF")
+    lib.define("stop(Tensor x) -> Tensor")
+    lib.impl("stop", interrupt, "CPU")
+    with pytest.raises(Boom):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+            torch.ones(2) * 2
+            torch.ops.npu_dumper_test_interrupt.stop(torch.ones(2))
+    with DumpFile(p) as f:
+        assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor", "aten.ones.default"]
