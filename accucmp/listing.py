@@ -117,6 +117,12 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
     return lines, info
 
 
+def _cell(text: str) -> str:
+    r"""A field of the tab-separated listing: a tab or newline inside a name (a module
+    registered as "a\tb") would split the row; written as the two characters \t, \n."""
+    return text.replace("\t", "\\t").replace("\n", "\\n")
+
+
 def _raised(op) -> str:
     v = op.attrs.get(S.OP_RAISED)
     return str(v) if v else ""
@@ -204,7 +210,7 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
         for ln in lines:
             ins = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "in")
             outs = _outputs_text(ln, stats, "; ")
-            out.append(f"{ln.seqid}\t{ln.op}\t{ln.phase}\t{ln.module}\t{ins}\t{outs}")
+            out.append("\t".join(_cell(c) for c in (str(ln.seqid), ln.op, ln.phase, ln.module, ins, outs)))
         # print, not rich: rich expands tabs, and plain output is for cut/awk/grep
         print("\n".join(out))
         return

@@ -137,11 +137,41 @@ class RemoteDumpWriter:
     file = None
 
     def send(self, msg: tuple) -> None:
-        with self._send_lock:
-            self._child.conn.send(msg)
+        try:
+            with self._send_lock:
+                self._child.conn.send(msg)
+        except (OSError, EOFError) as e:
+            raise self._lost(e) from e
 
     def recv(self) -> tuple:
-        return self._child.conn.recv()
+        try:
+            return self._child.conn.recv()
+        except (OSError, EOFError) as e:
+            raise self._lost(e) from e
+
+    def _lost(self, e: BaseException, child: "_Child | None" = None) -> DumpWriteError:
+        """The child is gone (killed, out of memory): say so, with how it ended, rather
+        than the pipe's 'Connection reset by peer'."""
+        child = child if child is not None else self._child
+        code = child.proc.poll() if child is not None else None
+        if code is None and child is not None:
+            try:
+                code = child.proc.wait(timeout=0.5)
+            except Exception:  # noqa: BLE001 - still running: the pipe itself failed
+                code = None
+        if code is not None and code < 0:
+            how = f"killed by signal {-code}"
+            try:
+                import signal
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        elif code is not None:
+            how = f"exited with status {code}"
+        else:
+            how = f"connection lost: {e}"
+        return DumpWriteError(f"{self.path}: dump writer process died ({how}); the file keeps "
+                              "the ops flushed before")
 
     def release_ops(self, n: int) -> None:
         if n > 0:
@@ -179,8 +209,9 @@ class RemoteDumpWriter:
                 child.conn.send(("close", bool(complete), self.extra_root_attrs))
             reply = child.conn.recv()
         except (OSError, EOFError) as e:
+            err = self._lost(e, child)
             child.discard()
-            raise DumpWriteError(f"{self.path}: dump writer process failed ({e})") from e
+            raise err from e
         _return_child(child)
         _, self.bytes_written, self.num_ops, err = reply
         if err:

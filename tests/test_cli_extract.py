@@ -222,3 +222,17 @@ def test_extracted_ops_compare_with_the_run_they_came_from(tmp_path):
         assert sorted(set(t["SeqId"])) == [3, 5] and (t["SeqId"] == t["GoldenSeqId"]).all()
     r = runner.invoke(app, ["compare", "-m", str(tmp_path / "x.h5"), "-g", str(tmp_path / "run.h5"), "-o", str(tmp_path / "c")])
     assert r.exit_code == 0 and "extracted: paired by seqid, 3 op(s) of the other file outside the extract left out" in r.output
+
+
+def test_ls_plain_keeps_one_row_per_op_when_a_name_holds_a_tab_or_newline(tmp_path):
+    p = write_dump(tmp_path / "tab.h5", [
+        Op("aten.relu.default", 1, {"self": np.ones(2, np.float32)}, {"result": np.ones(2, np.float32)},
+           module="blocks.a\tb"),
+        Op("aten.neg.default", 2, {"self": np.ones(2, np.float32)}, {"result": -np.ones(2, np.float32)},
+           module="line\nbreak"),
+    ])
+    r = runner.invoke(app, ["ls", p, "--plain"])
+    assert r.exit_code == 0, r.output
+    rows = [ln.split("\t") for ln in r.output.splitlines()[2:]]
+    assert [len(row) for row in rows] == [6, 6]
+    assert rows[0][3] == "blocks.a\\tb" and rows[1][3] == "line\\nbreak"

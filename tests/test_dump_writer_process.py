@@ -184,3 +184,20 @@ def test_default_writer_is_the_process_writer_and_falls_back_to_a_thread(tmp_pat
     assert "\n" not in str(ei.value)
     with pytest.raises(DumperError, match="writer must be"):
         npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "q.h5"), writer="fork")
+
+
+def test_a_killed_writer_process_is_named_as_such(tmp_path):
+    import os
+    import signal
+    p = tmp_path / "killed.h5"
+    with pytest.raises(DumperError) as ei:
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), writer="process") as d:
+            torch.ones(300, 300) * 2
+            child = d._writer.writer._child.proc
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            for _ in range(50):
+                torch.ones(300, 300) * 3
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg
+    assert "dump writer process died (killed by SIGKILL)" in msg, msg
