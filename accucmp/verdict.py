@@ -261,9 +261,40 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     verdicts = [judge_row(r, th, fp64=fp64) for r in out.to_dict(orient="records")]
     cols = list(zip(*verdicts)) if verdicts else [[], [], [], []]
     out["Result"] = list(cols[0])
-    out["FailReason"] = list(cols[1])
+    out["FailReason"] = _op_underflow_hints(out, list(cols[1]))
     out["Severity"] = np.asarray(cols[2], dtype=np.float64)
     out["ErrorUlps"] = np.asarray(cols[3], dtype=np.float64)
+    return out
+
+
+def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
+    """A failing row whose op has another tensor at its precision's underflow edge (a float16
+    gradient below 6.1e-5 read by a backward op makes its other outputs wrong too) says so."""
+    need = ("Result", "NPUDump", "SeqId", "GoldenAbsMax", "PrecisionDtype")
+    if table.empty or any(c not in table.columns for c in need):
+        return reasons
+    names = [f"{_str(i)}/{_str(n)}".strip("/") for i, n in
+             zip(table.get("IO", [""] * len(table)), table.get("TensorName", [""] * len(table)))]
+    absmax = pd.to_numeric(table["GoldenAbsMax"], errors="coerce").tolist()
+    by_op: dict[tuple, list[int]] = {}
+    for i, (op, sq) in enumerate(zip(table["NPUDump"].tolist(), table["SeqId"].tolist())):
+        if _str(op) and not pd.isna(sq):
+            by_op.setdefault((op, int(sq)), []).append(i)
+    out = list(reasons)
+    for rows in by_op.values():
+        for i in rows:
+            if table["Result"].iat[i] != RESULT_FAIL or "underflow" in out[i]:
+                continue
+            prec = _str(table["PrecisionDtype"].iat[i])
+            tiny = _SMALLEST_NORMAL.get(prec)
+            if not tiny:
+                continue
+            edge = [j for j in rows if j != i and 0 < absmax[j] < 4 * tiny]
+            if edge:
+                j = edge[0]
+                out[i] += (f" [this op's {names[j]} has golden max|x| {absmax[j]:.2g}, near or below {prec}'s "
+                           f"smallest normal {tiny:.2g}: the op handles values that underflow in {prec} "
+                           f"(what loss scaling is for), not necessarily a kernel bug]")
     return out
 
 

@@ -102,3 +102,29 @@ def test_planted_fault_still_first_with_fp64_golden(golden, dtype, rel, op, call
     ff = first_failure(t)
     assert ff is not None and ff["NPUDump"] == op
     assert set(t[t["Result"] == "fail"]["NPUDump"]) == {op}
+
+
+def test_fp16_underflow_is_named_on_every_row_of_the_op(tmp_path):
+    """Larger inputs and batch: the backward gradients sit below float16's smallest normal
+    (6.1e-5). convolution_backward's grad_weight is not tiny itself, but it is computed from
+    an underflowing grad_output and fails by tens of u; its reason must say why (its
+    grad_input row shows the underflow), not just '54 u of float16'."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    m, x, y = _ConvBN(), torch.randn(32, 3, 32, 32, generator=g) * 10, torch.randint(0, 10, (32,), generator=g)
+    with torch.utils.dumper(use_dump=True, dump_path=str(tmp_path / "g.h5")):
+        _step(m, x, y)
+    torch.manual_seed(0)
+    m = _ConvBN().half()
+    with torch.utils.dumper(use_load=True, load_file_path=str(tmp_path / "g.h5"), dump_path=str(tmp_path / "t.h5")):
+        _step(m, x.half(), y)
+    t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
+    fails = t[t["Result"] == "fail"]
+    cb = fails[(fails["NPUDump"] == "aten.convolution_backward.default") & (fails["TensorName"] == "result1")
+               & (fails["GoldenAbsMax"] > 2.0 ** -12)]
+    assert not cb.empty, fails[["NPUDump", "TensorName", "GoldenAbsMax", "FailReason"]].to_string()
+    for reason in cb["FailReason"]:
+        assert "has golden max|x|" in reason and "underflow in float16" in reason, reason
+    # every failing row of the step is explained by underflow, cancellation or is a few u over
+    unexplained = fails[~fails["FailReason"].str.contains("underflow|cancels")]
+    assert (unexplained["ErrorUlps"] < 12).all(), unexplained[["NPUDump", "TensorName", "FailReason"]].to_string()
