@@ -117,6 +117,23 @@ def _least_precise(dtypes) -> str:
     return best
 
 
+def _inherit_precision(table: pd.DataFrame) -> None:
+    """Independent runs: every op works on what earlier ops computed, so a tensor carries the
+    rounding error of the least precise dtype computed in before it (a bf16 model's logits
+    cast to fp32 for the loss hold bf16 error, not fp32 error). PrecisionDtype becomes the
+    least precise of the row's own and of every earlier row's (execution order, both runs).
+    Not for replays: there every op starts from the golden's own inputs."""
+    if table.empty or "PrecisionDtype" not in table:
+        return
+    coarsest, coarsest_u, out = "", -1.0, []
+    for d in table["PrecisionDtype"].tolist():
+        u = S.UNIT_ROUNDOFF.get(d) if isinstance(d, str) else None
+        if u is not None and u > coarsest_u:
+            coarsest, coarsest_u = d, u
+        out.append(coarsest if u is not None and coarsest_u > u else d)
+    table["PrecisionDtype"] = out
+
+
 class _Comparer:
     def __init__(self, algorithms, chunk_elements: int):
         self.algorithms = algorithms
@@ -613,6 +630,8 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
     table = pd.DataFrame(rows, columns=columns)
     table["Index"] = np.arange(len(table), dtype=np.int64)
+    if not matching.is_replay_pairing(tf.mode, gf.mode):
+        _inherit_precision(table)
     for c in ("SeqId", "GoldenSeqId"):
         table[c] = table[c].astype("Int64")
     n_unmatched_t = sum(1 for p in pairs if p.golden is None)

@@ -1,0 +1,130 @@
+"""Clean fp32 -> bf16/fp16 load-replays of a conv net with BatchNorm: no false alarms with an
+fp64 golden, and a planted fault is still the first failing op (real dumps, real ops).
+
+The conv before BatchNorm has a bias. Its gradient is 0 in exact arithmetic (BatchNorm
+removes the channel mean), so the fp32 golden holds rounding noise (~5e-8) and a bf16/fp16
+replay a larger noise: relative error 300x. The fp64 golden replay shows the golden's own
+error is ~10x its value; carried to the target's precision the result holds no correct
+digit, so it is not judged. Without the fix it failed ("error vs fp64 ... 3.24e+03 > 19.6"),
+and in fp16 the well-conditioned grad_weight failed too (4.2 u vs a 4 u floor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import pytest
+
+import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
+from npu_dumper import inject_fault
+from npu_dumper.golden import replay as golden_replay
+from accucmp.compare import compare_dumps
+from accucmp.verdict import apply_verdict, first_failure
+
+
+class _ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)          # bias followed by BatchNorm
+        self.b1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.relu(x + self.b2(self.c2(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def _make():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    return _ConvBN(), torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+def _step(m, x, y):
+    m.zero_grad(set_to_none=True)
+    F.cross_entropy(m(x).float(), y).backward()
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    d = tmp_path_factory.mktemp("xprec")
+    m, x, y = _make()
+    with torch.utils.dumper(use_dump=True, dump_path=str(d / "g.h5")):
+        _step(m, x, y)
+    golden_replay(str(d / "g.h5"), str(d / "g64.h5"), progress=False)
+    return d
+
+
+def _replay(d, dtype, fault=None):
+    m, x, y = _make()
+    m, x = m.to(dtype), x.to(dtype)
+    out = d / f"t_{str(dtype)[6:]}_{bool(fault)}.h5"
+    ctx = inject_fault(**fault) if fault else contextlib.nullcontext()
+    with ctx:
+        with torch.utils.dumper(use_load=True, load_file_path=str(d / "g.h5"), dump_path=str(out)):
+            _step(m, x, y)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_clean_replay_passes_with_fp64_golden(golden, dtype):
+    t = apply_verdict(compare_dumps(str(_replay(golden, dtype)), str(golden / "g.h5"),
+                                    golden_fp64=str(golden / "g64.h5")).table)
+    fails = t[t["Result"] == "fail"]
+    assert fails.empty, fails[["NPUDump", "SeqId", "TensorName", "FailReason"]].to_string()
+    noise = t[t["FailReason"].astype(str).str.startswith("ill-conditioned")]
+    # the conv bias gradient (result2 of the first conv's backward) and nothing well-conditioned
+    assert set(noise["NPUDump"]) == {"aten.convolution_backward.default"}
+    assert set(noise["TensorName"]) == {"result2"}
+    assert (noise["Result"] == "skipped").all()
+
+
+def test_clean_replay_without_fp64_says_why(golden):
+    """Without the fp64 golden the noise row fails, but the reason says what it may be."""
+    t = apply_verdict(compare_dumps(str(_replay(golden, torch.bfloat16)), str(golden / "g.h5")).table)
+    fails = t[t["Result"] == "fail"]
+    assert list(fails["TensorName"]) == ["result2"]
+    assert "--golden-fp64 tells noise from a fault" in fails["FailReason"].iloc[0]
+
+
+@pytest.mark.parametrize("dtype,rel", [(torch.bfloat16, 0.05), (torch.float16, 0.02)])
+@pytest.mark.parametrize("op,call", [("aten.convolution.default", 1), ("aten.native_batch_norm_backward.default", 2),
+                                     ("aten.convolution_backward.default", 2)])
+def test_planted_fault_still_first_with_fp64_golden(golden, dtype, rel, op, call):
+    tgt = _replay(golden, dtype, dict(op=op, rel=rel, call=call))
+    t = apply_verdict(compare_dumps(str(tgt), str(golden / "g.h5"), golden_fp64=str(golden / "g64.h5")).table)
+    ff = first_failure(t)
+    assert ff is not None and ff["NPUDump"] == op
+    assert set(t[t["Result"] == "fail"]["NPUDump"]) == {op}
+
+
+def test_fp16_underflow_is_named_on_every_row_of_the_op(tmp_path):
+    """Larger inputs and batch: the backward gradients sit below float16's smallest normal
+    (6.1e-5). convolution_backward's grad_weight is not tiny itself, but it is computed from
+    an underflowing grad_output and fails by tens of u; its reason must say why (its
+    grad_input row shows the underflow), not just '54 u of float16'."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    m, x, y = _ConvBN(), torch.randn(32, 3, 32, 32, generator=g) * 10, torch.randint(0, 10, (32,), generator=g)
+    with torch.utils.dumper(use_dump=True, dump_path=str(tmp_path / "g.h5")):
+        _step(m, x, y)
+    torch.manual_seed(0)
+    m = _ConvBN().half()
+    with torch.utils.dumper(use_load=True, load_file_path=str(tmp_path / "g.h5"), dump_path=str(tmp_path / "t.h5")):
+        _step(m, x.half(), y)
+    t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
+    fails = t[t["Result"] == "fail"]
+    cb = fails[(fails["NPUDump"] == "aten.convolution_backward.default") & (fails["TensorName"] == "result1")
+               & (fails["GoldenAbsMax"] > 2.0 ** -12)]
+    assert not cb.empty, fails[["NPUDump", "TensorName", "GoldenAbsMax", "FailReason"]].to_string()
+    for reason in cb["FailReason"]:
+        assert "has golden max|x|" in reason and "underflow in float16" in reason, reason
+    # every failing row of the step is explained by underflow, cancellation or is a few u over
+    unexplained = fails[~fails["FailReason"].str.contains("underflow|cancels")]
+    assert (unexplained["ErrorUlps"] < 12).all(), unexplained[["NPUDump", "TensorName", "FailReason"]].to_string()
