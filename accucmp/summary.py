@@ -176,6 +176,14 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
                           f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)",
                           soft_wrap=True, markup=False, highlight=False)
 
+    if "FailReason" in table.columns and len(table):
+        noise = table["FailReason"].astype(str).str.startswith("ill-conditioned")
+        if noise.any():
+            console.print(f"  note: {int(noise.sum())} tensor(s) not judged: ill-conditioned at the target's "
+                          "precision (the fp64 golden shows the golden itself has no correct digit there: "
+                          "cancellation noise); FailReason in the result says which",
+                          soft_wrap=True, markup=False, highlight=False)
+
     if s.first_failure is not None:
         ff = s.first_failure
         console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}", soft_wrap=True)

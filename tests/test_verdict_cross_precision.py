@@ -83,6 +83,12 @@ def test_clean_replay_passes_with_fp64_golden(golden, dtype):
     assert set(noise["NPUDump"]) == {"aten.convolution_backward.default"}
     assert set(noise["TensorName"]) == {"result2"}
     assert (noise["Result"] == "skipped").all()
+    # and the terminal summary says so (the rows are only in the csv otherwise)
+    from rich.console import Console
+    from accucmp.summary import print_summary
+    console = Console(record=True, width=200)
+    print_summary(t, console=console)
+    assert "1 tensor(s) not judged: ill-conditioned" in console.export_text()
 
 
 def test_clean_replay_without_fp64_says_why(golden):
