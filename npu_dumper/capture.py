@@ -136,6 +136,9 @@ class OpInfo:
     # mutates_args, collectives that return only a Work. Else their result would be lost.
     written_outputs: tuple[str, ...] = ()
     resizes: bool = False          # RESIZE_OPS: uninitialized when the tensor grew
+    # arguments the schema marks written (`Tensor(a!)`): autograd bumps their version after
+    # the op (hidden writes it does not know of)
+    schema_written: frozenset[str] = frozenset()
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -148,6 +151,7 @@ def op_info(func) -> OpInfo:
     schema = func._schema
     args = schema.arguments
     written = {a.name for a in args if a.alias_info is not None and a.alias_info.is_write}
+    schema_written = frozenset(written)
     packet = getattr(func, "overloadpacket", None)
     if schema.name.startswith("c10d::") and packet not in HIDDEN_WRITES:
         _register_c10d()         # (registered lazily: torch.distributed loads them)
@@ -191,6 +195,7 @@ def op_info(func) -> OpInfo:
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
         resizes=packet in RESIZE_OPS,
+        schema_written=schema_written,
     )
     _OP_INFO[func] = info
     return info
@@ -248,7 +253,8 @@ class TensorCapture:
                  "offset", "device", "nbytes", "uninitialized", "owner", "lock", "done",
                  "_torch_dtype", "__weakref__")
 
-    def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False):
+    def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False,
+                 version_bump: int = 0):
         # Called with the dispatch mode off: detach()/clone() here are not recorded.
         # On the common path (a plain CPU/CUDA tensor) everything read from `t` keeps the
         # GIL. `.data`, `.detach()`, `is_inference()`, `is_neg()` and dispatcher calls
@@ -270,8 +276,11 @@ class TensorCapture:
         self.gen = gen.get(self.ptr, 0)
         # an inference tensor has no version counter (reading it raises): writes to it are
         # still seen through the registry's write generation
+        # `version_bump`: the output of an in-place or out= op is captured below autograd's
+        # ADInplaceOrView kernel, which bumps the version only after the op returns; the
+        # data captured is that of the bumped version, which the next op reads
         try:
-            self.version = t._version
+            self.version = t._version + version_bump
         except RuntimeError:
             self.version = 0
         self._torch_dtype = t.dtype

@@ -107,11 +107,12 @@ class DumpMode(TorchDispatchMode):
         self._after = _overriding(self.policies, "after_op")
 
     # ---- snapshots -------------------------------------------------------------
-    def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False):
+    def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False,
+              bump: int = 0):
         if isinstance(v, torch.Tensor) and v.is_nested:
             # a nested tensor (nn.Transformer's fast path with a padding mask) has no single
             # shape or stride: stored as the list of its components
-            return ListOf([self._node(c, "Tensor", caps, clone, uninit) for c in v.unbind()],
+            return ListOf([self._node(c, "Tensor", caps, clone, uninit, bump) for c in v.unbind()],
                           S.TYPE_TENSOR_LIST, schema_type)
         if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in _UNSTORED_DTYPES):
             # no values to store: a meta tensor (deferred init, shape inference) has no data,
@@ -120,7 +121,8 @@ class DumpMode(TorchDispatchMode):
             why = "meta tensor, no data" if v.is_meta else "dtype not stored"
             return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
         if isinstance(v, torch.Tensor):
-            cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit)
+            cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit,
+                                version_bump=bump)
             if not clone:
                 self.registry.add(cap)
             caps.append(cap)
@@ -148,7 +150,7 @@ class DumpMode(TorchDispatchMode):
             if all(type(x) in (int, float, bool) for x in items):
                 return Value(items, schema_type)
             inner = schema_type[:-2] if schema_type.endswith("[]") else ""
-            nodes = [self._node(x, inner, caps, clone) for x in items]
+            nodes = [self._node(x, inner, caps, clone, bump=bump) for x in items]
             tensorish = all(isinstance(x, torch.Tensor) or x is None for x in items)
             return ListOf(nodes, S.TYPE_TENSOR_LIST if tensorish else S.TYPE_LIST, schema_type)
         return Value(f"<{type(v).__name__}>", schema_type)
@@ -257,13 +259,18 @@ class DumpMode(TorchDispatchMode):
             uninit, opaque = info.uninitialized, info.opaque_returns
             if size_before is not None and isinstance(out, torch.Tensor) and out.numel() > size_before:
                 uninit = True       # resize_ grew the tensor: the new elements are garbage
+            # a return named after a written argument is that argument (relu_'s `self`, an
+            # out= op's `out`): autograd bumps its version once the op returns
+            bumped = info.schema_written
             for i, (rn, st, v) in enumerate(named_returns(info, out)):
                 outputs.append((rn, self._node(v, st, caps, clone=False,
-                                               uninit=uninit or i in opaque)))
+                                               uninit=uninit or i in opaque,
+                                               bump=1 if rn in bumped else 0)))
             if info.written_outputs:     # (an in-place op that returns no tensor)
                 for an, st, v in named_args(info, args, kwargs):
                     if an in info.written_outputs:
-                        outputs.append((an, self._node(v, st, caps, clone=False)))
+                        outputs.append((an, self._node(v, st, caps, clone=False,
+                                                       bump=1 if an in bumped else 0)))
         if phase == S.PHASE_FORWARD:
             self._note_forward_outputs(out, module)
         record = all(p.should_record(ev) for p in self._deciders)

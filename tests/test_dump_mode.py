@@ -323,6 +323,35 @@ def test_aliases_stored_once_links_and_views(tmp_path):
             np.testing.assert_array_equal(v.read(), lin.weight.detach().numpy())
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_the_result_of_an_in_place_op_is_stored_once_with_its_next_read(tmp_path, writer):
+    # relu_'s result is captured below autograd's ADInplaceOrView, before the version bump
+    # the next op reads it at: keyed at the bumped version, so the next read is a link, not
+    # a second copy (every inplace ReLU of a CNN was stored twice)
+    lin1, lin2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16)
+    x = torch.randn(8, 32)
+    p = tmp_path / f"inplace_{writer}.h5"
+    with torch.no_grad(), npu_dumper.dumper(use_dump=True, dump_path=str(p), writer=writer):
+        h = lin1(x)
+        h.relu_()
+        y = torch.add(h, 1)
+        h.mul_(3)                       # a later write: the add's input must not follow it
+        z = torch.sub(h, 1)
+    with h5py.File(p) as f, DumpFile(p) as d:
+        by = {o.op: o for o in d.ops()}
+        relu_out = f[by["aten.relu_.default"].outputs()["self"].path]
+        add_in = f[by["aten.add.Tensor"].inputs()["self"].path]
+        sub_in = f[by["aten.sub.Tensor"].inputs()["self"].path]
+        assert hash(relu_out.id) == hash(add_in.id)         # one dataset, two links
+        assert hash(sub_in.id) != hash(add_in.id)
+        with torch.no_grad():
+            want = torch.relu(lin1(x))
+        np.testing.assert_array_equal(add_in[()], want.numpy())
+        np.testing.assert_array_equal(sub_in[()], (want * 3).numpy())
+        mul_out = f[by["aten.mul_.Tensor"].outputs()["self"].path]
+        assert hash(mul_out.id) == hash(sub_in.id)
+
+
 # ---- the dumper does not change the program --------------------------------------
 class _OpLog(TorchDispatchMode):
     def __init__(self):
