@@ -27,6 +27,7 @@ Torch-free: the child imports only dumpfile, h5py and numpy.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -160,12 +161,10 @@ class RemoteDumpWriter:
             except Exception:  # noqa: BLE001 - still running: the pipe itself failed
                 code = None
         if code is not None and code < 0:
-            how = f"killed by signal {-code}"
             try:
-                import signal
                 how = f"killed by {signal.Signals(-code).name}"
             except ValueError:
-                pass
+                how = f"killed by signal {-code}"
         elif code is not None:
             how = f"exited with status {code}"
         else:
@@ -376,7 +375,6 @@ def _main() -> None:
     server = _Server(Connection(fd))
     try:    # stop with the caller (Linux): no orphan writing after a SIGKILL
         import ctypes
-        import signal
 
         def _parent_gone(signum, frame):
             server.parent_gone = True       # acted on between two messages (serve)

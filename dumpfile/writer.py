@@ -448,7 +448,7 @@ class DumpWriter:
         self._cat_prefix: str | None = None     # open op's path + "/" while it is described
         self._cat_groups: dict[str, dict[str, list[str]]] = {}   # io -> top name -> entries
         self._cat_order: dict[str, list[str]] = {}
-        self._cat_ids: tuple = ()
+        self._io_ids: tuple = ()       # begin_op's input/ and output/ group ids
         self._cat_bad = False
         self._open_row: tuple | None = None
         # index rows waiting for the next flush: (seqid, op, phase, module, grad_fn, catalog row)
@@ -492,7 +492,6 @@ class DumpWriter:
             self._cat_prefix = path + "/"
             self._cat_groups = {S.INPUT_GROUP: {}, S.OUTPUT_GROUP: {}}
             self._cat_order = {}
-            self._cat_ids = ids
             self._cat_bad = False
         return g
 
@@ -780,7 +779,6 @@ class DumpWriter:
         self._cat_prefix = None
         self._cat_groups = {}
         self._cat_order = {}
-        self._cat_ids = ()
         self._cat_bad = False
 
     def _cat_place(self, path: str) -> tuple[str, str] | None:
@@ -876,7 +874,7 @@ class DumpWriter:
     def _cat_finish(self) -> str:
         """The open op's catalog row ("" when it is not fully described)."""
         prefix, groups, order, ids, bad = (self._cat_prefix, self._cat_groups, self._cat_order,
-                                           self._cat_ids, self._cat_bad)
+                                           self._io_ids, self._cat_bad)
         self._cat_reset()
         if prefix is None or bad:
             return ""

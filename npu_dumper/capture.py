@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 
-from .tensors import dtype_name
+from .tensors import UNSTORED_DTYPES, dtype_name
 
 # ---- per-op policy as data ---------------------------------------------------
 # Ops that write inputs their schema does not mark as written (training-mode batch norm
@@ -229,10 +229,6 @@ _DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # devices whose tensors are exactly (storage, offset, shape, stride, dtype)
 _REBUILT_DEVICES = frozenset({"cpu", "cuda"})
-# a quantized tensor's scale and zero point live on the tensor, not its storage
-_QUANTIZED_DTYPES = frozenset(getattr(torch, n) for n in
-                              ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
-                              if hasattr(torch, n))
 _DK_NEG = torch._C.DispatchKey.Negative
 _DK_CONJ = torch._C.DispatchKey.Conjugate
 
@@ -294,16 +290,17 @@ class TensorCapture:
         self.lock = threading.Lock()
         self.done = False
         if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
-                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in _QUANTIZED_DTYPES
+                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in UNSTORED_DTYPES
                 and not _has_neg_or_conj(torch._C._dispatch_keys(t))):
             # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
             # the storage, like an alias, leaves autograd's counts on `t` untouched.
             self._storage = storage
             self._tensor = None
         else:
-            # Conj/neg views, quantized tensors, subclasses and other devices (an NPU
-            # tensor's format lives on the tensor) keep an alias: `.data` (no autograd history) for a plain
-            # tensor; a subclass decides what its detach() means.
+            # Conj/neg views, quantized tensors (their scale lives on the tensor),
+            # subclasses and other devices (an NPU tensor's format lives on the tensor)
+            # keep an alias: `.data` (no autograd history) for a plain tensor; a
+            # subclass decides what its detach() means.
             alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
             self._storage = None
             self._tensor = alias.clone() if clone else alias

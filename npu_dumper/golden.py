@@ -160,16 +160,16 @@ def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
         return f"result cannot be stored: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     attrs = {k: rec.attrs[k] for k in _CARRIED_ATTRS if k in rec.attrs}
     attrs[S.OP_COMPUTE_DTYPE] = str(dtype).replace("torch.", "")
-    group = writer.begin_op(rec.op, rec.seqid, phase=attrs.pop(S.OP_PHASE, S.PHASE_FORWARD) or S.PHASE_FORWARD,
-                            module=attrs.pop(S.OP_MODULE, ""), grad_fn=attrs.pop(S.OP_GRAD_FN, ""),
-                            attrs=attrs)
+    writer.begin_op(rec.op, rec.seqid, phase=attrs.pop(S.OP_PHASE, S.PHASE_FORWARD) or S.PHASE_FORWARD,
+                    module=attrs.pop(S.OP_MODULE, ""), grad_fn=attrs.pop(S.OP_GRAD_FN, ""),
+                    attrs=attrs)
+    ins, outs = writer.io_groups()
     if dump_inputs:
         names = []
         for name, value in inputs.items():
-            _write_value(writer, group[S.INPUT_GROUP], name, value, device, stored)
+            _write_value(writer, ins, name, value, device, stored)
             names.append(name)
-        writer.set_order(group[S.INPUT_GROUP], names)
-    outs = group[S.OUTPUT_GROUP]
+        writer.set_order(ins, names)
     names = _output_names(call.func, recorded_outputs, out)
     for name, value in zip(names, values):
         _write_value(writer, outs, name, value, device, stored)

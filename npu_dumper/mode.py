@@ -23,7 +23,7 @@ from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named
     named_returns, op_info
 from .module_tracking import ModuleTracker, backward_module
 from .policy import OpEvent, Policy
-from .tensors import dtype_name
+from .tensors import UNSTORED_DTYPES, dtype_name
 from .writer_thread import OpJob, WriterThread
 
 _current_node = torch._C._current_autograd_node
@@ -68,11 +68,6 @@ def user_stack_line() -> str:
     return ""
 
 
-# torch dtypes the format has no storage for (quantized, sub-byte, packed float4)
-_UNSTORED_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
-                             and dtype_name(d) not in S.STORAGE_NUMPY_DTYPE)
-
-
 def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
     base = getattr(Policy, hook)
     return [p for p in policies if getattr(type(p), hook) is not base]
@@ -114,7 +109,7 @@ class DumpMode(TorchDispatchMode):
             # shape or stride: stored as the list of its components
             return ListOf([self._node(c, "Tensor", caps, clone, uninit, bump) for c in v.unbind()],
                           S.TYPE_TENSOR_LIST, schema_type)
-        if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in _UNSTORED_DTYPES):
+        if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in UNSTORED_DTYPES):
             # no values to store: a meta tensor (deferred init, shape inference) has no data,
             # and quantized / sub-byte dtypes have no storage format. A placeholder naming
             # what it was, instead of a writer failure that stops the user's run.
@@ -236,8 +231,9 @@ class DumpMode(TorchDispatchMode):
             if out is NotImplemented:
                 out = func(*args, **kwargs)
         except Exception as e:
+            # (the dumper's own errors, DumperError and its kinds, are DumpErrors)
             if writer is not None and not self._deciders and self.record_inputs \
-                    and not isinstance(e, DumpError) and not type(e).__module__.startswith("npu_dumper"):
+                    and not isinstance(e, DumpError):
                 # the op the run died in: its inputs as it got them, the error it raised
                 self._record_raised(ev, inputs, caps, e)
             else:
@@ -275,14 +271,7 @@ class DumpMode(TorchDispatchMode):
             self._note_forward_outputs(out, module)
         record = all(p.should_record(ev) for p in self._deciders)
         if record and writer is not None:
-            attrs = dict(ev.group_attrs)
-            if ev.stack:
-                attrs[S.OP_STACK] = ev.stack
-            job = OpJob(ev.store_op, ev.store_seqid, phase, ev.module, ev.grad_fn, attrs,
-                        inputs, outputs, captures=caps,
-                        nbytes=sum(c.nbytes for c in caps))
-            writer.submit(job)
-            self.num_recorded += 1
+            self._submit(ev, inputs, outputs, caps)
         else:
             for c in caps:
                 self.registry.discard(c)
@@ -294,19 +283,23 @@ class DumpMode(TorchDispatchMode):
         """Record an op that raised: its inputs, no outputs, and `raised` (the error's type
         and first line). The dump is then closed incomplete by the block's exit; the op is
         in it, so the inputs that made the op fail can be read back and replayed."""
-        attrs = dict(ev.group_attrs)
-        if ev.stack:
-            attrs[S.OP_STACK] = ev.stack
         text = str(error).strip().splitlines()
-        attrs[S.OP_RAISED] = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+        ev.group_attrs[S.OP_RAISED] = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
         try:
-            self.writer.submit(OpJob(ev.store_op, ev.store_seqid, ev.phase, ev.module, ev.grad_fn,
-                                     attrs, inputs, [], captures=caps,
-                                     nbytes=sum(c.nbytes for c in caps)))
-            self.num_recorded += 1
+            self._submit(ev, inputs, [], caps)
         except Exception:  # noqa: BLE001 - the user's error is the one to report
             for c in caps:
                 self.registry.discard(c)
+
+    def _submit(self, ev: OpEvent, inputs: list, outputs: list, caps: list) -> None:
+        """Hand one op's record to the writer."""
+        attrs = dict(ev.group_attrs)
+        if ev.stack:
+            attrs[S.OP_STACK] = ev.stack
+        self.writer.submit(OpJob(ev.store_op, ev.store_seqid, ev.phase, ev.module, ev.grad_fn,
+                                 attrs, inputs, outputs, captures=caps,
+                                 nbytes=sum(c.nbytes for c in caps)))
+        self.num_recorded += 1
 
     def _note_forward_outputs(self, out, module: str) -> None:
         if not torch.is_grad_enabled():

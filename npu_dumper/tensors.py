@@ -29,11 +29,11 @@ for _d, _n in _DTYPE_NAME.items():
 
 # raw-bit dtypes: the unsigned int torch dtype of the same width
 _RAW_BITS_TORCH = {1: torch.uint8, 2: torch.uint16}
-_NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-             torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-             torch.uint8: np.uint8, torch.uint16: np.uint16, torch.uint32: np.uint32,
-             torch.uint64: np.uint64, torch.bool: np.bool_, torch.complex64: np.complex64,
-             torch.complex128: np.complex128}
+# numpy-native dtypes (stored as themselves): torch dtype -> numpy dtype
+_NUMPY_OF = {d: np.dtype(n) for d, n in _DTYPE_NAME.items() if S.STORAGE_NUMPY_DTYPE.get(n) == n}
+# torch dtypes the format has no storage for (quantized, sub-byte, packed float4): their
+# scale, zero point or packing is not in a plain array of the storage's bytes
+UNSTORED_DTYPES = frozenset(d for d, n in _DTYPE_NAME.items() if n not in S.STORAGE_NUMPY_DTYPE)
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
