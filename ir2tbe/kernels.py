@@ -24,6 +24,8 @@ from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from npu_dumper.dynamo_skip import no_dynamo_import
+
 # Ops never decomposed: their decompositions draw random numbers differently from the
 # native kernel, so the kernels' data would not be the op's data.
 _NEVER_DECOMPOSE_TAGS = (torch.Tag.nondeterministic_seeded,)
@@ -72,6 +74,7 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
+@no_dynamo_import
 class _KernelRecordingMode(TorchDispatchMode):
     """Applies decompositions where the table has one and records the leaf ops."""
 

@@ -47,6 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .dynamo_skip import no_dynamo_import
 from .errors import DumperError
 from .hints import note_compute_dtype, pop_compute_dtype
 
@@ -163,6 +164,7 @@ class _CubeRounding:
         t.copy_(self.rounded(t))
 
 
+@no_dynamo_import
 class _EmulateNPUMode(TorchDispatchMode):
     def __init__(self, rounding: _CubeRounding, cube_ops: dict):
         super().__init__()
@@ -273,6 +275,7 @@ def parse_fault(text: str) -> dict:
     return spec
 
 
+@no_dynamo_import
 class _FaultMode(TorchDispatchMode):
     def __init__(self, target, rel: float, call: int | None, seed: int):
         super().__init__()

@@ -19,6 +19,7 @@ from dumpfile.errors import DumpError
 from dumpfile.opfilter import OpSelection
 
 from . import hints
+from .dynamo_skip import no_dynamo_import
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
     named_returns, op_info
 from .module_tracking import ModuleTracker, backward_module
@@ -73,6 +74,7 @@ def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
     return [p for p in policies if getattr(type(p), hook) is not base]
 
 
+@no_dynamo_import
 class DumpMode(TorchDispatchMode):
     """Intercepts ops; numbering, attribution, snapshots; hands records to the writer thread."""
 

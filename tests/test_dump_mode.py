@@ -435,3 +435,34 @@ def test_rnn_workspace_marked_uninitialized(tmp_path):
         bwd = [o for o in f.ops() if o.op == "aten.mkldnn_rnn_layer_backward.default"]
         assert bwd and bwd[0].inputs()["workspace"].uninitialized
         assert not bwd[0].inputs()["input"].uninitialized
+
+
+# ---- torch.compile and TorchDynamo -------------------------------------------------
+def test_first_block_does_not_import_dynamo(tmp_path):
+    """TorchDispatchMode's own guard imports torch._dynamo at the mode's first op (~1 s,
+    most of a one-step dump of a small model); ours marks the code skipped instead."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, npu_dumper\n"
+            "m = torch.nn.Linear(4, 4)\n"
+            f"with npu_dumper.dumper(use_dump=True, dump_path={str(tmp_path / 'a.h5')!r}) as d:\n"
+            "    m(torch.randn(2, 4)).sum().backward()\n"
+            "print(d.num_ops, 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    num_ops, dynamo_loaded = out.stdout.split()
+    assert int(num_ops) >= 4
+    assert dynamo_loaded == "False"
+
+
+def test_compiled_model_records_the_ops_of_the_eager_one(tmp_path):
+    spec = sample_models.get("mlp")
+    model = spec.build(seed=0, size="tiny")
+    inputs = spec.make_inputs(seed=0, size="tiny")
+    compiled = torch.compile(model, backend="eager")
+    with pytest.warns(UserWarning, match="global hooks"):      # torch's note on our tracker
+        path_c, _ = dump_step(tmp_path, lambda: spec.train_step(compiled, inputs), "c.h5")
+    path_e, _ = dump_step(tmp_path, lambda: spec.train_step(model, inputs), "e.h5")
+    compiled_ops = [(s, op, ph, mod.removeprefix("_orig_mod."), g) for s, op, ph, mod, g in ops_of(path_c)]
+    assert compiled_ops == ops_of(path_e)
