@@ -58,10 +58,25 @@ def _how(t: OpRecord, g: OpRecord) -> str:
 
 
 def _target_only(t: OpRecord, why: str = "") -> OpPair:
+    if _recomputed(t):
+        why = f"{t.op} re-run by activation checkpointing in backward; the golden run did not re-run it"
     return OpPair(t, None, "unmatched", why or f"No data match with {t.op} in golden dump data.")
 
 
+def _recomputed(op: OpRecord) -> bool:
+    """Whether an op is a forward op re-run during backward (read for unmatched ops only:
+    an attribute read per op of a large dump would cost seconds)."""
+    if getattr(op, "phase", "") != S.PHASE_BACKWARD:
+        return False
+    try:
+        return bool(op.attrs.get(S.OP_RECOMPUTE, False))
+    except Exception:  # noqa: BLE001 - a reason text only: the pairing stands without it
+        return False
+
+
 def _golden_only(g: OpRecord, why: str = "") -> OpPair:
+    if _recomputed(g):
+        why = f"{g.op} re-run by activation checkpointing in the golden's backward; my run did not re-run it"
     return OpPair(None, g, "unmatched", why or f"No data match with {g.op} in my dump data.")
 
 

@@ -20,7 +20,9 @@ FORMAT_NAME = "npu_dumper.h5"
 # 1.2: /_npu_dumper/catalog (CATALOG_PATH), an accelerator next to the index.
 # 1.3: root attribute op_filter (a filtered dump names its selection); Type 31 strings for
 #      tensors with no values to store (meta device, quantized and sub-byte dtypes).
-FORMAT_VERSION = "1.3"
+# 1.4: op attributes `raised` (the op raised) and `recompute` (a forward op re-run in
+#      backward by activation checkpointing)
+FORMAT_VERSION = "1.4"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -77,6 +79,7 @@ OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (
 # op's outputs must still see a bfloat16 input that the golden had in float32
 OP_INPUT_DTYPES = "input_dtypes"
 OP_RAISED = "raised"            # the op raised: "TypeName: first line"; inputs only, no outputs
+OP_RECOMPUTE = "recompute"      # a forward op re-run during backward (activation checkpointing)
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
 OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
 OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid

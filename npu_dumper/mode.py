@@ -186,8 +186,14 @@ class DumpMode(TorchDispatchMode):
         if node is None:
             tracker.tag_pending()
             phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
+            recompute = ""
         else:
             phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
+            recompute = tracker.current
+            if recompute:
+                # a module's forward runs inside backward: activation checkpointing re-running
+                # it. Its ops are attributed to that module, not to the node that asked.
+                module = recompute
         # A compute-dtype note belongs to the op that made it: one left by an op that was
         # skipped or filtered (or raised) must not be written on the next recorded op.
         hints.pop_compute_dtype()
@@ -197,12 +203,14 @@ class DumpMode(TorchDispatchMode):
                     self.registry.before_write(t)
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
-            if phase == S.PHASE_FORWARD:
+            if phase == S.PHASE_FORWARD or recompute:
                 self._note_forward_outputs(out, module)
             return out
 
         ev = OpEvent(func=func, name=name, args=args, kwargs=kwargs, seqid=self.seqid,
                      phase=phase, module=module, grad_fn=grad_fn)
+        if recompute:
+            ev.group_attrs[S.OP_RECOMPUTE] = True
         if self.record_stack:
             ev.stack = user_stack_line()
         for p in self._before:
@@ -269,7 +277,7 @@ class DumpMode(TorchDispatchMode):
                     if an in info.written_outputs:
                         outputs.append((an, self._node(v, st, caps, clone=False,
                                                        bump=1 if an in bumped else 0)))
-        if phase == S.PHASE_FORWARD:
+        if phase == S.PHASE_FORWARD or recompute:     # (a re-run's graph may be backpropagated)
             self._note_forward_outputs(out, module)
         record = all(p.should_record(ev) for p in self._deciders)
         if record and writer is not None:

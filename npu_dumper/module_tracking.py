@@ -45,6 +45,14 @@ class ModuleTracker:
 
     def _name_of(self, module) -> str:
         if not self._stack:
+            if self._root is not None and self._root is not module:
+                # a submodule of the model called on its own: activation checkpointing
+                # re-running a block during backward keeps its path under the model
+                if not self._names:
+                    self._names = {id(m): n for n, m in self._root.named_modules(remove_duplicate=False)}
+                name = self._names.get(id(module))
+                if name:
+                    return name
             if self._root is not module:
                 self._root = module
                 self._names = {}
