@@ -186,14 +186,14 @@ class DumpMode(TorchDispatchMode):
         if node is None:
             tracker.tag_pending()
             phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
-            recompute = ""
+            recompute = False
         else:
             phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
-            recompute = tracker.current
+            recompute = tracker.in_forward
             if recompute:
                 # a module's forward runs inside backward: activation checkpointing re-running
                 # it. Its ops are attributed to that module, not to the node that asked.
-                module = recompute
+                module = tracker.current
         # A compute-dtype note belongs to the op that made it: one left by an op that was
         # skipped or filtered (or raised) must not be written on the next recorded op.
         hints.pop_compute_dtype()

@@ -31,6 +31,11 @@ class ModuleTracker:
     def current(self) -> str:
         return self._stack[-1] if self._stack else ""
 
+    @property
+    def in_forward(self) -> bool:
+        """A module's forward is running (its path may be "", the root's own code)."""
+        return bool(self._stack)
+
     def __enter__(self):
         self._handles = [register_module_forward_pre_hook(self._pre),
                          register_module_forward_hook(self._post, always_call=True)]

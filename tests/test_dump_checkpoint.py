@@ -85,3 +85,26 @@ def test_compare_names_ops_only_one_run_recomputed(tmp_path):
     assert recomputed_seqids
     flagged = unmatched[unmatched["CompareFailReason"].str.contains("activation checkpointing")]
     assert set(flagged["SeqId"]) == recomputed_seqids
+
+
+def test_a_whole_model_re_run_flags_the_root_modules_own_ops(tmp_path):
+    """The root's own code (module path "") re-run in backward is a re-run too."""
+    torch.manual_seed(0)
+    net = Net(None)
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x) * 2.0          # an op of the root's own code
+
+    root = Scaled()
+    x = torch.randn(4, 8, requires_grad=True)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "c.h5")):
+        checkpoint(root, x, use_reentrant=True).square().mean().backward()
+    with DumpFile(tmp_path / "c.h5") as f:
+        ops = [(o.op, o.phase, o.module, bool(o.attrs.get(S.OP_RECOMPUTE, False))) for o in f.ops()]
+    assert ("aten.mul.Tensor", S.PHASE_BACKWARD, "", True) in ops, ops
+    assert ("aten.addmm.default", S.PHASE_BACKWARD, "net.head", True) in ops, ops
