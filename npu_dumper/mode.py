@@ -106,18 +106,18 @@ class DumpMode(TorchDispatchMode):
     # ---- snapshots -------------------------------------------------------------
     def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False,
               bump: int = 0):
-        if isinstance(v, torch.Tensor) and v.is_nested:
-            # a nested tensor (nn.Transformer's fast path with a padding mask) has no single
-            # shape or stride: stored as the list of its components
-            return ListOf([self._node(c, "Tensor", caps, clone, uninit, bump) for c in v.unbind()],
-                          S.TYPE_TENSOR_LIST, schema_type)
-        if isinstance(v, torch.Tensor) and (v.is_meta or v.dtype in UNSTORED_DTYPES):
-            # no values to store: a meta tensor (deferred init, shape inference) has no data,
-            # and quantized / sub-byte dtypes have no storage format. A placeholder naming
-            # what it was, instead of a writer failure that stops the user's run.
-            why = "meta tensor, no data" if v.is_meta else "dtype not stored"
-            return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
         if isinstance(v, torch.Tensor):
+            if v.is_nested:
+                # a nested tensor (nn.Transformer's fast path with a padding mask) has no
+                # single shape or stride: stored as the list of its components
+                return ListOf([self._node(c, "Tensor", caps, clone, uninit, bump) for c in v.unbind()],
+                              S.TYPE_TENSOR_LIST, schema_type)
+            if v.is_meta or v.dtype in UNSTORED_DTYPES:
+                # no values to store: a meta tensor (deferred init, shape inference) has no
+                # data, and quantized / sub-byte dtypes have no storage format. A placeholder
+                # naming what it was, instead of a writer failure that stops the user's run.
+                why = "meta tensor, no data" if v.is_meta else "dtype not stored"
+                return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit,
                                 version_bump=bump)
             if not clone:

@@ -48,28 +48,29 @@ class ModuleTracker:
         self._handles = []
         self._stack.clear()
 
+    def _root_names(self) -> dict[int, str]:
+        """id(module) -> path under the current root (built at the first lookup)."""
+        if not self._names:
+            self._names = {id(m): n for n, m in self._root.named_modules(remove_duplicate=False)}
+        return self._names
+
     def _name_of(self, module) -> str:
         if not self._stack:
-            if self._root is not None and self._root is not module:
+            if self._root is module:
+                return ""
+            if self._root is not None:
                 # a submodule of the model called on its own: activation checkpointing
                 # re-running a block during backward keeps its path under the model
-                if not self._names:
-                    self._names = {id(m): n for n, m in self._root.named_modules(remove_duplicate=False)}
-                name = self._names.get(id(module))
+                name = self._root_names().get(id(module))
                 if name:
                     return name
-            if self._root is not module:
-                self._root = module
-                self._names = {}
+            self._root = module
+            self._names = {}
             return ""
-        name = self._names.get(id(module))
-        if name is None:
-            if not self._names:
-                self._names = {id(m): n for n, m in self._root.named_modules(remove_duplicate=False)}
-                name = self._names.get(id(module))
-            if name is None:   # not a registered submodule of the root: name by class under parent
-                parent = self.current
-                name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+        name = self._root_names().get(id(module))
+        if name is None:   # not a registered submodule of the root: name by class under parent
+            parent = self.current
+            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
         return name
 
     def _pre(self, module, args):
