@@ -17,6 +17,7 @@ import torch
 from dumpfile import schema as S
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row, value_row
 from dumpfile.stats_writer import value_rows
+from dumpfile.writer import set_attrs
 
 from .capture import ListOf, Named, TensorCapture, Value
 from .writer_thread import OpJob, WriterThread, tensor_stats
@@ -65,12 +66,21 @@ def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[floa
     return [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
 
 
+# A statistics-only job is a few small reductions: the writer looks at the queue this
+# often instead of being woken per op (see writer_thread: a wake-up costs the model's thread)
+POLL_SECONDS = 0.002
+
+
 class StatsWriterThread(WriterThread):
     def __init__(self, writer, registry, **kw):
         kw["stats_only"] = True
+        kw.setdefault("poll_interval", POLL_SECONDS)
         super().__init__(writer, registry, **kw)
         self._device_codes: dict[str, int] = {}
         self._scratch: dict = {}
+        # the root's device attributes, written here at the first tensor (while the model
+        # computes) instead of at block exit; the exit rewrites them only if they differ
+        self.device_written: str | None = None
 
     def _run(self) -> None:
         # The file is created here, overlapping the model's first ops; a failure surfaces
@@ -94,6 +104,9 @@ class StatsWriterThread(WriterThread):
             code = self._device_codes.get(node.device)
             if code is None:
                 code = self._device_codes[node.device] = S.device_type_code(node.device)
+            if self.device_written is None:
+                set_attrs(self.writer.file, {S.ROOT_DEVICE: node.device, S.ROOT_DEVICE_TYPE: code})
+                self.device_written = node.device
             rows.append(tensor_row(seqid, io, name, node.dtype, node.shape, code,
                                    self._stats(node), node.uninitialized))
         elif isinstance(node, Value):

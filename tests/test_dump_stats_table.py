@@ -203,3 +203,14 @@ def test_fast_tensor_stats_equals_the_reference(make):
     assert len(got) == len(want) == len(S.STATS_FIELDS)
     # bit-identical (TensorIterator reduces a permuted tensor in the same memory order)
     assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, want)), (got, want)
+
+
+def test_root_device_attributes_of_statistics_dumps(mlp_dumps, tmp_path):
+    # written by the writer thread at the first tensor; by the block's exit when no tensor came
+    with h5py.File(mlp_dumps / "s1.h5", "r") as f:
+        assert f.attrs[S.ROOT_DEVICE] == "cpu" and f.attrs[S.ROOT_DEVICE_TYPE] == 0
+        assert f.attrs[S.ROOT_COMPLETE]
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "empty.h5"), stats_only=True):
+        pass
+    with h5py.File(tmp_path / "empty.h5", "r") as f:
+        assert f.attrs[S.ROOT_DEVICE] == "cpu" and f.attrs[S.ROOT_DEVICE_TYPE] == 0
