@@ -9,10 +9,7 @@ version and element set; W and W.t() share statistics) repeats the numbers it ha
 
 from __future__ import annotations
 
-import math
 from typing import Any
-
-import torch
 
 from dumpfile import schema as S
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row, value_row
@@ -20,50 +17,8 @@ from dumpfile.stats_writer import value_rows
 from dumpfile.writer import set_attrs
 
 from .capture import ListOf, Named, TensorCapture, Value
-from .writer_thread import OpJob, WriterThread, tensor_stats
-
-
-def in_memory_order(t: torch.Tensor) -> torch.Tensor:
-    """`t` with its dims permuted into storage order when that makes it contiguous (a
-    transposed weight): statistics do not depend on element order, and reductions over
-    a transposed 1024x1024 tensor cost ~3x those over a contiguous one."""
-    if t.layout != torch.strided or t.dim() < 2 or t.is_contiguous():
-        return t
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
-    p = t.permute(order)
-    return p if p.is_contiguous() else t
-
-
-_FAST_DTYPES = (torch.float32, torch.float64)
-
-
-def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[float]:
-    """writer_thread.tensor_stats, bit-identical, in fewer torch calls for the common case
-    (finite float32/float64 on CPU whose spread is not tiny against its mean): the four
-    reductions come back in one .tolist(). Every torch call releases and retakes the GIL,
-    and each hand-over costs the model's thread time; anything else takes the full path.
-    `scratch` (dtype -> buffer, one thread's own) holds the squares of contiguous tensors:
-    a fresh multi-MB tensor per call is page faults, taken under the process's memory lock
-    that the model's thread needs too."""
-    n = t.numel()
-    if t.dtype not in _FAST_DTYPES or n < 2 or t.device.type != "cpu" or t.layout != torch.strided:
-        return tensor_stats(t)
-    mn, mx = torch.aminmax(t)
-    if scratch is not None and t.is_contiguous():
-        buf = scratch.get(t.dtype)
-        if buf is None or buf.numel() < n:
-            buf = scratch[t.dtype] = torch.empty(max(n, 1 << 16), dtype=t.dtype)
-        sq = torch.mul(t, t, out=buf[:n].view(t.shape))
-    else:
-        sq = t * t
-    fmn, fmx, total, sumsq = torch.stack((mn, mx, t.sum(), sq.sum())).tolist()
-    if not (math.isfinite(fmn) and math.isfinite(fmx)):
-        return tensor_stats(t)
-    mean = total / n
-    var = (sumsq - n * mean * mean) / (n - 1)
-    if not (var >= mean * mean and math.isfinite(var)):
-        return tensor_stats(t)
-    return [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
+from .tensor_stats import fast_tensor_stats, in_memory_order
+from .writer_thread import OpJob, WriterThread
 
 
 # A statistics-only job is a few small reductions: the writer looks at the queue this

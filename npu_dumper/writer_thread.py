@@ -25,7 +25,6 @@ publishes reads back after a crash.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -41,6 +40,7 @@ from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .errors import DumperError
+from .tensor_stats import tensor_stats
 from .tensors import numpy_view, storage_array
 from .worker_threads import TaskHandle, run_in_thread
 
@@ -400,59 +400,3 @@ def _storage_dtype(dtype_name: str) -> np.dtype | None:
             return None
         dt = _NUMPY_STORAGE[dtype_name] = np.dtype(name)
     return dt
-
-
-def tensor_stats(t: torch.Tensor) -> list[float]:
-    """schema.STATS_FIELDS of a tensor: min, max, mean, std, norm over finite values; counts.
-
-    Reductions run in the tensor's own precision with torch's double accumulators on
-    CPU (std_mean is Welford), so no float64 copy of a large tensor is made. Complex
-    tensors: statistics of magnitudes. std is the sample std (n-1); 0 for one element.
-    """
-    numel = t.numel()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.layout != torch.strided:
-        t = t.to_dense()
-    if numel == 0:
-        return [math.nan] * 5 + [0.0, 0.0, 0.0]
-    nan = inf = 0
-    if t.is_complex():
-        x = t.abs()
-    elif t.dtype in (torch.float32, torch.float64):
-        x = t
-    elif t.is_floating_point() or t.dtype == torch.bool:
-        x = t.float()                     # exact for every narrower float and for bool
-    else:
-        x = t.double()                    # integers: exact below 2**53
-    mn, mx = torch.aminmax(x)             # NaN/inf propagate: one pass tells if any exist
-    fmn, fmx = float(mn), float(mx)
-    if not (math.isfinite(fmn) and math.isfinite(fmx)):
-        nan = int(torch.isnan(x).sum())
-        inf = int(torch.isinf(x).sum())
-        x = x[torch.isfinite(x)]
-        if x.numel() == 0:
-            return [math.nan] * 5 + [float(nan), float(inf), float(numel)]
-        mn, mx = torch.aminmax(x)
-        fmn, fmx = float(mn), float(mx)
-    n = x.numel()
-    # Moments from a sum and a sum of squares, both torch's cascade sums (relative error
-    # ~1e-7 in float32, no float64 copy, ~6x cheaper than a float64-accumulated norm).
-    # The variance is derived by subtraction, so the precision each tier can promise
-    # depends on mean^2 / var; a tier is used only where it keeps std to ~1e-7 relative.
-    mean = float(x.sum()) / n
-    sumsq = float((x * x).sum())
-    var = (sumsq - n * mean * mean) / (n - 1) if n > 1 else 0.0
-    if n > 1 and not (var >= mean * mean and math.isfinite(var)):
-        # float64-accumulated norm: exact enough while the spread is not tiny against the mean
-        norm64 = float(torch.linalg.vector_norm(x, dtype=torch.float64))
-        sumsq = norm64 * norm64
-        var = (sumsq - n * mean * mean) / (n - 1)
-        if var <= 1e-4 * mean * mean or not math.isfinite(var):
-            xd = x.double()          # cancellation or overflow: float64 Welford
-            std_t, mean_t = torch.std_mean(xd)
-            std, mean = float(std_t), float(mean_t)
-            return [fmn, fmx, mean, std, float(torch.linalg.vector_norm(xd)), float(nan), float(inf),
-                    float(numel)]
-    std = math.sqrt(max(var, 0.0))
-    return [fmn, fmx, mean, std, math.sqrt(sumsq), float(nan), float(inf), float(numel)]

@@ -190,10 +190,14 @@ def test_file_creation_failure_surfaces_in_the_users_thread(tmp_path):
     lambda: torch.tensor([2.5]),
     lambda: torch.randn(3, 4).to(torch.bfloat16),
     lambda: torch.arange(10),
+    lambda: torch.randn(300, 1000),                                   # large: row norms, a remainder
+    lambda: torch.randn(1000, 300).t(),                               # large, transposed
+    lambda: torch.randn(1 << 16, dtype=torch.float64),
+    lambda: torch.cat([torch.randn(1 << 16), torch.tensor([float("inf")])]),
 ])
 def test_fast_tensor_stats_equals_the_reference(make):
     from npu_dumper.stats_writer import fast_tensor_stats, in_memory_order
-    from npu_dumper.writer_thread import tensor_stats
+    from npu_dumper.tensor_stats import tensor_stats
     t = make()
     want = tensor_stats(t)
     got = fast_tensor_stats(in_memory_order(t))
@@ -203,6 +207,21 @@ def test_fast_tensor_stats_equals_the_reference(make):
     assert len(got) == len(want) == len(S.STATS_FIELDS)
     # bit-identical (TensorIterator reduces a permuted tensor in the same memory order)
     assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, want)), (got, want)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(1 << 20),
+    lambda: torch.randn(1 << 20) * 1e-3 + 1.0,                        # all one sign
+    lambda: torch.randn(1024, 1000).t(),                               # transposed, n % 256 != 0
+    lambda: torch.rand(3, 5, 7001) * 5e17,       # the total of squares (1e40) overflows float32
+])
+def test_sum_of_squares_of_large_tensors_is_accurate(make):
+    # float32 row norms combined in float64: within 1e-7 of an exact float64 sum
+    from npu_dumper.tensor_stats import ROWS_FROM, sum_of_squares
+    t = make()
+    assert t.numel() >= ROWS_FROM
+    want = float((t.double() ** 2).sum())
+    assert abs(sum_of_squares(t) / want - 1) < 1e-7
 
 
 def test_root_device_attributes_of_statistics_dumps(mlp_dumps, tmp_path):
