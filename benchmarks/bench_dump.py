@@ -116,7 +116,7 @@ def run(threads: int | None, steps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     default_threads = torch.get_num_threads()
     from dumpfile.remote_writer import prestart
