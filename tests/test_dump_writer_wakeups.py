@@ -7,7 +7,7 @@ import time
 import torch
 
 import npu_dumper
-from npu_dumper import stats_writer, writer_thread
+from npu_dumper import stats_writer
 
 
 def _wait_until(cond, timeout: float = 5.0) -> float:
@@ -69,7 +69,3 @@ def test_an_idle_writer_flushes_once_not_again_and_again(tmp_path):
         _wait_until(lambda: len(flushes) > n)
     assert d.num_ops == 4
 
-
-def test_thread_writers_of_full_dumps_are_woken_per_op():
-    # full dumps copy data out of the user's tensors: no polling delay there
-    assert writer_thread.WriterThread.__init__.__kwdefaults__["poll_interval"] is None
