@@ -29,7 +29,7 @@ from bench_dump import make_model, one_step, page_cache_probe
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,22 +80,24 @@ def main() -> None:
         res = golden_replay(ref, os.path.join(tmp, "golden.h5"), progress=False)
         golden_s = time.perf_counter() - t0
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    # Ratios per round (each configuration against that round's plain step), then their
+    # median: a burst of other work on the shared machine moves one round, not the result.
+    ratio = {k: statistics.median(a / b for a, b in zip(v, times["plain"])) for k, v in times.items()}
     print(f"workload: 6 x Linear(1024)+GELU, LayerNorm, batch 64, fp32, fwd+bwd, CPU, "
           f"{args.threads} thread(s), {n_ops} ops/step, median of {args.steps}")
     for k, v in med.items():
         label = f"{k} (default writer)" if k.endswith("-process") else k
-        print(f"  {label:36s} {v:8.1f} ms/step   {v / med['plain']:5.2f}x plain")
+        print(f"  {label:36s} {v:8.1f} ms/step   {ratio[k]:5.2f}x plain")
     print(f"  replay summary: {summary}")
     print(f"  raw write of 58 MB: {recycled:.0f} ms into recycled pages, {fresh:.0f} ms into new ones "
           "(each step's file is removed outside the timing)")
     print(f"  golden fp64 replay of the dump: {golden_s * 1e3:.0f} ms for {res.total} ops "
           f"({res.replayed} replayed) = {golden_s * 1e3 / med['plain']:.1f}x a plain step")
     for k in ("load-replay", "load-replay-process"):
-        ratio = med[k] / med["plain"]
         writer = "process" if k.endswith("-process") else "thread"
         default = " (the default)" if writer == "process" else ""
-        print(f"load-replay (writer={writer}{default}) / plain = {ratio:.2f}x (target <= 3x): "
-              f"{'OK' if ratio <= 3 else 'OVER'}")
+        print(f"load-replay (writer={writer}{default}) / plain = {ratio[k]:.2f}x (target <= 3x): "
+              f"{'OK' if ratio[k] <= 3 else 'OVER'}")
 
 
 if __name__ == "__main__":
