@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 
 from . import schema as S
+from . import recovery
 from . import stats_table as T
 from .errors import DumpFormatError
 
@@ -84,6 +85,8 @@ def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
 # signature, a message not aligned, a read that runs off its buffer): RuntimeError,
 # KeyError, OSError or ValueError, with a message that does not name the file.
 H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
+# what h5py raises when a dataset's data (or what it points at) cannot be read
+READ_ERRORS = (OSError, RuntimeError)
 
 
 def raised_by_h5py(e: BaseException) -> bool:
@@ -297,7 +300,8 @@ class DumpFile:
         try:
             if not h5py.is_hdf5(self.path):
                 raise DumpFormatError(f"{self.path}: not an HDF5 file")
-            self.h5 = h5py.File(self.path, "r")
+            self._source = None
+            self.h5 = self._open()
         except DumpFormatError:
             raise
         except (OSError, ValueError) as e:
@@ -313,6 +317,24 @@ class DumpFile:
         except BaseException:
             self.close()
             raise
+
+    def _open(self) -> h5py.File:
+        """The file, read-only. One whose writer died after its last flush, maybe inside the
+        next, is read with its recorded end of allocation raised to the file's size
+        (dumpfile.recovery); HDF5 may refuse to open it otherwise ("addr overflow")."""
+        try:
+            h5 = h5py.File(self.path, "r")       # (HDF5's lock: refuses a file being written)
+        except OSError as e:
+            cut = recovery.is_cut_short(self.path) if "lock" not in str(e) else None
+            if cut is None:
+                raise
+            h5, self._source = recovery.open_cut_short(self.path, *cut)
+            return h5
+        cut = recovery.is_cut_short(self.path) if not h5.attrs.get(S.ROOT_COMPLETE, False) else None
+        if cut is not None:
+            h5.close()
+            h5, self._source = recovery.open_cut_short(self.path, *cut)
+        return h5
 
     def _validate(self, require_dump: bool) -> None:
         self.attrs = {k: (_attr_str(v) if isinstance(v, bytes) else v) for k, v in self.h5.attrs.items()}
@@ -381,6 +403,9 @@ class DumpFile:
         h5 = getattr(self, "h5", None)
         if h5 is not None and h5.id.valid:
             h5.close()
+        source = getattr(self, "_source", None)
+        if source is not None:
+            source.close()
 
     def __enter__(self):
         return self
@@ -402,7 +427,7 @@ class DumpFile:
     @cached_property
     def _table(self) -> T.StatsTable:
         try:
-            return T.StatsTable(self.h5)
+            return T.StatsTable(self.h5, complete=self.complete)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             if raised_by_h5py(e):
                 raise corrupt_dump_error(self.path, e, "the statistics table") from e
@@ -439,16 +464,43 @@ class DumpFile:
                 out[name] = rec
         return out
 
+    def _index_rows(self) -> np.ndarray:
+        ds = self.h5[S.INDEX_PATH]
+        if self.complete:
+            return ds[()]
+        # a writer killed inside a flush: that flush's rows may not read back (recovery)
+        return recovery.readable_rows(ds, READ_ERRORS)
+
+    def _group_names(self, grp, seqids: list[int]) -> set[str]:
+        """The member names of an op's group. In an incomplete file a flush cut short may
+        have left the group's link table half written: then each seqid is looked up on
+        its own, and those that cannot be reached are left out."""
+        if not isinstance(grp, h5py.Group):
+            return set()
+        try:
+            return set(grp.keys())
+        except READ_ERRORS:
+            if self.complete:
+                raise
+        found = set()
+        for q in seqids:
+            try:
+                if str(q) in grp:
+                    found.add(str(q))
+            except READ_ERRORS:
+                pass
+        return found
+
     @cached_property
     @_guarded
     def _ops(self) -> list[OpRecord]:
         if self.is_table and S.INDEX_PATH in self.h5:
-            rows = self.h5[S.INDEX_PATH][()]
+            rows = self._index_rows()
             ops = [_TableOpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
                                   S.PHASE_BY_CODE.get(int(r["phase"]), ""),
                                   _attr_str(r["module"]), _attr_str(r["grad_fn"])) for r in rows]
         elif S.INDEX_PATH in self.h5:
-            rows = self.h5[S.INDEX_PATH][()]
+            rows = self._index_rows()
             ops = [OpRecord(self, _attr_str(r["op"]), int(r["seqid"]),
                             S.PHASE_BY_CODE.get(int(r["phase"]), ""),
                             _attr_str(r["module"]), _attr_str(r["grad_fn"])) for r in rows]
@@ -457,7 +509,7 @@ class DumpFile:
             present: dict[str, set[str]] = {}
             for name in {o.op for o in ops}:
                 grp = existing(self.h5, name)     # (a damaged op's rows must not vanish)
-                present[name] = set(grp.keys()) if isinstance(grp, h5py.Group) else set()
+                present[name] = self._group_names(grp, [o.seqid for o in ops if o.op == name])
             ops = [o for o in ops if str(o.seqid) in present[o.op]]
         else:
             ops = []

@@ -24,6 +24,7 @@ import numpy as np
 from h5py import h5s, h5t
 
 from . import schema as S
+from .recovery import readable_rows
 from .writer import new_table
 
 _STR = h5py.string_dtype("utf-8")
@@ -124,9 +125,11 @@ def decode_value(type_code: int, text: str) -> Any:
 class StatsTable:
     """The rows of a table-backed statistics file, grouped by seqid (read once)."""
 
-    def __init__(self, h5: h5py.File):
+    def __init__(self, h5: h5py.File, *, complete: bool = True):
         ds = h5[S.STATS_TABLE_PATH]
-        self.rows = ds[()]
+        # an incomplete file (its writer killed, maybe inside a flush): the rows that read
+        # back; the index decides which ops are listed
+        self.rows = ds[()] if complete else readable_rows(ds, (OSError, RuntimeError))
         seqids = self.rows["seqid"]
         order = np.argsort(seqids, kind="stable")
         self._order = order

@@ -68,6 +68,7 @@ class StatsDumpWriter(DumpWriter):
         self._stats_ds = None
         self._attrs_ds = None                      # made when an op has extra attributes
         self._pending_rows: list[tuple] = []
+        self._unflushed = False                    # rows written since the last flush
         self._pending_attrs: list[tuple] = []
         if not defer_open:
             self.open()
@@ -119,6 +120,8 @@ class StatsDumpWriter(DumpWriter):
                 append_rows(self._attrs_ds, self._pending_attrs, OP_ATTR_DTYPE)
         except (OSError, RuntimeError) as e:
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+        if self._pending_rows or self._pending_index:
+            self._unflushed = True
         self.bytes_written += len(self._pending_rows) * STATS_ROW_DTYPE.itemsize
         self._pending_rows.clear()
         self._pending_attrs.clear()
@@ -129,6 +132,13 @@ class StatsDumpWriter(DumpWriter):
                 raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
             self._pending_index.clear()
 
-    def flush(self) -> None:
+    def flush(self, *, final: bool = False) -> None:
         self._write_rows()     # rows before index rows: an op in the index has its values
-        super().flush()
+        if self._unflushed and not final:
+            # the rows durable before the op count that claims them (DumpWriter.flush)
+            try:
+                self._f.flush()
+            except (OSError, RuntimeError) as e:
+                raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+        self._unflushed = False
+        super().flush(final=final)

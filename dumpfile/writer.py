@@ -900,8 +900,13 @@ class DumpWriter:
         if time.monotonic() - self._last_flush >= self.flush_interval:
             self.flush()
 
-    def flush(self) -> None:
-        """Make every finished op durable: index rows, op count, then HDF5 flush."""
+    def flush(self, *, final: bool = False) -> None:
+        """Make every finished op durable: index rows, HDF5 flush, then the op count and
+        another flush. `num_ops` on disk thus counts only ops a completed flush wrote: a
+        SIGKILL inside a flush (writer="thread") can leave that flush's own structures half
+        written (dumpfile.recovery reads around them), never an op count ahead of them.
+        `final` (at close, where `complete` follows): one flush."""
+        appended = bool(self._pending_index)
         if self._pending_index:
             pending = self._pending_index
             n = self._index.shape[0]
@@ -917,8 +922,10 @@ class DumpWriter:
                     # an accelerator only: stop keeping it (readers then walk the groups);
                     # a disk-full condition is reported by the flush below
                     self._cat_on = False
-        rewrite_scalar_attr(self._f, S.ROOT_NUM_OPS, self.num_ops)
         try:
+            if appended and not final:
+                self._f.flush()
+            rewrite_scalar_attr(self._f, S.ROOT_NUM_OPS, self.num_ops)
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
             # (the disk-space reserve is kept for the final flush at close, which publishes
@@ -986,7 +993,7 @@ class DumpWriter:
         if not complete:       # after a failure: give the space back first
             self.release_reserve()
         try:
-            self.flush()
+            self.flush(final=True)
             rewrite_scalar_attr(self._f, S.ROOT_COMPLETE, bool(complete))
         except (OSError, RuntimeError) as e:
             raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e

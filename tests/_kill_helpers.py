@@ -15,14 +15,30 @@ import h5py
 from dumpfile import DumpFile
 
 
-def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) -> Path:
+def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, between_flushes: bool = False,
+                     **dumper_kwargs) -> Path:
     """Start a child that dumps tanh ops forever (flush every 0.2 s), SIGKILL it once it
-    has run a while, and return the path of the file it was writing."""
+    has run a while, and return the path of the file it was writing.
+
+    between_flushes: kill just after one of the child's flushes has completed (~0.2 s
+    before the next). With writer="thread" the flush runs in the process that is killed,
+    and a kill that lands inside one (~4% of the time here) can leave a group's link
+    table half written (docs/FORMAT.md, "Durability"); this tests every other moment."""
     p = tmp_path / "killed.h5"
     marker = tmp_path / "started"
+    flushed = tmp_path / "flushed"
     kwargs = ", ".join(f"{k}={v!r}" for k, v in dumper_kwargs.items())
+    hook = textwrap.dedent(f"""
+        from dumpfile.writer import DumpWriter
+        _flush = DumpWriter.flush
+        def _flush_and_tell(self, **kw):
+            _flush(self, **kw)
+            pathlib.Path({str(flushed)!r}).write_text(str(time.monotonic_ns()))
+        DumpWriter.flush = _flush_and_tell
+    """) if between_flushes else ""
     code = textwrap.dedent(f"""
         import time, torch, npu_dumper, pathlib
+        __HOOK__
         x = torch.randn(32, 32)
         with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, flush_interval=0.2, {kwargs}):
             for i in range(1000000):
@@ -31,6 +47,7 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) 
                     pathlib.Path({str(marker)!r}).touch()
                 time.sleep(0.001)
     """)
+    code = code.replace("__HOOK__", hook.strip())
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.time() + 60
@@ -38,6 +55,11 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, **dumper_kwargs) 
             assert proc.poll() is None and time.time() < deadline, "child did not start dumping"
             time.sleep(0.05)
         time.sleep(settle_s)            # several flushes happen
+        if between_flushes:             # then the next flush's end
+            seen = flushed.read_text() if flushed.exists() else ""
+            while not flushed.exists() or flushed.read_text() == seen:
+                assert proc.poll() is None and time.time() < deadline + settle_s, "child stopped flushing"
+                time.sleep(0.0005)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

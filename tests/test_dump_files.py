@@ -215,7 +215,7 @@ def test_writer_failure_surfaces_in_user_thread(tmp_path, monkeypatch):
 def test_a_failure_at_the_final_flush_is_a_one_line_dumper_error(tmp_path, monkeypatch, stats_only):
     # (disk full may first show at the close's flush: that must read like any other
     # writer failure, not as a DumpWriteError from inside the writer)
-    def full(self):
+    def full(self, **kw):
         raise DumpWriteError(f"{self.path}: write failed (No space left on device)")
     monkeypatch.setattr(DumpWriter, "flush", full)
     p = tmp_path / "d.h5"
@@ -257,7 +257,8 @@ def test_disk_full_gives_clear_error_and_readable_file(tmp_path, writer):
 
 # ---- durability: SIGKILL mid-dump ----------------------------------------------------------
 def test_sigkill_mid_dump_leaves_readable_file(tmp_path):
-    p = sigkill_mid_dump(tmp_path, settle_s=2.5, writer="thread")   # (process: its own test)
+    # (process: its own test, killed at any moment: the child finishes its HDF5 call)
+    p = sigkill_mid_dump(tmp_path, settle_s=2.5, writer="thread", between_flushes=True)
     for o in killed_dump_tail(p):      # the last flushed ops read back
         assert o.inputs()["self"].read().shape == (32, 32)
     if shutil.which("h5ls"):

@@ -59,7 +59,7 @@ def test_an_idle_writer_flushes_once_not_again_and_again(tmp_path):
         w = d._writer.writer
         flushes = []
         real_flush = w.flush
-        w.flush = lambda: (flushes.append(time.monotonic()), real_flush())
+        w.flush = lambda **kw: (flushes.append(time.monotonic()), real_flush(**kw))
         torch.randn(32, 32).tanh()
         _wait_until(lambda: _drained(d._writer) and flushes)
         time.sleep(0.3)
