@@ -85,8 +85,7 @@ def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
 # signature, a message not aligned, a read that runs off its buffer): RuntimeError,
 # KeyError, OSError or ValueError, with a message that does not name the file.
 H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
-# what h5py raises when a dataset's data (or what it points at) cannot be read
-READ_ERRORS = (OSError, RuntimeError)
+READ_ERRORS = recovery.READ_ERRORS
 
 
 def raised_by_h5py(e: BaseException) -> bool:
@@ -469,7 +468,7 @@ class DumpFile:
         if self.complete:
             return ds[()]
         # a writer killed inside a flush: that flush's rows may not read back (recovery)
-        return recovery.readable_rows(ds, READ_ERRORS)
+        return recovery.readable_rows(ds)
 
     def _group_names(self, grp, seqids: list[int]) -> set[str]:
         """The member names of an op's group. In an incomplete file a flush cut short may

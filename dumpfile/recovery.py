@@ -103,15 +103,19 @@ def open_cut_short(path: str, eoa_offset: int, size: int) -> tuple[h5py.File, io
         raise
 
 
-def readable_rows(ds: h5py.Dataset, errors: tuple) -> np.ndarray:
+# what h5py raises when a dataset's data (or what it points at) cannot be read
+READ_ERRORS = (OSError, RuntimeError)
+
+
+def readable_rows(ds: h5py.Dataset) -> np.ndarray:
     """The rows of a 1-d table of an incomplete file: all of them, or, when some cannot be
     read, the longest prefix that can. A flush cut short by a kill can leave its own rows
     (the last ones) pointing at variable-length strings or chunks it never wrote ("bad
     global heap collection signature", "past end of allocation"); rows of earlier,
-    completed flushes read back. `errors`: the exceptions h5py raises for such reads."""
+    completed flushes read back."""
     try:
         return ds[()]
-    except errors:
+    except READ_ERRORS:
         pass
     good, bad = 0, ds.shape[0]         # ds[:good] reads, ds[:bad] does not
     while bad - good > 1:
@@ -119,6 +123,6 @@ def readable_rows(ds: h5py.Dataset, errors: tuple) -> np.ndarray:
         try:
             ds[:mid]
             good = mid
-        except errors:
+        except READ_ERRORS:
             bad = mid
     return ds[:good]

@@ -129,7 +129,7 @@ class StatsTable:
         ds = h5[S.STATS_TABLE_PATH]
         # an incomplete file (its writer killed, maybe inside a flush): the rows that read
         # back; the index decides which ops are listed
-        self.rows = ds[()] if complete else readable_rows(ds, (OSError, RuntimeError))
+        self.rows = ds[()] if complete else readable_rows(ds)
         seqids = self.rows["seqid"]
         order = np.argsort(seqids, kind="stable")
         self._order = order

@@ -68,7 +68,6 @@ class StatsDumpWriter(DumpWriter):
         self._stats_ds = None
         self._attrs_ds = None                      # made when an op has extra attributes
         self._pending_rows: list[tuple] = []
-        self._unflushed = False                    # rows written since the last flush
         self._pending_attrs: list[tuple] = []
         if not defer_open:
             self.open()
@@ -134,11 +133,4 @@ class StatsDumpWriter(DumpWriter):
 
     def flush(self, *, final: bool = False) -> None:
         self._write_rows()     # rows before index rows: an op in the index has its values
-        if self._unflushed and not final:
-            # the rows durable before the op count that claims them (DumpWriter.flush)
-            try:
-                self._f.flush()
-            except (OSError, RuntimeError) as e:
-                raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
-        self._unflushed = False
         super().flush(final=final)

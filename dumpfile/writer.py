@@ -453,6 +453,7 @@ class DumpWriter:
         self._open_row: tuple | None = None
         # index rows waiting for the next flush: (seqid, op, phase, module, grad_fn, catalog row)
         self._pending_index: list[tuple] = []
+        self._unflushed = False       # table rows (index, statistics) appended since the last flush
         # ops ended with end_op(deferred=True): their tensor bytes are still being written
         # (write_at, by another thread); their index rows wait here until release_ops, so
         # a flush never publishes an op whose data is not in the file yet
@@ -906,7 +907,6 @@ class DumpWriter:
         SIGKILL inside a flush (writer="thread") can leave that flush's own structures half
         written (dumpfile.recovery reads around them), never an op count ahead of them.
         `final` (at close, where `complete` follows): one flush."""
-        appended = bool(self._pending_index)
         if self._pending_index:
             pending = self._pending_index
             n = self._index.shape[0]
@@ -915,6 +915,7 @@ class DumpWriter:
             self._index.resize((n + len(rows),))
             self._index[n:] = rows
             pending.clear()
+            self._unflushed = True
             if cat is not None:
                 try:
                     self._write_catalog(n, cat)
@@ -923,8 +924,9 @@ class DumpWriter:
                     # a disk-full condition is reported by the flush below
                     self._cat_on = False
         try:
-            if appended and not final:
+            if self._unflushed and not final:
                 self._f.flush()
+            self._unflushed = False
             rewrite_scalar_attr(self._f, S.ROOT_NUM_OPS, self.num_ops)
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)

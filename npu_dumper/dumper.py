@@ -370,13 +370,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         wt = self._writer
         w = wt.writer
         f = w.file
+        dev = self._mode.first_device or "cpu"
         if isinstance(w, RemoteDumpWriter):
-            dev = self._mode.first_device or "cpu"
             w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
-        elif f is not None and f.id.valid and getattr(wt, "device_written", None) != (
-                self._mode.first_device or "cpu"):
+        elif f is not None and f.id.valid and getattr(wt, "device_written", None) != dev:
             try:
-                dev = self._mode.first_device or "cpu"
                 set_attrs(f, {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)})
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass

@@ -35,11 +35,11 @@ def in_memory_order(t: torch.Tensor) -> torch.Tensor:
 def sum_of_squares(x: torch.Tensor) -> float:
     """sum(x * x) of a finite float32/float64 CPU tensor, as a Python float."""
     n = x.numel()
-    m = n - n % ROW_LENGTH
     if n >= ROWS_FROM and x.dtype in _FAST_DTYPES and x.device.type == "cpu":
         flat = in_memory_order(x)
         if flat.is_contiguous():
             flat = flat.view(-1)
+            m = n - n % ROW_LENGTH
             rows = torch.linalg.vector_norm(flat[:m].view(-1, ROW_LENGTH), dim=1).double()
             total = float(torch.dot(rows, rows))
             if m < n:
