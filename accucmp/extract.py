@@ -177,9 +177,9 @@ class _Copier:
         if dtype == "complex32":  # stored as (..., 2) float16 pairs: rebuild on complex values
             raw = decode_raw(raw, dtype)
         shape = tuple(int(x) for x in np.asarray(attrs.get(S.ATTR_SHAPE, ())).reshape(-1))
-        data = view_of(raw, np.asarray(base.attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+        data = view_of(raw, np.asarray(S.live_stride(base.attrs), dtype=np.int64),
                        int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), shape,
-                       np.asarray(attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       np.asarray(S.live_stride(attrs), dtype=np.int64),
                        int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=where)
         if dtype == "complex32":
             data = np.stack([data.real, data.imag], axis=-1).astype(np.float16)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dumpfile import schema as S
+from dumpfile import legacy
 from dumpfile.opmap_data import build_equivalence, build_renames, packet_of
 from dumpfile.reader import OpRecord, ValueRecord
 
@@ -41,11 +42,18 @@ class OpPair:
 
 
 def canonical_op(name: str) -> str:
-    """One name for every op the map says is equivalent; other names unchanged."""
+    """One name for every op the map says is equivalent; other names in the original
+    layout's spelling (dumpfile.legacy: `aten.addmm.default` and an original file's
+    `addmm` are one op), so a mixed pair (original file vs our dump) compares."""
     packet = packet_of(name)
     others = _EQUIV.get(packet)
     if not others:
-        return name
+        guess = legacy.aten_guess(name)
+        if guess is not None:             # an original name: the map may know its ATen form
+            packet = packet_of(guess)
+            others = _EQUIV.get(packet)
+    if not others:
+        return legacy.legacy_op_name(name)
     return min((packet, *others))
 
 

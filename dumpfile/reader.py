@@ -21,6 +21,7 @@ import numpy as np
 
 from . import schema as S
 from . import recovery
+from . import legacy
 from . import stats_table as T
 from .errors import DumpFormatError
 
@@ -66,8 +67,16 @@ _FLOAT8_TABLES = {
 _table_cache: dict[str, np.ndarray] = {}
 
 
+_WIDE_OK = frozenset({"bool", "float16", *S.RAW_BIT_DTYPES})
+
+
 def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
     """Stored array -> numpy array with the tensor's values (exact)."""
+    if data.dtype.kind in "fiu" and dtype_name in _WIDE_OK:
+        # original layout / legacy export: Half, bfloat16, float8 stored as float32, bool as ints
+        wide = legacy.decode_stored(data, dtype_name)
+        if wide is not None:
+            return wide
     if dtype_name == "bfloat16":
         return (data.astype(np.uint32) << 16).view(np.float32)
     if dtype_name in _FLOAT8_TABLES:
@@ -192,13 +201,13 @@ class ValueRecord:
         d = _attr_str(self.attrs.get(S.ATTR_DTYPE, ""))
         if d or self.type != S.TYPE_TENSOR:
             return d
-        # no dtype attribute (the original dumper's files, hand-written ones): the data's own
-        # dtype, as read_value decodes it, so listings and comparisons name the same dtype
+        # no dtype attribute (the original dumper's files, hand-written ones): the original's
+        # DataType (Half stored as F32 is float16, Bool is bool), else the data's own dtype
         try:
             ds = self.file.h5[self.path]
         except (KeyError, TypeError, ValueError, OSError):
             return ""
-        return str(ds.dtype) if isinstance(ds, h5py.Dataset) else ""
+        return legacy.dtype_of(self.attrs, ds.dtype) if isinstance(ds, h5py.Dataset) else ""
 
     @property
     @_guarded
@@ -626,9 +635,9 @@ class DumpFile:
         base = self._resolve_base(rec)
         battrs = base.attrs
         bdata = decode_raw(base[()], _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype))
-        return view_of(bdata, np.asarray(battrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+        return view_of(bdata, np.asarray(S.live_stride(battrs), dtype=np.int64),
                        int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
-                       np.asarray(rec.attrs.get(S.ATTR_STRIDE, ()), dtype=np.int64),
+                       np.asarray(S.live_stride(rec.attrs), dtype=np.int64),
                        int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
 
     def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:
@@ -664,6 +673,10 @@ class _LazyOpRecord(OpRecord):
     def __getattribute__(self, name):
         if name in ("phase", "module", "grad_fn"):
             attrs = object.__getattribute__(self, "attrs")
+            if name == "phase" and S.OP_PHASE not in attrs:
+                # an original file: its ops carry no attributes; backward ops are autograd
+                # node names (AddmmBackward)
+                return legacy.phase_of(object.__getattribute__(self, "op"))
             return _attr_str(attrs.get(name, ""))
         return object.__getattribute__(self, name)
 

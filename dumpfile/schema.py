@@ -98,7 +98,11 @@ ATTR_TYPE = "Type"
 ATTR_DATA_TYPE = "DataType"
 ATTR_DEVICE_TYPE = "DeviceType"
 ATTR_FORMAT_TYPE = "FormatType"
-ATTR_STRIDE = "Stride"            # element strides of the live tensor
+ATTR_STRIDE = "Stride"            # 1.5+: element strides of the stored data (C order); <=1.4: live
+ATTR_LIVE_STRIDE = "live_stride"  # 1.5+: the live tensor's strides, when they differ from Stride
+# legacy-layout export (dumpfile.legacy): the torch dtype of a tensor the original layout
+# has no DataType for (bfloat16, float8...), stored there as float32 with DataType 1
+ATTR_SOURCE_DTYPE = "source_dtype"
 ATTR_SHAPE = "shape"              # logical shape of the live tensor
 ATTR_DTYPE = "dtype"              # torch dtype name without "torch.", e.g. "bfloat16"
 ATTR_DEVICE = "device"            # e.g. "cuda:0"
@@ -236,7 +240,30 @@ CAT_STORED_DTYPE = "sd"   # ... the dataset's numpy dtype (str, e.g. "<f4") ...
 CAT_STORED_SHAPE = "ss"   # ... and its shape (absent: equal to "shape")
 # the value attributes a row repeats, under their own names (when the entry has them)
 CATALOG_ATTRS = (ATTR_DTYPE, ATTR_SHAPE, ATTR_STRIDE, ATTR_STORAGE_OFFSET, ATTR_UNINITIALIZED,
-                 ATTR_BASE, ATTR_STATS_FIELDS)
+                 ATTR_BASE, ATTR_STATS_FIELDS, ATTR_LIVE_STRIDE)
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """Element strides of a C-order array of `shape` (what `Stride` says of stored data)."""
+    out, acc = [], 1
+    for n in reversed(tuple(int(x) for x in shape)):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def live_stride(attrs) -> tuple[int, ...]:
+    """The live tensor's element strides from a value's attributes (or catalog entry):
+    `live_stride` when present, else `Stride` (format <= 1.4 wrote the live strides there;
+    1.5+ omits live_stride when the live tensor was contiguous, so Stride is right too)."""
+    v = attrs.get(ATTR_LIVE_STRIDE)
+    if v is None:
+        v = attrs.get(ATTR_STRIDE, ())
+    try:
+        return tuple(int(x) for x in v)
+    except TypeError:           # a 0-d array or a scalar
+        import numpy as _np     # (only for this odd case: the module stays numpy-free otherwise)
+        return tuple(int(x) for x in _np.asarray(v).reshape(-1))
 
 
 def data_type_code(dtype_name: str) -> int:

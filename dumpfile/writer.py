@@ -56,7 +56,7 @@ def _cat_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
         v = attrs.get(k)
         if v is None:
             continue
-        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE):
+        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE, S.ATTR_LIVE_STRIDE):
             a = np.asarray(v)
             if a.ndim != 1 or a.dtype.kind not in "iu":
                 return None
@@ -286,27 +286,53 @@ class TensorMeta:
     stride: tuple[int, ...] = ()
     storage_offset: int = 0
     device: str = "cpu"
-    format_type: int = S.FORMAT_ND
+    format_type: int | None = None   # None: from the strides (format_type_of)
     uninitialized: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def attrs(self, type_code: int) -> dict[str, Any]:
+        # Stride describes the stored data (C order, logical shape): the original msaccucmp
+        # applies as_strided(data, Stride) to golden tensors, so live strides there gave
+        # garbage for W.t() and channels_last tensors. The live strides, needed to rebuild
+        # views and for replay, go into live_stride when they differ (format 1.5).
+        stored = S.contiguous_strides(self.shape) if self.stride else ()
+        fmt = self.format_type if self.format_type is not None else format_type_of(self.shape, self.stride)
         a = {
             S.ATTR_TYPE: type_code,
             S.ATTR_DATA_TYPE: S.data_type_code(self.dtype),
             S.ATTR_DEVICE_TYPE: S.device_type_code(self.device),
-            S.ATTR_FORMAT_TYPE: int(self.format_type),
-            S.ATTR_STRIDE: np.asarray(self.stride, dtype=np.int64),
+            S.ATTR_FORMAT_TYPE: int(fmt),
+            S.ATTR_STRIDE: np.asarray(stored, dtype=np.int64),
             S.ATTR_SHAPE: np.asarray(self.shape, dtype=np.int64),
             S.ATTR_DTYPE: self.dtype,
             S.ATTR_DEVICE: self.device,
         }
+        if self.stride and tuple(self.stride) != stored:
+            a[S.ATTR_LIVE_STRIDE] = np.asarray(self.stride, dtype=np.int64)
         if self.storage_offset:        # absent means 0
             a[S.ATTR_STORAGE_OFFSET] = int(self.storage_offset)
         if self.uninitialized:
             a[S.ATTR_UNINITIALIZED] = True
         a.update(self.extra)
         return a
+
+
+def format_type_of(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """The ACL FormatType a tensor's memory format resembles: NHWC for a 4-d channels_last
+    tensor that is not also row-major (torch's own test: dims of size 1 do not count),
+    ND otherwise. NPU private formats are not visible from here."""
+    if len(shape) != 4 or len(stride) != 4:
+        return S.FORMAT_ND
+    n, c, h, w = (int(x) for x in shape)
+    want = {0: h * w * c, 1: 1, 2: w * c, 3: c}        # channels_last strides, NHWC order
+
+    def matches(expect: dict[int, int]) -> bool:
+        return all(int(shape[d]) == 1 or int(stride[d]) == expect[d] for d in range(4))
+
+    if not matches(want):
+        return S.FORMAT_ND
+    rowmajor = dict(enumerate(S.contiguous_strides(shape)))
+    return S.FORMAT_ND if matches(rowmajor) else S.FORMAT_NHWC
 
 
 def _scalar_type_code(value: Any, schema_type: str | None) -> int:

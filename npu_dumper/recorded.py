@@ -145,7 +145,7 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     if keep_strides:
-        stride = tuple(int(s) for s in np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
+        stride = S.live_stride(rec.attrs)
         t = with_strides(t, stride, device)
     elif torch.device(device) != t.device:
         t = t.to(device)
@@ -199,7 +199,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     storage, boff = cached
     n = storage.numel()
     shape = rec.shape
-    stride = tuple(int(x) for x in np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
+    stride = S.live_stride(rec.attrs)
     rel = int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff
     if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
         raise NotReplayable(f"{rec.name}: bad view shape/stride")
@@ -216,7 +216,7 @@ def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = Non
     """The flat storage a view's base dataset occupied, and the base's storage offset.
     `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
     bt = _stored_tensor(base) if stored is None else stored
-    bstride = tuple(int(x) for x in np.asarray(base.attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
+    bstride = S.live_stride(base.attrs)
     boff = int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0))
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())

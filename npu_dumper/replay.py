@@ -545,7 +545,7 @@ class ReplayPolicy(Policy):
                 return t
             try:
                 obj = self._file.h5[rec.path]
-                stride = tuple(np.asarray(rec.attrs.get(S.ATTR_STRIDE, ())).reshape(-1).tolist())
+                stride = S.live_stride(rec.attrs)
                 key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape, stride)
             except (KeyError, ValueError, TypeError):
                 return tensor_from_record(rec)

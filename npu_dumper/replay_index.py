@@ -99,7 +99,7 @@ def _suffix_index(key: str) -> tuple[int, str]:
 
 
 def _stride(attrs: dict) -> tuple[int, ...]:
-    return tuple(int(s) for s in np.asarray(attrs.get(S.ATTR_STRIDE, ())).reshape(-1))
+    return S.live_stride(attrs)
 
 
 def _shape(attrs: dict, oid) -> tuple[int, ...]:
@@ -192,7 +192,7 @@ def _catalog_attrs(e: dict, code: int) -> dict[str, Any]:
         if k not in e:
             continue
         v = e[k]
-        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE):
+        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE, S.ATTR_LIVE_STRIDE):
             attrs[k] = np.array(v, dtype=np.int64)
         elif k == S.ATTR_STORAGE_OFFSET:
             attrs[k] = np.int64(v)
@@ -220,7 +220,7 @@ def _catalog_group(f: DumpFile, group_path: str, entries: list, hashed: dict,
             lists[n] = rec
         elif code in S.TENSOR_TYPES:
             shape = tuple(int(x) for x in e[S.ATTR_SHAPE])
-            stride = tuple(int(x) for x in e.get(S.ATTR_STRIDE, ()))
+            stride = S.live_stride(e)
             canonical = e.get(S.CAT_OBJECT, path)
             if code == S.TYPE_TENSOR and len(shape) >= 2 and len(stride) == len(shape) \
                     and stride != _row_major(shape):

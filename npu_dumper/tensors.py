@@ -83,7 +83,7 @@ def meta_of(t: torch.Tensor, *, uninitialized: bool = False) -> TensorMeta:
     return TensorMeta(dtype=dtype_name(t.dtype), shape=tuple(t.shape), stride=tuple(t.stride())
                       if t.layout == torch.strided else (), storage_offset=int(t.storage_offset())
                       if t.layout == torch.strided else 0, device=device_str(t.device),
-                      format_type=format_type(t), uninitialized=uninitialized)
+                      uninitialized=uninitialized)
 
 
 def storage_array(t: torch.Tensor) -> np.ndarray:

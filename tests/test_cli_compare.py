@@ -234,6 +234,6 @@ def test_original_layout_files_list_and_compare(tmp_path):
         assert "?[" not in r.output and "mat1: float32[4, 8]" in r.output, r.output
     r = runner.invoke(app, ["compare", "-m", t, "-g", g, "-o", str(tmp_path / "o")])
     assert r.exit_code == 1
-    assert "first failure (execution order): addmm seqid 1 output/result" in r.output
+    assert "first failure (execution order): addmm seqid 1 (forward) output/result" in r.output
     r = runner.invoke(app, ["compare", "-m", g, "-g", g, "-o", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
