@@ -303,6 +303,33 @@ def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:
 
 
 # ---- other modules' commands --------------------------------------------------
+@app.command("export")
+def export_command(
+    input: Annotated[Path, typer.Option("-i", "--input", help="Dump to convert.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="File to write (replaced).")],
+    layout: Annotated[str, typer.Option(
+        "--layout", help="legacy: the original Ascend layout the real msaccucmp reads; "
+                         "native: an original-layout file into this project's format.")] = "legacy",
+    device_type: Annotated[str, typer.Option(
+        "--device-type", help="legacy: DeviceType written on every tensor: keep, npu (the "
+                              "original's -m file must say NPU), cpu or cuda.")] = "keep",
+) -> None:
+    """Convert between this project's dump format and the original Ascend layout (docs/FORMAT.md)."""
+    with _boundary():
+        from .export import ExportError, run_export
+
+        if device_type not in ("keep", "npu", "cpu", "cuda"):
+            raise UsageProblem(f"--device-type {device_type!r}: use keep, npu, cpu or cuda")
+        try:
+            counts = run_export(str(input), str(output), layout, device_type=device_type)
+        except ExportError as e:
+            typer.echo(f"accucmp: error: {_one_line(e)}", err=True)
+            raise typer.Exit(EXIT_BAD_INPUT)
+        skipped = (f"; {counts['skipped_tensors']} tensors with no {layout} form left out"
+                   if counts["skipped_tensors"] else "")
+        typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors{skipped}")
+
+
 _PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo")
 
 

@@ -24,6 +24,7 @@ from h5py import h5a, h5d, h5g, h5o, h5s
 import numpy as np
 import pandas as pd
 
+from dumpfile import legacy
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
@@ -349,8 +350,15 @@ def _light_member(f: DumpFile, parent_id, link: bytes, path: str, name: str, eag
     stored_shape, stored_dtype = oid.shape, oid.dtype
     fast = stored_shape is not None and stored_dtype.kind in _FAST_READ_KINDS and stored_dtype.subdtype is None
     attrs: dict[str, Any] = {S.ATTR_TYPE: code}
-    dtype = _UNAMBIGUOUS_STORAGE.get(stored_dtype)
-    attrs[S.ATTR_DTYPE] = dtype or _str_attr(oid, _B_DTYPE, str(stored_dtype))
+    if f.attrs.get(S.ROOT_FORMAT) is None:
+        # an original-layout file (or a legacy export): the dtype is the original's DataType
+        # (Half stored as F32) or source_dtype (bfloat16 as float32), not the storage's
+        attrs[S.ATTR_DTYPE] = legacy.dtype_of(
+            {k: v for k in (S.ATTR_DATA_TYPE, S.ATTR_SOURCE_DTYPE)
+             if (v := _ll_attr(oid, k.encode())) is not None}, stored_dtype)
+    else:
+        dtype = _UNAMBIGUOUS_STORAGE.get(stored_dtype)
+        attrs[S.ATTR_DTYPE] = dtype or _str_attr(oid, _B_DTYPE, str(stored_dtype))
     shape = _ll_attr(oid, _B_SHAPE)
     if shape is not None:
         attrs[S.ATTR_SHAPE] = shape

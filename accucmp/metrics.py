@@ -95,7 +95,8 @@ class MetricResult:
 
 
 def _fmt_std(v: float) -> str:
-    return "0" if abs(v) < 0.001 else f"{v:.3f}"
+    # the original: `%.3f` of each value, |v| < 0.001 shown as 0 -> "0.000"
+    return "%.3f" % (0.0 if abs(v) < 0.001 else v)
 
 
 def _as_float64(a: np.ndarray) -> np.ndarray:
@@ -343,8 +344,9 @@ class TensorComparison:
         return MetricResult(math.sqrt(self.sdd / self.syy))
 
     def _m_KullbackLeiblerDivergence(self, nx, ny, x_zero, y_zero):
-        if x_zero or y_zero:
-            return MetricResult(math.nan, f"{'target' if x_zero else 'golden'} is all zero: KL undefined")
+        # As the original: each side is floored at float32 eps after scaling, so a constant
+        # or all-zero side is uniform, never "no result": two constant tensors give 0.0
+        # (cosine still says NaN where one side is all zero)
         if self._kl_seen != self.n:
             return MetricResult(math.nan, "KL second pass not run")
         sp, sq = self._kl_sp, self._kl_sq

@@ -1,0 +1,210 @@
+"""`accucmp export`: a dump in the original Ascend layout (`--layout legacy`), which the
+real `msaccucmp.py compare` reads, and back (`--layout native`). Torch-free.
+
+Rules (dumpfile/legacy.py, docs/FORMAT.md "The original layout"): op groups at the root
+named by `legacy_names`, groups without attributes, no empty groups, values with only the
+original's attributes (`Type`, `DataType`, `DeviceType`, `FormatType`, `Stride`; plus
+`source_dtype` where the original had no DataType), views materialised, Half as float32
+with DataType 10, bfloat16/float8 as float32 with DataType 1 and `source_dtype`. Our
+bookkeeping (full op names, the source's root attributes) is one JSON root attribute,
+`npu_dumper`: outside the op tree, where the original's readers never look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from dumpfile import legacy as L
+from dumpfile import schema as S
+from dumpfile.errors import DumpFormatError
+from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.writer import DumpWriter, TensorMeta
+
+EXPORT_ATTR = "npu_dumper"      # root attribute of a legacy export: JSON bookkeeping
+LAYOUTS = ("legacy", "native")
+
+
+class ExportError(Exception):
+    pass
+
+
+def _tensor_for_legacy(rec: ValueRecord) -> tuple[np.ndarray, dict] | None:
+    """(data, attrs) of a tensor entry in the original layout; None: not representable."""
+    dtype = rec.dtype
+    if rec.uninitialized:
+        return None            # garbage values: the original tool would compare them
+    if dtype in L.ORIGINAL_DATA_TYPES:
+        code = L.ORIGINAL_DATA_TYPES[dtype]
+        extra = {}
+    elif dtype in L.UPCAST_TO_FLOAT32:
+        code, extra = 1, {S.ATTR_SOURCE_DTYPE: dtype}
+    else:
+        return None            # complex, unsigned 16-64 bit: no original DataType
+    data = np.asarray(rec.read())
+    if dtype == "float16" or dtype in L.UPCAST_TO_FLOAT32:
+        data = data.astype(np.float32)      # the original stored Half as F32; exact
+    device = str(rec.attrs.get(S.ATTR_DEVICE, b"cpu"), "utf-8") if isinstance(
+        rec.attrs.get(S.ATTR_DEVICE), bytes) else str(rec.attrs.get(S.ATTR_DEVICE, "cpu"))
+    attrs = {
+        S.ATTR_TYPE: np.int64(S.TYPE_TENSOR),
+        S.ATTR_DATA_TYPE: np.int64(code),
+        S.ATTR_DEVICE_TYPE: np.int64(L.ORIGINAL_DEVICE_TYPES.get(device.split(":")[0], 0)),
+        S.ATTR_FORMAT_TYPE: np.int64(int(rec.attrs.get(S.ATTR_FORMAT_TYPE, S.FORMAT_ND))),
+        S.ATTR_STRIDE: np.asarray(S.contiguous_strides(data.shape), dtype=np.int64),
+        **extra,
+    }
+    return data, attrs
+
+
+def _write_legacy_value(parent: h5py.Group, name: str, rec: ValueRecord, device_type: int | None,
+                        counts: dict) -> bool:
+    """Write one entry; False when nothing was written (so no empty group is left)."""
+    if rec.is_list:
+        grp = parent.create_group(name)
+        wrote = False
+        for c in rec.children:
+            wrote |= _write_legacy_value(grp, c.name, c, device_type, counts)
+        if not wrote:
+            del parent[name]
+        return wrote
+    if rec.type in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
+        got = _tensor_for_legacy(rec)
+        if got is None:
+            counts["skipped_tensors"] += 1
+            return False
+        data, attrs = got
+        if device_type is not None:
+            attrs[S.ATTR_DEVICE_TYPE] = np.int64(device_type)
+        ds = parent.create_dataset(name, data=data)
+        for k, v in attrs.items():
+            ds.attrs[k] = v
+        counts["tensors"] += 1
+        return True
+    if rec.type in L.ORIGINAL_VALUE_TYPES:
+        try:
+            val = rec.file.h5[rec.path][()]
+        except (KeyError, OSError, ValueError, TypeError):
+            return False
+        ds = parent.create_dataset(name, data=val)
+        ds.attrs[S.ATTR_TYPE] = np.int64(rec.type)
+        return True
+    return False          # our own value kinds (None, str, device, stats...): the original had none
+
+
+def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict:
+    counts = {"ops": 0, "tensors": 0, "skipped_tensors": 0, "skipped_ops": 0}
+    dev = None if device_type in (None, "keep") else L.ORIGINAL_DEVICE_TYPES[device_type]
+    with DumpFile(src) as f:
+        if f.is_table:
+            raise ExportError(f"{src}: a statistics-only dump has no tensors to export")
+        ops = f.ops()
+        names = L.legacy_names(o.op for o in ops)
+        tmp = dst + ".part"
+        with h5py.File(tmp, "w", libver=("earliest", "v110")) as out:
+            for op in ops:
+                lname = names[op.op]
+                grp = out.require_group(lname).create_group(str(op.seqid))
+                wrote = False
+                for io, values in ((S.INPUT_GROUP, op.inputs()), (S.OUTPUT_GROUP, op.outputs())):
+                    if not values:
+                        continue
+                    iog = grp.create_group(io)
+                    w = False
+                    for name, rec in values.items():
+                        w |= _write_legacy_value(iog, name, rec, dev, counts)
+                    if not w:
+                        del grp[io]
+                    wrote |= w
+                if wrote:
+                    counts["ops"] += 1
+                else:
+                    del out[lname][str(op.seqid)]
+                    counts["skipped_ops"] += 1
+                    if not len(out[lname]):
+                        del out[lname]
+            book = {"layout": "legacy", "source": os.path.abspath(src),
+                    "ops": {v: k for k, v in names.items() if v in out},
+                    "root": {k: (v if isinstance(v, (str, int, float, bool)) else str(v))
+                             for k, v in f.attrs.items()}}
+            for k, v in list(book["root"].items()):
+                if isinstance(v, (np.integer, np.floating, np.bool_)):
+                    book["root"][k] = v.item()
+            out.attrs[EXPORT_ATTR] = json.dumps(book, default=str)
+        os.replace(tmp, dst)
+    return counts
+
+
+def _meta(rec: ValueRecord, data: np.ndarray) -> TensorMeta:
+    dev_code = rec.attrs.get(S.ATTR_DEVICE_TYPE)
+    by_code = {v: k for k, v in L.ORIGINAL_DEVICE_TYPES.items()}
+    device = by_code.get(int(dev_code), "cpu") if dev_code is not None else "cpu"
+    return TensorMeta(dtype=rec.dtype, shape=tuple(data.shape),
+                      stride=S.contiguous_strides(data.shape), device=device)
+
+
+def _stored(data: np.ndarray, dtype: str) -> np.ndarray:
+    """Our storage form of decoded values (schema.STORAGE_NUMPY_DTYPE)."""
+    if dtype == "bfloat16":
+        bits = np.asarray(data, dtype=np.float32).view(np.uint32)
+        # values came from bfloat16 (exact in float32): the high half is the bf16 bits
+        return (bits >> 16).astype(np.uint16)
+    want = S.STORAGE_NUMPY_DTYPE.get(dtype)
+    return np.asarray(data).astype(want) if want else np.asarray(data)
+
+
+def export_native(src: str, dst: str) -> dict:
+    """An original-layout file (or a legacy export) -> our format: op names restored from the
+    export's map (an original file's names are kept: compare matches them to ours), phases
+    from the names, dtypes from DataType / source_dtype, index and catalog added."""
+    counts = {"ops": 0, "tensors": 0, "skipped_tensors": 0, "skipped_ops": 0}
+    with DumpFile(src) as f:
+        if f.is_table:
+            raise ExportError(f"{src}: a statistics-only dump is already in the native format")
+        raw = f.attrs.get(EXPORT_ATTR)
+        book = json.loads(raw) if isinstance(raw, str) and raw else {}
+        full = book.get("ops", {})
+        with DumpWriter(dst) as w:
+            for op in f.ops():
+                name = full.get(op.op, op.op)
+                phase = op.phase or L.phase_of(op.op)
+                w.begin_op(name, op.seqid, phase=phase or S.PHASE_FORWARD)
+                for parent, values in zip(w.io_groups(), (op.inputs(), op.outputs())):
+                    for vname, rec in values.items():
+                        _write_native_value(w, parent, vname, rec, counts)
+                w.end_op()
+                counts["ops"] += 1
+    return counts
+
+
+def _write_native_value(w: DumpWriter, parent, name: str, rec: ValueRecord, counts: dict) -> None:
+    if rec.is_list:
+        grp = w.create_list(parent, name, S.TYPE_TENSOR_LIST, len(rec.children))
+        for c in rec.children:
+            _write_native_value(w, grp, c.name, c, counts)
+        return
+    if rec.is_tensor:
+        data = np.asarray(rec.read())
+        w.write_tensor(parent, name, _stored(data, rec.dtype), _meta(rec, data))
+        counts["tensors"] += 1
+        return
+    val = rec.read()
+    w.write_value(parent, name, val)
+
+
+def run_export(src: str, dst: str, layout: str, *, device_type: str | None = None) -> dict:
+    if layout not in LAYOUTS:
+        raise ExportError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ExportError(f"{dst}: the output must not be the input file")
+    try:
+        if layout == "legacy":
+            return export_legacy(src, dst, device_type=device_type)
+        return export_native(src, dst)
+    except DumpFormatError as e:
+        raise ExportError(str(e)) from e
+    except OSError as e:
+        raise ExportError(f"{dst}: cannot write ({e})") from e
