@@ -22,7 +22,11 @@ FORMAT_NAME = "npu_dumper.h5"
 #      tensors with no values to store (meta device, quantized and sub-byte dtypes).
 # 1.4: op attributes `raised` (the op raised) and `recompute` (a forward op re-run in
 #      backward by activation checkpointing)
-FORMAT_VERSION = "1.4"
+# 1.5: `Stride` describes the stored (contiguous, logical-shape) data, as the original
+#      msaccucmp applies it; the live tensor's strides are `live_stride` (absent: equal to
+#      Stride, which is also what a file of 1.4 or older means). FormatType follows the
+#      memory format (NHWC for channels_last).
+FORMAT_VERSION = "1.5"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 

@@ -69,6 +69,11 @@ def run_command(
     typer.echo(result.summary())
     if not result.ops:
         _fail(f"{dump}: no op to map" + (f" matching {', '.join(op)}" if op else ""))
+    if not result.mapped:
+        # never exit 0 having mapped nothing: the usual cause is an op copied with h5copy on
+        # its own whose input is a view of a tensor stored in an op that was not copied
+        why = "; ".join(f"{o.op} {o.seqid}: {o.why_not}" for o in result.skipped[:3])
+        _fail(f"{dump}: mapped 0 of {len(result.ops)} op(s) ({why})")
 
 
 @app.command("map")
