@@ -52,7 +52,8 @@ def test_hand_checked_values():
 
 def test_std_shows_small_values_as_zero():
     v = vals([0.0001, -0.0001], [5.0, 7.0])
-    assert v["StandardDeviation"] == "(0;0),(6.000;1.000)"
+    # the original's formatting: %.3f of each value, |v| < 0.001 as 0 -> "0.000"
+    assert v["StandardDeviation"] == "(0.000;0.000),(6.000;1.000)"
 
 
 def test_scalar_and_sign():
@@ -66,10 +67,18 @@ def test_zero_sides():
     both = compare_arrays(np.zeros(4), np.zeros(4))
     assert both["CosineSimilarity"].value == 1.0
     assert both["RelativeEuclideanDistance"].value == 0.0
-    assert math.isnan(both["KullbackLeiblerDivergence"].value) and "all zero" in both["KullbackLeiblerDivergence"].reason
+    # as the original: the float32-eps floor makes an all-zero (or constant) side uniform
+    assert both["KullbackLeiblerDivergence"].value == 0.0
+    assert compare_arrays(np.full(5, 2.0), np.full(5, 2.0))["KullbackLeiblerDivergence"].value == 0.0
+    assert compare_arrays(np.full(5, -3.0), np.full(5, 7.0))["KullbackLeiblerDivergence"].value == 0.0
     t0 = compare_arrays(np.zeros(3), np.array([1.0, 2.0, 3.0]))
     assert math.isnan(t0["CosineSimilarity"].value) and "target is all zero" in t0["CosineSimilarity"].reason
     assert t0["RelativeEuclideanDistance"].value == pytest.approx(1.0)
+    # one side all zero: the original's formula still gives a number (p uniform)
+    p = np.full(3, F32_EPS) / (3 * F32_EPS)
+    q = np.maximum(np.array([0.0, 0.5, 1.0]), F32_EPS)
+    q = q / q.sum()
+    assert t0["KullbackLeiblerDivergence"].value == pytest.approx(float((p * np.log(p / q)).sum()), rel=1e-9)
     g0 = compare_arrays(np.array([1.0, 0.0]), np.zeros(2))
     assert math.isnan(g0["RelativeEuclideanDistance"].value)
     assert "golden is all zero" in g0["RelativeEuclideanDistance"].reason
