@@ -47,12 +47,18 @@ def _tensor_for_legacy(rec: ValueRecord) -> tuple[np.ndarray, dict] | None:
     data = np.asarray(rec.read())
     if dtype == "float16" or dtype in L.UPCAST_TO_FLOAT32:
         data = data.astype(np.float32)      # the original stored Half as F32; exact
-    device = str(rec.attrs.get(S.ATTR_DEVICE, b"cpu"), "utf-8") if isinstance(
-        rec.attrs.get(S.ATTR_DEVICE), bytes) else str(rec.attrs.get(S.ATTR_DEVICE, "cpu"))
+    device = rec.attrs.get(S.ATTR_DEVICE)
+    if isinstance(device, bytes):
+        device = device.decode("utf-8", "replace")
+    if device is not None:
+        dev_code = L.ORIGINAL_DEVICE_TYPES.get(str(device).split(":")[0], 0)
+    else:       # an original file: its own DeviceType when it is one of the original's
+        dev_code = int(rec.attrs.get(S.ATTR_DEVICE_TYPE, 0))
+        dev_code = dev_code if dev_code in L.ORIGINAL_DEVICE_TYPES.values() else 0
     attrs = {
         S.ATTR_TYPE: np.int64(S.TYPE_TENSOR),
         S.ATTR_DATA_TYPE: np.int64(code),
-        S.ATTR_DEVICE_TYPE: np.int64(L.ORIGINAL_DEVICE_TYPES.get(device.split(":")[0], 0)),
+        S.ATTR_DEVICE_TYPE: np.int64(dev_code),
         S.ATTR_FORMAT_TYPE: np.int64(int(rec.attrs.get(S.ATTR_FORMAT_TYPE, S.FORMAT_ND))),
         S.ATTR_STRIDE: np.asarray(S.contiguous_strides(data.shape), dtype=np.int64),
         **extra,

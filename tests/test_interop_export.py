@@ -1,0 +1,119 @@
+"""`accucmp export`: the original layout's rules (dumpfile/legacy.py) and the way back.
+Runs without the real msaccucmp (tests/test_interop_msaccucmp.py runs that one)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from accucmp.cli import app
+from accucmp.matching import canonical_op
+from dumpfile import legacy as L
+from dumpfile import schema as S
+from dumpfile.reader import DumpFile
+
+ORIGINAL_ATTRS = {"Type", "DataType", "DeviceType", "FormatType", "Stride", S.ATTR_SOURCE_DTYPE}
+
+
+def _dump(path):
+    from npu_dumper import dumper
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, requires_grad=False).to(torch.bfloat16)
+    img = torch.randn(1, 3, 6, 6).to(memory_format=torch.channels_last)
+    h = torch.randn(4, 5).half()
+    with dumper(dump_path=str(path)):
+        lin(x).float().sum()
+        conv(img)
+        (h * 2).gt(0)
+        torch.add(h, h, alpha=2)
+
+
+def test_legacy_export_follows_the_original_rules_and_comes_back(tmp_path):
+    src, leg, back = tmp_path / "d.h5", tmp_path / "legacy.h5", tmp_path / "back.h5"
+    _dump(src)
+    r = CliRunner().invoke(app, ["export", "-i", str(src), "-o", str(leg), "--layout", "legacy"])
+    assert r.exit_code == 0, r.output
+    with h5py.File(leg, "r") as f:
+        book = json.loads(f.attrs["npu_dumper"])
+        assert set(f.attrs) == {"npu_dumper"}
+        groups, datasets = [], []
+        f.visititems(lambda n, o: (groups if isinstance(o, h5py.Group) else datasets).append((n, o)))
+        for op in f.keys():               # op groups only, names of [A-Za-z0-9_], digit seqids
+            assert re.fullmatch(r"[A-Za-z0-9_]+", op) and all(k.isdigit() for k in f[op].keys()), op
+        for n, g in groups:
+            assert len(g.attrs) == 0 and len(g.keys()) > 0, n     # no attributes, none empty
+        tensors = {n: d for n, d in datasets if int(d.attrs["Type"]) == 0}
+        for n, d in tensors.items():
+            assert set(d.attrs) <= ORIGINAL_ATTRS, (n, set(d.attrs))
+            # Stride describes the stored data: as_strided with it is the identity
+            assert tuple(d.attrs["Stride"]) == S.contiguous_strides(d.shape), n
+        bf = [d for d in tensors.values() if d.attrs.get(S.ATTR_SOURCE_DTYPE) == "bfloat16"]
+        assert bf and all(d.dtype == np.float32 and int(d.attrs["DataType"]) == 1 for d in bf)
+        half = [d for d in tensors.values() if int(d.attrs["DataType"]) == 10]
+        assert half and all(d.dtype == np.float32 for d in half)
+        assert any(d.dtype == np.bool_ and int(d.attrs["DataType"]) == 9 for d in tensors.values())
+        assert any(int(d.attrs["FormatType"]) == S.FORMAT_NHWC for d in tensors.values())
+        assert book["ops"]["addmm"] == "aten.addmm.default" and book["layout"] == "legacy"
+    # our reader reads the legacy file at the right dtypes
+    with DumpFile(src) as a, DumpFile(leg) as b:
+        ta = {(L.legacy_op_name(o.op), o.seqid, n): v for o in a.ops() for n, v in o.outputs().items()}
+        tb = {(o.op, o.seqid, n): v for o in b.ops() for n, v in o.outputs().items()}
+        assert set(tb) == set(ta)
+        for k, v in tb.items():
+            assert v.dtype == ta[k].dtype, k
+            np.testing.assert_array_equal(np.asarray(v.read(), dtype=np.float64),
+                                          np.asarray(ta[k].read(), dtype=np.float64))
+    r = CliRunner().invoke(app, ["export", "-i", str(leg), "-o", str(back), "--layout", "native"])
+    assert r.exit_code == 0, r.output
+    with DumpFile(src) as a, DumpFile(back) as b:
+        assert b.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION
+        ops_a = {(o.op, o.seqid): o for o in a.ops()}
+        for o in b.ops():                  # full names restored, dtypes and values exact
+            assert (o.op, o.seqid) in ops_a, o.op
+            for n, v in o.outputs().items():
+                w = ops_a[(o.op, o.seqid)].outputs()[n]
+                assert v.dtype == w.dtype
+                np.testing.assert_array_equal(v.read(), w.read())
+
+
+def test_legacy_names_are_collision_free_and_match_ours():
+    names = L.legacy_names(["aten.add.Tensor", "aten.add_Tensor.default", "aten.addmm.default",
+                            "aten.add_.Tensor", "mylib.fused.default", "aten.add_Tensor.default"])
+    assert names["aten.addmm.default"] == "addmm" and names["aten.add_.Tensor"] == "add__Tensor"
+    assert names["aten.add.Tensor"] == "add_Tensor" and names["aten.add_Tensor.default"] == "add_Tensor_x2"
+    assert names["mylib.fused.default"] == "mylib_fused"
+    assert len(set(names.values())) == len(names)
+    assert canonical_op("addmm") == canonical_op("aten.addmm.default")
+    assert canonical_op("add_Tensor") == canonical_op("aten.add.Tensor")
+    assert canonical_op("addmm") != canonical_op("aten.mm.default")
+    assert L.phase_of("MulBackward0") == "backward" and L.phase_of("AddmmBackward") == "backward"
+    assert L.phase_of("addmm") == "forward"
+
+
+def test_export_errors_are_one_line(tmp_path):
+    from npu_dumper import dumper
+
+    stats = tmp_path / "s.h5"
+    with dumper(dump_path=str(stats), stats_only=True):
+        torch.ones(3) + 1
+    cases = [
+        (["export", "-i", str(stats), "-o", str(tmp_path / "o.h5")], "statistics-only"),
+        (["export", "-i", str(stats), "-o", str(stats)], "must not be the input"),
+        (["export", "-i", str(tmp_path / "nope.h5"), "-o", str(tmp_path / "o.h5")], "nope.h5"),
+        (["export", "-i", str(stats), "-o", str(tmp_path / "o.h5"), "--layout", "xml"], "unknown layout"),
+        (["export", "-i", str(stats), "-o", str(tmp_path / "o.h5"), "--device-type", "tpu"], "--device-type"),
+    ]
+    for args, want in cases:
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "o.h5").exists()
