@@ -701,12 +701,36 @@ class DumpWriter:
         base = self._f[base_path]
         ds = parent.create_dataset(name, data=base.ref, dtype=h5py.ref_dtype)
         a = meta.attrs(S.TYPE_TENSOR_VIEW)
-        a[S.ATTR_BASE] = base.name
+        a[S.ATTR_BASE] = self._local_base(parent, base_path)
         set_attrs(ds, a, fresh=True)
         path = ds.name
         if self._cat_prefix is not None:
             self._cat_tensor(path, a)
         return path
+
+    def _local_base(self, parent: h5py.Group, base_path: str) -> str:
+        """The path the view's `base` attribute names: the base itself when it lives in the
+        view's own op group, else a hard link to it in that op group, named
+        `_base|{base path with "|" for "/"}` (format 1.5).
+
+        Why: the guide's `h5copy -s /op/seqid/` copies one op group, and h5copy turns object
+        references into null ones, so the copy's view could only find its base by path, in
+        a group that was not copied. The hard link costs no data bytes (one entry in the op
+        group's link table; a `_bases/` subgroup cost ~1 KB an op), h5copy copies the linked
+        dataset with the group, so the copy holds the op's input values and `base` resolves
+        in it. Storing such views' values instead cost +39% (mlp) to +101% (transformer)
+        in bytes (benchmarks/bench_view_copy.py)."""
+        parts = parent.name.split("/")
+        own = "/".join(parts[:3])                  # /{op}/{seqid}
+        if len(parts) < 4 or base_path.startswith(own + "/"):
+            return base_path
+        grp = self._f[own]
+        # one link per base, named after its path ("/" is not allowed in a link name)
+        link = S.OP_BASE_LINK_PREFIX + base_path.strip("/").replace("/", "|")
+        if link.encode() not in grp.id:
+            grp.id.links.create_hard(link.encode(), self._f.id, base_path.encode(),
+                                     lcpl=grp._lcpl, lapl=grp._lapl)
+        return f"{own}/{link}"
 
     def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
         """Hard link: the same stored tensor under a second path (written once)."""

@@ -22,7 +22,7 @@ import torch
 
 from .capture import ListOf, Named, TensorCapture, Value
 from .tensors import storage_array
-from .writer_thread import OpJob, WriterThread, _copy_instead_of_view, _extent, _is_dense, _storage_dtype
+from .writer_thread import OpJob, WriterThread, _extent, _is_dense, _storage_dtype
 
 
 def _plain(v):
@@ -82,8 +82,7 @@ class ProcessWriter(WriterThread):
             if cap.stride and all(s >= 0 for s in cap.stride):
                 lo, hi = _extent(cap.shape, cap.stride, cap.offset)
                 for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
-                    if b_lo <= lo and hi <= b_hi and b_owner() is not None \
-                            and not _copy_instead_of_view(gpath, b_path, cap.nbytes):
+                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
                         self._exact[key] = (path, cap.owner)
                         self.num_views += 1
                         return ("view", b_path, self._meta(cap))

@@ -362,8 +362,7 @@ class WriterThread:
             if not self.stats_only and cap.stride and all(s >= 0 for s in cap.stride):
                 lo, hi = _extent(cap.shape, cap.stride, cap.offset)
                 for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
-                    if b_lo <= lo and hi <= b_hi and b_owner() is not None \
-                            and not _copy_instead_of_view(parent.name, b_path, cap.nbytes):
+                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
                         path = w.write_view(parent, name, b_path, self._meta(cap))
                         self._exact[key] = (path, cap.owner)
                         self.num_views += 1
@@ -388,22 +387,6 @@ class WriterThread:
                     and all(s >= 0 for s in cap.stride):
                 lo, hi = _extent(cap.shape, cap.stride, cap.offset)
                 self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
-
-
-# A view whose base lives in another op's group is stored as data instead, up to this size:
-# `h5copy -s /op/seqid/` of one op group (the original guide's extraction) must hold that
-# op's input values, and h5copy turns object references into null ones. Views within one
-# op group (W and W.t() in the same backward op) stay views. Cost measured in FORMAT.md.
-VIEW_COPY_MAX_BYTES = 64 << 20
-
-
-def _op_group(path: str) -> str:
-    parts = path.split("/", 3)
-    return "/".join(parts[:3])
-
-
-def _copy_instead_of_view(parent_path: str, base_path: str, nbytes: int) -> bool:
-    return nbytes <= VIEW_COPY_MAX_BYTES and _op_group(parent_path) != _op_group(base_path)
 
 
 _NUMPY_STORAGE: dict[str, np.dtype] = {}

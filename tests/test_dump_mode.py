@@ -286,11 +286,7 @@ def test_empty_outputs_marked_uninitialized(tmp_path):
         np.testing.assert_array_equal(fill.outputs()["self"].read(), np.ones((3, 4), np.float32))
 
 
-def test_aliases_stored_once_links_and_views(tmp_path, monkeypatch):
-    # views across op groups are stored as data up to VIEW_COPY_MAX_BYTES (h5copy of one
-    # op stays self-contained); 0 keeps every view, as for tensors above the bound
-    import npu_dumper.writer_thread as WT
-    monkeypatch.setattr(WT, "VIEW_COPY_MAX_BYTES", 0)
+def test_aliases_stored_once_links_and_views(tmp_path):
     lin = torch.nn.Linear(64, 64)
     x = torch.randn(8, 64, requires_grad=True)
     path, d = dump_step(tmp_path, lambda: lin(torch.relu(lin(x))).sum().backward())
@@ -321,9 +317,10 @@ def test_aliases_stored_once_links_and_views(tmp_path, monkeypatch):
         assert w1.type == S.TYPE_TENSOR and w2.type in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW)
         np.testing.assert_array_equal(w2.read(), lin.weight.detach().t().numpy())
         mm = [o for o in f.ops() if o.op == "aten.mm.default"]
-        w_path = f.h5[w1.path].name
+        w_id = hash(f.h5[w1.path].id)
+        # (`base` names a hard link to W.t() in the view's own op group: format 1.5)
         weights = [v for o in mm for v in o.inputs().values()
-                   if v.type == S.TYPE_TENSOR_VIEW and v.attrs[S.ATTR_BASE] == w_path]
+                   if v.type == S.TYPE_TENSOR_VIEW and hash(f.h5[v.attrs[S.ATTR_BASE]].id) == w_id]
         assert weights, "backward's use of W should be a view of the stored W.t()"
         for v in weights:
             np.testing.assert_array_equal(v.read(), lin.weight.detach().numpy())

@@ -124,11 +124,7 @@ def _dump_model(path, name="transformer", **kw):
 
 # ---- the dumper's files ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["transformer", "lstm_lm"])
-def test_catalog_records_equal_the_walked_ones_for_every_op(tmp_path, name, monkeypatch):
-    # keep cross-group views as views (as for tensors above VIEW_COPY_MAX_BYTES), so the
-    # catalog's description of views is checked on small models too
-    import npu_dumper.writer_thread as WT
-    monkeypatch.setattr(WT, "VIEW_COPY_MAX_BYTES", 0)
+def test_catalog_records_equal_the_walked_ones_for_every_op(tmp_path, name):
     path = tmp_path / "ref.h5"
     _dump_model(path, name)
     kinds, described = _compare_file(path)
