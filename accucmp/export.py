@@ -173,7 +173,9 @@ def export_native(src: str, dst: str) -> dict:
         raw = f.attrs.get(EXPORT_ATTR)
         book = json.loads(raw) if isinstance(raw, str) and raw else {}
         full = book.get("ops", {})
-        with DumpWriter(dst) as w:
+        device = _first_device(f)
+        root = {S.ROOT_DEVICE: device, S.ROOT_DEVICE_TYPE: S.device_type_code(device)}
+        with DumpWriter(dst, root_attrs=root) as w:
             for op in f.ops():
                 name = full.get(op.op, op.op)
                 phase = op.phase or L.phase_of(op.op)
@@ -184,6 +186,17 @@ def export_native(src: str, dst: str) -> dict:
                 w.end_op()
                 counts["ops"] += 1
     return counts
+
+
+def _first_device(f: DumpFile) -> str:
+    """The device of the first tensor (the original's DeviceType code), as a dump's root says."""
+    by_code = {v: k for k, v in L.ORIGINAL_DEVICE_TYPES.items()}
+    for op in f.ops():
+        for values in (op.inputs(), op.outputs()):
+            for rec in values.values():
+                if rec.is_tensor and S.ATTR_DEVICE_TYPE in rec.attrs:
+                    return by_code.get(int(rec.attrs[S.ATTR_DEVICE_TYPE]), "cpu")
+    return "cpu"
 
 
 def _write_native_value(w: DumpWriter, parent, name: str, rec: ValueRecord, counts: dict) -> None:

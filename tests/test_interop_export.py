@@ -117,3 +117,34 @@ def test_export_errors_are_one_line(tmp_path):
         assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, (args, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_native_export_of_an_original_file(tmp_path):
+    """An original dumper's file (Half as F32 with DataType 10, bool, a Backward node) into
+    our format: dtypes stored natively, phases from the names, names kept (compare matches
+    them to ours), and the converted file compares like the original one."""
+    from accucmp.compare import compare_dumps
+
+    y = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    src, dst = tmp_path / "orig.h5", tmp_path / "native.h5"
+    with h5py.File(src, "w") as f:
+        for p, a, code in (("/addmm/1/output/result", y.astype(np.float16).astype(np.float32), 10),
+                           ("/AddmmBackward/2/output/grad_inputs", y, 1),
+                           ("/gt/3/output/result", (y > 0).astype(np.int8), 9)):
+            ds = f.create_dataset(p, data=a)
+            ds.attrs.update({"Type": 0, "DataType": code, "DeviceType": 10, "FormatType": 2,
+                             "Stride": np.array([4, 1], np.int64)})
+    r = CliRunner().invoke(app, ["export", "-i", str(src), "-o", str(dst), "--layout", "native"])
+    assert r.exit_code == 0, r.output
+    with DumpFile(dst) as f, h5py.File(dst, "r") as h:
+        ops = {o.op: o for o in f.ops()}
+        assert set(ops) == {"addmm", "AddmmBackward", "gt"}
+        assert ops["AddmmBackward"].phase == "backward" and ops["addmm"].phase == "forward"
+        res = ops["addmm"].outputs()["result"]
+        assert res.dtype == "float16" and h[res.path].dtype == np.float16
+        np.testing.assert_array_equal(res.read(), y.astype(np.float16))
+        gt = ops["gt"].outputs()["result"]
+        assert gt.dtype == "bool" and gt.read().dtype == np.bool_
+        assert f.attrs[S.ROOT_DEVICE_TYPE] == 10 and f.attrs[S.ROOT_DEVICE] == "npu"
+    a = compare_dumps(str(src), str(dst)).table
+    assert (a["CosineSimilarity"].astype(float) == 1.0).all() and len(a) == 3
