@@ -110,7 +110,10 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
         ops = f.ops()
         names = L.legacy_names(o.op for o in ops)
         tmp = dst + ".part"
-        with h5py.File(tmp, "w", libver=("earliest", "v110")) as out:
+        # v108 object headers: the bookkeeping attribute may pass 64 KB (dense attribute
+        # storage); any HDF5 >= 1.8 reads the file
+        op_attrs: dict[str, list] = {}
+        with h5py.File(tmp, "w", libver=("v108", "v110")) as out:
             for op in ops:
                 lname = names[op.op]
                 grp = out.require_group(lname).create_group(str(op.seqid))
@@ -127,6 +130,8 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
                     wrote |= w
                 if wrote:
                     counts["ops"] += 1
+                    if op.phase == S.PHASE_BACKWARD or op.module or op.grad_fn:
+                        op_attrs[f"{lname}/{op.seqid}"] = [op.phase, op.module, op.grad_fn]
                 else:
                     del out[lname][str(op.seqid)]
                     counts["skipped_ops"] += 1
@@ -134,6 +139,8 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
                         del out[lname]
             book = {"layout": "legacy", "source": os.path.abspath(src),
                     "ops": {v: k for k, v in names.items() if v in out},
+                    # "{group}/{seqid}": [phase, module, grad_fn] where not forward/""/""
+                    "op_attrs": op_attrs,
                     "root": {k: (v if isinstance(v, (str, int, float, bool)) else str(v))
                              for k, v in f.attrs.items()}}
             for k, v in list(book["root"].items()):
@@ -176,10 +183,11 @@ def export_native(src: str, dst: str) -> dict:
         device = _first_device(f)
         root = {S.ROOT_DEVICE: device, S.ROOT_DEVICE_TYPE: S.device_type_code(device)}
         with DumpWriter(dst, root_attrs=root) as w:
+            extra = book.get("op_attrs", {})
             for op in f.ops():
                 name = full.get(op.op, op.op)
-                phase = op.phase or L.phase_of(op.op)
-                w.begin_op(name, op.seqid, phase=phase or S.PHASE_FORWARD)
+                phase, module, grad_fn = extra.get(f"{op.op}/{op.seqid}", [op.phase or L.phase_of(op.op), "", ""])
+                w.begin_op(name, op.seqid, phase=phase or S.PHASE_FORWARD, module=module, grad_fn=grad_fn)
                 for parent, values in zip(w.io_groups(), (op.inputs(), op.outputs())):
                     for vname, rec in values.items():
                         _write_native_value(w, parent, vname, rec, counts)

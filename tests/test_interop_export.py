@@ -31,7 +31,7 @@ def _dump(path):
     img = torch.randn(1, 3, 6, 6).to(memory_format=torch.channels_last)
     h = torch.randn(4, 5).half()
     with dumper(dump_path=str(path)):
-        lin(x).float().sum()
+        lin(x).float().sum().backward()
         conv(img)
         (h * 2).gt(0)
         torch.add(h, h, alpha=2)
@@ -77,8 +77,11 @@ def test_legacy_export_follows_the_original_rules_and_comes_back(tmp_path):
     with DumpFile(src) as a, DumpFile(back) as b:
         assert b.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION
         ops_a = {(o.op, o.seqid): o for o in a.ops()}
+        assert any(o.phase == "backward" for o in ops_a.values())
         for o in b.ops():                  # full names restored, dtypes and values exact
             assert (o.op, o.seqid) in ops_a, o.op
+            w_op = ops_a[(o.op, o.seqid)]
+            assert (o.phase, o.module, o.grad_fn) == (w_op.phase, w_op.module, w_op.grad_fn)
             for n, v in o.outputs().items():
                 w = ops_a[(o.op, o.seqid)].outputs()[n]
                 assert v.dtype == w.dtype
