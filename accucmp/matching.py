@@ -16,6 +16,7 @@ Ops left over stay as unmatched pairs, on both sides, with a reason.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -41,6 +42,7 @@ class OpPair:
     reason: str = ""
 
 
+@functools.lru_cache(maxsize=1 << 14)       # called per op of both dumps, names repeat
 def canonical_op(name: str) -> str:
     """One name for every op the map says is equivalent; other names in the original
     layout's spelling (dumpfile.legacy: `aten.addmm.default` and an original file's

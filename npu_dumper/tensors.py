@@ -72,13 +72,6 @@ def device_str(device: torch.device) -> str:
     return str(device)
 
 
-def format_type(t: torch.Tensor) -> int:
-    """The ACL format a tensor's layout resembles (NPU private formats are not visible here)."""
-    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
-        return S.FORMAT_NHWC
-    return S.FORMAT_ND
-
-
 def meta_of(t: torch.Tensor, *, uninitialized: bool = False) -> TensorMeta:
     return TensorMeta(dtype=dtype_name(t.dtype), shape=tuple(t.shape), stride=tuple(t.stride())
                       if t.layout == torch.strided else (), storage_offset=int(t.storage_offset())
