@@ -817,10 +817,17 @@ IDLE_DUMPER_THREAD_NAME = "npu_dumper-idle"
 def _safe_to_fork() -> bool:
     """Fork only when no other thread can hold a lock (h5py's among them) that would stay
     held forever in the child: the main thread alone, or with idle dumper pool threads,
-    which wait on a condition of their own and hold nothing."""
+    which wait on a condition of their own and hold nothing. Dask's offload pool thread
+    outlives a folder compare's client (distributed keeps it for the process); without a
+    client (whose event-loop thread would be listed) nothing hands it work, and it never
+    touches HDF5."""
     me = threading.current_thread()
     return me is threading.main_thread() and all(
-        t is me or (t.daemon and t.name == IDLE_DUMPER_THREAD_NAME) for t in threading.enumerate())
+        t is me or (t.daemon and (t.name == IDLE_DUMPER_THREAD_NAME or t.name.startswith(_DASK_OFFLOAD)))
+        for t in threading.enumerate())
+
+
+_DASK_OFFLOAD = "Dask-Offload"
 
 
 AUTO_JOBS_MIN_PAIRS = 500      # below this, starting workers costs more than it saves

@@ -136,7 +136,9 @@ def _keyed(folder: Path, role: str, unpaired: list) -> dict[tuple[int, int], Ran
         try:
             rf = rank_key(p)
         except DumpError as e:
-            unpaired.append((str(p), f"{role}: {' '.join(str(e).split())}"))
+            msg = " ".join(str(e).split())
+            msg = msg[len(str(p)) + 2:] if msg.startswith(f"{p}: ") else msg   # the path is listed beside it
+            unpaired.append((str(p), f"{role}: {msg}"))
             continue
         if rf.key in out:
             unpaired.append((str(p), f"{role}: {rf.label()} is also claimed by {out[rf.key].path}; "
@@ -374,7 +376,7 @@ def _client(scheduler: str | None, workers: int, n_tasks: int):
             cores = os.cpu_count() or 1
         workers = max(1, min(cores, n_tasks))
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=logging.ERROR)
+                           dashboard_address=":0", silence_logs=logging.ERROR)
     return Client(cluster), cluster
 
 
