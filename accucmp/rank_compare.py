@@ -68,15 +68,15 @@ def rank_key(path: str | os.PathLike) -> RankFile:
     names per-rank files, or a path chosen per rank by hand). The step: root attribute
     `step`, else `_step{n}` in the name, else none. Raises DumpFormatError when the file is
     not a readable dump."""
-    import h5py
+    from dumpfile.reader import DumpFile
 
     path = os.fspath(path)
     name = os.path.basename(path)
     try:
-        with h5py.File(path, "r") as h:
-            a = h.attrs
-            if S.ROOT_FORMAT not in a and S.ROOT_MODE not in a:
-                raise DumpFormatError(f"{path}: not a dump file (no {S.ROOT_FORMAT} attribute)")
+        # DumpFile: validates the file, reads a writer-killed one as compare would, names
+        # a file still being written; only the root attributes are read here
+        with DumpFile(path) as f:
+            a = f.attrs
             rank_a = _int_attr(a, S.ROOT_RANK)
             world = _int_attr(a, S.ROOT_WORLD_SIZE)
             step_a = _int_attr(a, ROOT_STEP)

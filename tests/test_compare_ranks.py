@@ -94,7 +94,7 @@ def test_pairing_lists_what_it_cannot_pair_with_the_reason(tmp_path):
     reasons = dict(pairing.unpaired)
     assert "also claimed by" in reasons[str(b / "dump_rank1.h5")]
     assert "no target file for rank 2" in reasons[str(a / "dump_rank2.h5")]
-    assert "cannot open" in reasons[str(b / "junk_rank5.h5")]
+    assert reasons[str(b / "junk_rank5.h5")] == "target: not an HDF5 file"
 
 
 # ---- the merged answer ------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_cli_folders_exit_1_and_say_which_rank_diverges_first(ddp_runs, tmp_path
     assert "earliest failure over all ranks (step, then seqid): rank 2: aten.relu.default seqid 2" in r.output
     assert "diverge first: rank(s) 2" in r.output
     assert "replica check rank 1 vs rank 0: 1 of 2" in r.output
-    assert "extra_rank7.h5: target: cannot open as a dump" in r.output
+    assert "extra_rank7.h5: target: not an HDF5 file" in r.output
     assert len(list((tmp_path / "o").glob("result_*_rank[0-9]*.csv"))) == 3
 
 
