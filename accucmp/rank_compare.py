@@ -376,7 +376,7 @@ def _client(scheduler: str | None, workers: int, n_tasks: int):
             cores = os.cpu_count() or 1
         workers = max(1, min(cores, n_tasks))
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                           dashboard_address=":0", silence_logs=logging.ERROR)
+                           dashboard_address=":0", silence_logs=logging.CRITICAL)
     return Client(cluster), cluster
 
 

@@ -117,7 +117,7 @@ def cluster_start(workers):
 
     t0 = time.perf_counter()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as c, Client(c):
+                      silence_logs=logging.CRITICAL) as c, Client(c):
         return time.perf_counter() - t0
 
 

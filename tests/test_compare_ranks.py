@@ -279,7 +279,7 @@ def test_existing_scheduler_and_progress_counts(ddp_runs, tmp_path):
     d, first = ddp_runs
     rec = _Recorder()
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster:
+                      silence_logs=logging.CRITICAL) as cluster:
         res = compare_runs(d / "B", d / "A", tmp_path / "o", scheduler=cluster.scheduler_address, progress=rec)
     assert res.earliest == first.earliest and res.diverge_first == first.diverge_first
     # 3 pairs + 2 replica checks; every row written was reported to the bar
