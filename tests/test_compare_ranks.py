@@ -315,3 +315,20 @@ def test_two_file_compare_still_forks_after_a_folder_compare(ddp_runs, monkeypat
     # other tests of the session may leave threads of their own: look at these alone
     monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread(), *dask_threads])
     assert compare._safe_to_fork()
+
+
+@pytest.mark.parametrize("path", ["processes", "threads"])
+def test_streamed_batches_from_workers_keep_order_and_whole_ops(tmp_path, monkeypatch, path):
+    from accucmp import compare as C
+
+    t, g = _mixed_pair(tmp_path)
+    want = apply_verdict(compare_dumps(t, g).table)
+    if path == "threads":
+        monkeypatch.setattr(C, "_FORK", None)      # as where fork is unavailable
+    monkeypatch.setattr(C, "_spans", lambda n, jobs: [(i, min(n, i + 2)) for i in range(0, n, 2)])
+    r = compare_to_csv(t, g, tmp_path / "s.csv", jobs=2, batch_rows=3)
+    got = pd.read_csv(tmp_path / "s.csv")
+    assert r.rows == len(want)
+    assert got["Result"].tolist() == want["Result"].tolist()
+    assert got["NPUDumpPath"].fillna("").tolist() == want["NPUDumpPath"].fillna("").tolist()
+    assert r.summary.first_failure["Index"] == summarize(want).first_failure["Index"]
