@@ -169,41 +169,68 @@ def compare(
     chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
     top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
+    scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Folders: run on this Dask cluster (tcp://host:port) instead of a local one.")] = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Folders: local Dask worker processes; 0: one per core, at most one per rank pair.")] = 0,
+    replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: check that tensors the golden run holds equal on every rank (DDP weights, reduced grads) are equal across the target's ranks too.")] = True,
 ) -> None:
-    """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
+    """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
+
+    Given two folders of per-rank dumps, pairs their files by rank (and step) and compares
+    every pair in parallel on Dask (docs/COMPARE.md, "Comparing runs of many ranks")."""
     with _boundary():
         formats = parse_formats(fmt)
         thresholds = parse_thresholds(threshold)
         algorithms = parse_algorithms(alg)
-        from .compare import compare_dumps
-        from .outputs import write_failures, write_results
+        if my_dump.is_dir() and golden_dump.is_dir():
+            from .rank_compare import run_folder_compare
+
+            code = run_folder_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
+                                      thresholds=thresholds, chunk_elements=chunk_elements, top=top,
+                                      quiet=quiet, scheduler=scheduler, workers=workers,
+                                      replica_check=replica_check, formats=formats,
+                                      console=_console(), golden_fp64=golden_fp64,
+                                      dump_failures=pickle_failures)
+            raise typer.Exit(code)
+        from .outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
+        from .streaming import compare_to_csv
         from .summary import print_summary
-        from .verdict import apply_verdict
 
         for p in (my_dump, golden_dump) + ((golden_fp64,) if golden_fp64 else ()):
             _require_file(p)
-        result = compare_dumps(str(my_dump), str(golden_dump), algorithms=algorithms, select=select,
-                               jobs=jobs, chunk_elements=chunk_elements,
-                               golden_fp64=str(golden_fp64) if golden_fp64 else None)
-        table = apply_verdict(result.table, thresholds)
-        meta = dict(getattr(result, "meta", {}) or {})
+        csv_path = new_result_csv(out)
+        # rows go to the csv as they are judged; only the summary's rows stay in memory
+        result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
+                                jobs=jobs, chunk_elements=chunk_elements,
+                                golden_fp64=str(golden_fp64) if golden_fp64 else None,
+                                thresholds=thresholds, top=top)
+        meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
-        paths = write_results(table, out, formats, meta=meta)
+        paths = [csv_path] + write_other_formats(csv_path, formats, meta=meta)
         if pickle_failures:
-            paths += write_failures(table, my_dump, golden_dump, out, stamp=paths[0].stem.split("_", 1)[1])
+            paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
+                                    stamp=paths[0].stem.split("_", 1)[1])
         console = _console()
         if not quiet:
-            print_summary(table, console=console, meta=meta, top=top)
+            print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
         for p in paths[:1] + [p for p in paths[1:] if p.suffix != ".npy"]:
             console.print(f"wrote {p}", highlight=False, soft_wrap=True)
         npys = sum(1 for p in paths if p.suffix == ".npy")
         if npys:
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
-        code = exit_code_for(table)
+        code = exit_code_for_counts(result.summary.counts, result.rows)
     raise typer.Exit(code)
+
+
+def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
+    """exit_code_for, from the counts of a streamed result."""
+    if counts.get("fail", 0):
+        return EXIT_FAIL
+    if counts.get("pass", 0) == 0 and rows:
+        return EXIT_FAIL
+    return EXIT_OK
 
 
 def _require_file(p: Path) -> None:

@@ -118,21 +118,24 @@ def _least_precise(dtypes) -> str:
     return best
 
 
-def _inherit_precision(table: pd.DataFrame) -> None:
+def _inherit_precision(table: pd.DataFrame, carry: "_PrecisionCarry | None" = None) -> None:
     """Independent runs: every op works on what earlier ops computed, so a tensor carries the
     rounding error of the least precise dtype computed in before it (a bf16 model's logits
     cast to fp32 for the loss hold bf16 error, not fp32 error). PrecisionDtype becomes the
-    least precise of the row's own and of every earlier row's (execution order, both runs).
+    least precise of the row's own and of every earlier row's (execution order, both runs;
+    `carry` holds what earlier batches of a streamed comparison saw).
     Not for replays: there every op starts from the golden's own inputs."""
     if table.empty or "PrecisionDtype" not in table:
         return
-    coarsest, coarsest_u, out = "", -1.0, []
+    coarsest, coarsest_u, out = ("", -1.0, []) if carry is None else (carry.coarsest, carry.coarsest_u, [])
     for d in table["PrecisionDtype"].tolist():
         u = S.UNIT_ROUNDOFF.get(d) if isinstance(d, str) else None
         if u is not None and u > coarsest_u:
             coarsest, coarsest_u = d, u
         out.append(coarsest if u is not None and coarsest_u > u else d)
     table["PrecisionDtype"] = out
+    if carry is not None:
+        carry.coarsest, carry.coarsest_u = coarsest, coarsest_u
 
 
 class _Comparer:
@@ -555,13 +558,73 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
             f.close()
 
 
+@dataclass
+class CompareStream:
+    """A comparison delivered in pieces: `batches` yields DataFrames of whole ops, in
+    execution order, with the columns of compare_dumps' table (Index counts on across
+    batches). Only one batch is held at a time, so memory does not grow with the row
+    count. `meta` is compare_dumps' meta; its "rows" is filled in once the batches are
+    exhausted. Close it (or use it as a context manager) to release the files."""
+
+    meta: dict[str, Any]
+    columns: list[str]
+    batches: Any
+    _files: list = field(default_factory=list, repr=False)
+
+    def close(self) -> None:
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()                       # stops worker pools before the files go
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def __enter__(self) -> "CompareStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def stream_compare(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
+                   chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
+                   batch_rows: int = 4096) -> CompareStream:
+    """compare_dumps as a stream of row batches (see CompareStream): the same rows, the
+    same order, for results larger than memory (`accucmp compare` writes them to the csv
+    as they come). A batch holds whole ops and about `batch_rows` rows."""
+    try:
+        algs = resolve_algorithms(algorithms)
+    except ValueError as e:
+        raise CompareError(str(e)) from e
+    try:
+        pattern = re.compile(select) if select else None
+    except re.error as e:
+        raise CompareError(f"--select {select!r}: not a valid regular expression ({e})") from e
+    files = []
+    try:
+        tf = _open(target, "target")
+        files.append(tf)
+        gf = _open(golden, "golden")
+        files.append(gf)
+        ff = _open(golden_fp64, "fp64 golden") if golden_fp64 else None
+        if ff is not None:
+            files.append(ff)
+        setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements)
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    return CompareStream(setup.meta, setup.columns, _frames(setup, batch_rows), files)
+
+
 def _attr_text(v) -> str:
     if v is None:
         return ""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements):
+def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements) -> "_Setup":
+    """Pair the ops of two open dumps; everything a comparison needs before reading tensors."""
     from dumpfile.golden_info import read_not_replayed
 
     t_ops, g_ops = tf.ops(), gf.ops()
@@ -629,19 +692,7 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements), ios)
     if jobs <= 0:
         jobs = auto_jobs(len(pairs))
-    if jobs > 1 and len(pairs) > 1 and _FORK is not None and _safe_to_fork():
-        rows = _rows_in_processes(work, tf, gf, ff, jobs)
-    elif jobs > 1 and len(pairs) > 1:
-        rows = _rows_in_threads(work, jobs)
-    else:
-        rows = work.rows(0, len(pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
-    table = pd.DataFrame(rows, columns=columns)
-    table["Index"] = np.arange(len(table), dtype=np.int64)
-    if not matching.is_replay_pairing(tf.mode, gf.mode):
-        _inherit_precision(table)
-    for c in ("SeqId", "GoldenSeqId"):
-        table[c] = table[c].astype("Int64")
     n_unmatched_t = sum(1 for p in pairs if p.golden is None)
     n_unmatched_g = sum(1 for p in pairs if p.target is None)
     warnings = [f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
@@ -656,10 +707,82 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
         "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
                       "ops_left_out": filtered_out},
         "notes": [subset_note] if subset_note else [],
-        "rows": len(table), "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
+        "rows": None, "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
+    return _Setup(work, (tf, gf, ff), jobs, columns, meta,
+                  inherit=not matching.is_replay_pairing(tf.mode, gf.mode))
+
+
+@dataclass
+class _Setup:
+    work: "_Work"
+    files: tuple
+    jobs: int
+    columns: list[str]
+    meta: dict[str, Any]
+    inherit: bool                   # carry precision forward (independent runs, not replays)
+
+
+def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements):
+    setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements)
+    rows: list[dict[str, Any]] = []
+    for part in _row_batches(setup):
+        rows += part
+    table = _to_frame(rows, setup.columns, 0, _PrecisionCarry() if setup.inherit else None)
+    meta = setup.meta
+    meta["rows"] = len(table)
     return CompareResult(table, meta)
+
+
+class _PrecisionCarry:
+    """_inherit_precision's running state, carried from one batch to the next."""
+
+    def __init__(self):
+        self.coarsest, self.coarsest_u = "", -1.0
+
+
+def _to_frame(rows: list[dict[str, Any]], columns: list[str], start: int,
+              carry: "_PrecisionCarry | None") -> pd.DataFrame:
+    """Rows (in execution order, the first being row number `start`) as the result table."""
+    table = pd.DataFrame(rows, columns=columns)
+    table["Index"] = np.arange(start, start + len(table), dtype=np.int64)
+    if carry is not None:
+        _inherit_precision(table, carry)
+    for c in ("SeqId", "GoldenSeqId"):
+        table[c] = table[c].astype("Int64")
+    return table
+
+
+def _frames(setup: _Setup, batch_rows: int):
+    """The comparison as DataFrames of about `batch_rows` rows, whole ops each (the
+    verdict's per-op hints need an op's rows together)."""
+    carry = _PrecisionCarry() if setup.inherit else None
+    start, rows = 0, []
+    for part in _row_batches(setup):
+        rows += part
+        if len(rows) >= batch_rows:
+            yield _to_frame(rows, setup.columns, start, carry)
+            start += len(rows)
+            rows = []
+    if rows or start == 0:
+        yield _to_frame(rows, setup.columns, start, carry)
+        start += len(rows)
+    setup.meta["rows"] = start
+
+
+def _row_batches(setup: _Setup):
+    """Row dicts in execution order, a list per piece of whole ops."""
+    work, jobs = setup.work, setup.jobs
+    tf, gf, ff = setup.files
+    pairs = work.pairs
+    if jobs > 1 and len(pairs) > 1 and _FORK is not None and _safe_to_fork():
+        yield from _rows_in_processes(work, tf, gf, ff, jobs)
+    elif jobs > 1 and len(pairs) > 1:
+        yield from _rows_in_threads(work, jobs)
+    else:
+        for lo, hi in _spans(len(pairs), 1):
+            yield work.rows(lo, hi)
 
 
 @dataclass
@@ -702,10 +825,17 @@ IDLE_DUMPER_THREAD_NAME = "npu_dumper-idle"
 def _safe_to_fork() -> bool:
     """Fork only when no other thread can hold a lock (h5py's among them) that would stay
     held forever in the child: the main thread alone, or with idle dumper pool threads,
-    which wait on a condition of their own and hold nothing."""
+    which wait on a condition of their own and hold nothing. Dask's offload pool thread
+    outlives a folder compare's client (distributed keeps it for the process); without a
+    client (whose event-loop thread would be listed) nothing hands it work, and it never
+    touches HDF5."""
     me = threading.current_thread()
     return me is threading.main_thread() and all(
-        t is me or (t.daemon and t.name == IDLE_DUMPER_THREAD_NAME) for t in threading.enumerate())
+        t is me or (t.daemon and (t.name == IDLE_DUMPER_THREAD_NAME or t.name.startswith(_DASK_OFFLOAD)))
+        for t in threading.enumerate())
+
+
+_DASK_OFFLOAD = "Dask-Offload"
 
 
 AUTO_JOBS_MIN_PAIRS = 500      # below this, starting workers costs more than it saves
@@ -730,22 +860,41 @@ def _spans(n: int, jobs: int) -> list[tuple[int, int]]:
     return [(i, min(n, i + step)) for i in range(0, n, step)]
 
 
-def _rows_in_threads(work: _Work, jobs: int) -> list[dict[str, Any]]:
+def _rows_in_threads(work: _Work, jobs: int):
     """Where processes cannot fork: one reader thread, metrics on `jobs` threads (numpy
-    releases the GIL on large blocks), a bounded window of tasks in flight."""
-    rows: list[dict[str, Any]] = []
-    pending: deque = deque()
+    releases the GIL on large blocks), a bounded window of tasks in flight. Yields row
+    lists of whole ops, in order, as their metrics complete."""
+    pending: deque = deque()          # (row, future or None), in execution order
+    done: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for task in work.tasks(0, len(work.pairs)):
-            rows.append(task.row)
-            if task.target is None or task.golden is None:
-                continue
-            pending.append(pool.submit(work.comparer.run, task))
-            while len(pending) > 2 * jobs:
-                pending.popleft().result()
+        for pair in work.pairs:
+            for task in _tasks_for_pair(pair, work.ff, work.metric_cols, 0, work.replay, work.eager, work.ios):
+                fut = None
+                if task.target is not None and task.golden is not None \
+                        and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED:
+                    fut = pool.submit(work.comparer.run, task)
+                pending.append((task.row, fut))
+                while len(pending) > 2 * jobs:
+                    row, fut = pending.popleft()
+                    if fut is not None:
+                        fut.result()
+                    done.append(row)
+            if len(done) >= 256:
+                # a piece ends with a whole op: wait for this op's rows still in flight
+                while pending:
+                    row, fut = pending.popleft()
+                    if fut is not None:
+                        fut.result()
+                    done.append(row)
+                yield done
+                done = []
         while pending:
-            pending.popleft().result()
-    return rows
+            row, fut = pending.popleft()
+            if fut is not None:
+                fut.result()
+            done.append(row)
+    if done:
+        yield done
 
 
 # Worker processes: forked, so they inherit the pairs and settings (nothing but
@@ -776,15 +925,12 @@ def _worker_rows(span: tuple[int, int]) -> list[dict[str, Any]]:
     return _WORKER["work"].rows(*span)
 
 
-def _rows_in_processes(work: _Work, tf: DumpFile, gf: DumpFile, ff: DumpFile | None,
-                       jobs: int) -> list[dict[str, Any]]:
+def _rows_in_processes(work: _Work, tf: DumpFile, gf: DumpFile, ff: DumpFile | None, jobs: int):
+    """Row lists of spans of whole ops, in order, from forked workers."""
     paths = {id(f): f.path for f in (tf, gf, ff) if f is not None}
     spans = _spans(len(work.pairs), jobs)
-    rows: list[dict[str, Any]] = []
     with _FORK.Pool(min(jobs, len(spans)), initializer=_worker_start, initargs=(work, paths)) as pool:
-        for part in pool.imap(_worker_rows, spans):
-            rows += part
-    return rows
+        yield from pool.imap(_worker_rows, spans)
 
 
 def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,

@@ -34,7 +34,7 @@ _RENAMES = build_renames()
 REPLAY_MODES = (S.MODE_LOAD, S.MODE_GOLDEN)
 
 
-@dataclass
+@dataclass(slots=True)   # one per op pair of a compare: no per-instance dict (~100 B each)
 class OpPair:
     target: OpRecord | None
     golden: OpRecord | None

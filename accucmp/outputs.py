@@ -65,6 +65,60 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
     return paths
 
 
+def new_result_csv(out_dir: Path, basename: str | None = None) -> Path:
+    """The path a streamed result csv goes to: result_{stamp}.csv in `out_dir` (created),
+    never an existing file's name (as write_results)."""
+    out_dir = _mkdir(out_dir)
+    return out_dir / f"{_free_basename(out_dir, basename or f'result_{timestamp()}')}.csv"
+
+
+def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None = None) -> list[Path]:
+    """json / html / xlsx of a streamed result, next to its csv under the same name. They
+    are whole-table formats: the table is read back from the csv (memory grows with the
+    row count here, and only when one is asked for)."""
+    formats = [f for f in formats if f != "csv"]
+    if not formats:
+        return []
+    if "xlsx" in formats:
+        _require_openpyxl()
+    table = read_result_csv(csv_path)
+    for c in ("SeqId", "GoldenSeqId", "Index"):
+        if c in table.columns:
+            table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
+    paths: list[Path] = []
+    try:
+        for fmt in formats:
+            path = csv_path.with_suffix(f".{fmt}")
+            if fmt == "json":
+                path.write_text(to_json(table, meta), encoding="utf-8")
+            elif fmt == "html":
+                from .report_html import render_html
+
+                path.write_text(render_html(table, meta=meta), encoding="utf-8")
+            elif fmt == "xlsx":
+                table.to_excel(path, index=False)
+            paths.append(path)
+    except OSError as e:
+        raise DumpWriteError(f"{csv_path.parent}: cannot write results ({e.strerror or e})") from e
+    return paths
+
+
+def failing_rows_of_csv(csv_path: Path, chunk_rows: int = 65536) -> pd.DataFrame:
+    """The failing rows of a saved result, read in chunks (only they are held)."""
+    parts = []
+    try:
+        reader = pd.read_csv(csv_path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS},
+                             chunksize=chunk_rows)
+        for chunk in reader:
+            parts.append(failing_rows(chunk))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise DumpFormatError(f"{csv_path}: not a readable result csv ({type(e).__name__}: {e})") from e
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if "CompareFailReason" in rows.columns:
+        rows["CompareFailReason"] = rows["CompareFailReason"].astype(object).fillna("")
+    return rows
+
+
 def _require_openpyxl() -> None:
     try:
         import openpyxl  # noqa: F401

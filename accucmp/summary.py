@@ -35,6 +35,9 @@ class Summary:
     worst: list[dict[str, Any]] = field(default_factory=list)
     worst_by: str | None = None
     unmatched: list[dict[str, Any]] = field(default_factory=list)
+    # set by SummaryBuilder (a streamed result: no table to look these up in)
+    columns: list[str] = field(default_factory=list)
+    ill_conditioned: int = 0
 
 
 def result_counts(table: pd.DataFrame) -> dict[str, int]:
@@ -109,6 +112,57 @@ def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
     )
 
 
+class SummaryBuilder:
+    """summarize() over a result that comes in batches (execution order, whole ops each,
+    verdict applied), holding only what the summary shows: counts, the first failure, the
+    `top` worst failing ops and the first `top` unmatched ones. Memory does not grow with
+    the number of rows."""
+
+    def __init__(self, top: int = 5):
+        self.top = top
+        self.counts: dict[str, int] = {}
+        self.total = 0
+        self.first_failure: dict[str, Any] | None = None
+        self.worst = None                 # DataFrame of candidates, at most `top` ops
+        self.worst_by: str | None = None
+        self.unmatched: list[dict[str, Any]] = []
+        self.columns: list[str] = []
+        self.ill_conditioned = 0
+
+    def add(self, part: pd.DataFrame) -> None:
+        if not self.columns:
+            self.columns = list(part.columns)
+        self.total += len(part)
+        if part.empty or "Result" not in part.columns:
+            return
+        for k, v in result_counts(part).items():
+            self.counts[k] = self.counts.get(k, 0) + v
+        if "FailReason" in part.columns:
+            self.ill_conditioned += int(part["FailReason"].astype(str).str.startswith("ill-conditioned").sum())
+        if not (part["Result"] == "fail").any() and len(self.unmatched) >= self.top:
+            return
+        s = summarize(part, top=max(self.top, 1))
+        if s.first_failure is not None and self.first_failure is None:
+            self.first_failure = s.first_failure      # batches come in execution order
+        if len(self.unmatched) < self.top:
+            self.unmatched += s.unmatched[:self.top - len(self.unmatched)]
+        if s.worst:
+            self.worst_by = self.worst_by or s.worst_by
+            cand = pd.DataFrame(s.worst)
+            self.worst = cand if self.worst is None else pd.concat([self.worst, cand], ignore_index=True)
+            if self.worst_by in self.worst.columns:
+                key = pd.to_numeric(self.worst[self.worst_by], errors="coerce")
+                self.worst = self.worst.assign(__k=key).sort_values(
+                    "__k", ascending=False, na_position="last", kind="stable").drop(columns="__k")
+            self.worst = self.worst.head(max(self.top, 1))
+
+    def result(self) -> Summary:
+        worst = [] if self.worst is None else self.worst.head(self.top).to_dict(orient="records")
+        return Summary(counts=dict(self.counts), total=self.total, first_failure=self.first_failure,
+                       worst=worst, worst_by=self.worst_by, unmatched=list(self.unmatched),
+                       columns=list(self.columns), ill_conditioned=self.ill_conditioned)
+
+
 def fmt_value(v: Any) -> str:
     if v is None:
         return ""
@@ -156,12 +210,17 @@ def describe_row(row: dict[str, Any]) -> str:
     return text
 
 
-def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None, top: int = 5) -> Summary:
+def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None = None, top: int = 5,
+                  summary: Summary | None = None) -> Summary:
+    """Print the summary of `table`, or a `summary` already made (a streamed result: then
+    `table` may be None)."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
-    s = summarize(table, top=top)
+    s = summary if summary is not None else summarize(table, top=top)
+    if table is None:
+        table = pd.DataFrame(columns=s.columns)
     parts = [f"{s.total} tensors"] + [f"{s.counts[r]} {r}" for r in RESULTS if s.counts.get(r)]
     parts += [f"{n} {r}" for r, n in s.counts.items() if r not in RESULTS]
     console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
@@ -176,13 +235,14 @@ def print_summary(table: pd.DataFrame, *, console=None, meta: dict | None = None
                           f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)",
                           soft_wrap=True, markup=False, highlight=False)
 
-    if "FailReason" in table.columns and len(table):
-        noise = table["FailReason"].astype(str).str.startswith("ill-conditioned")
-        if noise.any():
-            console.print(f"  note: {int(noise.sum())} tensor(s) not judged: ill-conditioned at the target's "
-                          "precision (the fp64 golden shows the golden itself has no correct digit there: "
-                          "cancellation noise); FailReason in the result says which",
-                          soft_wrap=True, markup=False, highlight=False)
+    n_noise = s.ill_conditioned if summary is not None else (
+        int(table["FailReason"].astype(str).str.startswith("ill-conditioned").sum())
+        if "FailReason" in table.columns and len(table) else 0)
+    if n_noise:
+        console.print(f"  note: {n_noise} tensor(s) not judged: ill-conditioned at the target's "
+                      "precision (the fp64 golden shows the golden itself has no correct digit there: "
+                      "cancellation noise); FailReason in the result says which",
+                      soft_wrap=True, markup=False, highlight=False)
 
     if s.first_failure is not None:
         ff = s.first_failure

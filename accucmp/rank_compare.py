@@ -1,0 +1,640 @@
+"""`accucmp compare -m RUN_B/ -g RUN_A/`: two runs of N ranks, every rank pair compared in
+parallel on Dask distributed, one merged answer.
+
+* Pairing (`rank_key`, the one place the naming rule lives): a file's rank and step come
+  from its root attributes (`rank`, `world_size`, `step`) when the file says it ran
+  distributed, else from its name (`..._rank{r}.h5`, the dumper's suffix under
+  torch.distributed, with an optional `_step{n}`). Files pair on (rank, step); a file
+  with no partner, two files claiming the same key, or a file that is not a dump is
+  listed with the reason.
+* Each pair is one Dask task (streaming.compare_to_csv on a worker): its rows go to a
+  per-rank csv as they are judged, and the task returns only its summary (counts, first
+  failure, worst ops), so neither the workers nor this process hold rows.
+* Replica checks (one task per rank other than the lowest): tensors that the golden run
+  holds bit-for-bit equal on rank r and on the lowest rank (DDP weights, reduced
+  gradients) must be equal across those ranks of the target run too; tensors that are
+  not are reported per rank, earliest first. Data-dependent tensors (activations of
+  different micro-batches) differ in the golden run as well and so are not checked.
+* Scheduling is Dask's: a LocalCluster of worker processes by default, or an existing
+  cluster (`--scheduler tcp://host:port`, workers must see the dumps and the output
+  folder at the same paths). Dask is imported only here, so comparing two files does
+  not load it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpError, DumpFormatError
+
+_RANK_IN_NAME = re.compile(r"_rank(\d+)")
+_STEP_IN_NAME = re.compile(r"_step(\d+)")
+ROOT_STEP = "step"          # root attribute of a dump written for one step (when the dumper sets it)
+
+
+@dataclass(frozen=True)
+class RankFile:
+    path: str
+    rank: int
+    step: int | None
+    world_size: int | None
+    source: str                 # "attributes" or "name": where rank came from
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.rank, -1 if self.step is None else self.step)
+
+    def label(self) -> str:
+        return f"rank {self.rank}" + ("" if self.step is None else f" step {self.step}")
+
+
+def rank_key(path: str | os.PathLike) -> RankFile:
+    """Rank, step and world size of one dump file: the pairing rule, kept in this one function.
+
+    Root attributes win when the file says it ran distributed (world_size > 1): they are
+    what torch.distributed reported. A file written outside torch.distributed holds rank 0 /
+    world_size 1 whatever its name, so then the name decides (`*_rank{r}.h5`, as the dumper
+    names per-rank files, or a path chosen per rank by hand). The step: root attribute
+    `step`, else `_step{n}` in the name, else none. Raises DumpFormatError when the file is
+    not a readable dump."""
+    from dumpfile.reader import DumpFile
+
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    try:
+        # DumpFile: validates the file, reads a writer-killed one as compare would, names
+        # a file still being written; only the root attributes are read here
+        with DumpFile(path) as f:
+            a = f.attrs
+            rank_a = _int_attr(a, S.ROOT_RANK)
+            world = _int_attr(a, S.ROOT_WORLD_SIZE)
+            step_a = _int_attr(a, ROOT_STEP)
+    except DumpError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DumpFormatError(f"{path}: cannot open as a dump ({' '.join(str(e).split())})") from e
+    m_rank = _RANK_IN_NAME.findall(name)
+    m_step = _STEP_IN_NAME.findall(name)
+    step = step_a if step_a is not None else (int(m_step[-1]) if m_step else None)
+    if rank_a is not None and world is not None and world > 1:
+        return RankFile(path, rank_a, step, world, "attributes")
+    if m_rank:
+        return RankFile(path, int(m_rank[-1]), step, world if world and world > 1 else None, "name")
+    return RankFile(path, rank_a or 0, step, world, "attributes")
+
+
+def _int_attr(attrs, name: str) -> int | None:
+    v = attrs.get(name)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RankPair:
+    target: RankFile
+    golden: RankFile
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.target.key
+
+    def label(self) -> str:
+        return self.target.label()
+
+
+@dataclass
+class Pairing:
+    pairs: list[RankPair]
+    unpaired: list[tuple[str, str]] = field(default_factory=list)     # (path, reason)
+
+
+def _dump_files(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in Path(folder).iterdir() if p.suffix == ".h5" and p.is_file())
+    except OSError as e:
+        raise DumpFormatError(f"{folder}: cannot list the folder ({e.strerror or e})") from e
+
+
+def _keyed(folder: Path, role: str, unpaired: list) -> dict[tuple[int, int], RankFile]:
+    out: dict[tuple[int, int], RankFile] = {}
+    for p in _dump_files(folder):
+        try:
+            rf = rank_key(p)
+        except DumpError as e:
+            msg = " ".join(str(e).split())
+            msg = msg[len(str(p)) + 2:] if msg.startswith(f"{p}: ") else msg   # the path is listed beside it
+            unpaired.append((str(p), f"{role}: {msg}"))
+            continue
+        if rf.key in out:
+            unpaired.append((str(p), f"{role}: {rf.label()} is also claimed by {out[rf.key].path}; "
+                                     "left out (one file per rank and step)"))
+            continue
+        out[rf.key] = rf
+    return out
+
+
+def pair_folders(target_dir: str | os.PathLike, golden_dir: str | os.PathLike) -> Pairing:
+    """Pair the dumps of two run folders by (rank, step); the rest unpaired with a reason."""
+    unpaired: list[tuple[str, str]] = []
+    t = _keyed(Path(target_dir), "target", unpaired)
+    g = _keyed(Path(golden_dir), "golden", unpaired)
+    pairs = [RankPair(t[k], g[k]) for k in sorted(t.keys() & g.keys())]
+    for k in sorted(t.keys() - g.keys()):
+        unpaired.append((t[k].path, f"target: no golden file for {t[k].label()} in {golden_dir}"))
+    for k in sorted(g.keys() - t.keys()):
+        unpaired.append((g[k].path, f"golden: no target file for {g[k].label()} in {target_dir}"))
+    return Pairing(pairs, unpaired)
+
+
+# ---- the tasks (run on Dask workers; plain arguments in, small dicts out) --------------
+_FIRST_FAILURE_KEYS = ("NPUDump", "SeqId", "Phase", "Module", "IO", "TensorName", "NPUDumpPath",
+                       "GroundTruthPath", "Result", "FailReason", "CompareFailReason", "Severity",
+                       "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError")
+
+
+def _small_row(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the merged summary needs of a row, as plain Python values."""
+    if row is None:
+        return None
+    out = {}
+    for k in _FIRST_FAILURE_KEYS:
+        if k in row:
+            v = row[k]
+            try:
+                if v is None or v != v:           # NaN, pd.NA raises on bool()
+                    v = None
+            except (TypeError, ValueError):
+                v = None
+            if hasattr(v, "item"):
+                v = v.item()
+            out[k] = v
+    return out
+
+
+def _progress_sender(queue_name: str | None):
+    """on_rows for a task: row counts to the client's progress bar, at most twice a second."""
+    if not queue_name:
+        return None
+    from .streaming import Throttle
+
+    try:
+        from distributed import Queue
+
+        q = Queue(queue_name)
+    except (ImportError, ValueError, RuntimeError):
+        return None
+
+    def send(n: int) -> None:
+        try:
+            q.put(n)
+        except Exception:  # noqa: BLE001 - progress only: the comparison goes on without it
+            pass
+
+    return Throttle(send)
+
+
+def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
+              queue_name: str | None = None) -> dict[str, Any]:
+    """Compare one rank pair to `csv_path`; returns its summary (never the rows)."""
+    from .streaming import compare_to_csv
+
+    t0 = time.perf_counter()
+    send = _progress_sender(queue_name)
+    try:
+        r = compare_to_csv(target, golden, Path(csv_path), jobs=1, on_rows=send, **options)
+    except DumpError as e:
+        return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        return {"error": f"{type(e).__name__}: {' '.join(str(e).split())}", "seconds": time.perf_counter() - t0}
+    finally:
+        if send is not None:
+            send.flush()
+    s = r.summary
+    return {
+        "error": None, "csv": str(r.csv), "rows": r.rows, "counts": s.counts,
+        "first_failure": _small_row(s.first_failure),
+        "worst": [_small_row(w) for w in s.worst], "worst_by": s.worst_by,
+        "warnings": list(r.meta.get("warnings") or []), "seconds": time.perf_counter() - t0,
+    }
+
+
+_REPLICA_METRICS = ["MaxAbsoluteError", "RelativeEuclideanDistance"]
+
+
+def _tensor_keys(part, seen: dict[str, tuple[Any, int]]) -> list[tuple]:
+    """A key per row that names the same tensor in another run: op name, its k-th call,
+    input/output, tensor name (seqids differ between runs that ran other ops in between)."""
+    keys = []
+    for op, sq, io, name in zip(part["NPUDump"].tolist(), part["SeqId"].tolist(),
+                                part["IO"].tolist(), part["TensorName"].tolist()):
+        last, k = seen.get(op, (None, -1))
+        if sq != last:
+            k += 1
+            seen[op] = (sq, k)
+        keys.append((op, k, io, name))
+    return keys
+
+
+def _equal_mask(part):
+    import numpy as np
+    import pandas as pd
+
+    mx = pd.to_numeric(part["MaxAbsoluteError"], errors="coerce").to_numpy()
+    nf = pd.to_numeric(part["NonFiniteMismatch"], errors="coerce").fillna(0).to_numpy()
+    ex = pd.to_numeric(part.get("ExactMismatches", pd.Series(np.nan, index=part.index)),
+                       errors="coerce").fillna(0).to_numpy()
+    ok = (part["CompareStatus"] == "compared").to_numpy()
+    return ok & (mx == 0) & (nf == 0) & (ex == 0)
+
+
+def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str, *,
+                 chunk_elements: int = 1 << 22, keep: int = 5) -> dict[str, Any]:
+    """Which tensors the golden run holds equal on two ranks, and which of those the
+    target run does not. Memory: 8 bytes per equal golden tensor (a sorted hash array)."""
+    import numpy as np
+
+    from .compare import stream_compare
+
+    t0 = time.perf_counter()
+    opts = dict(algorithms=_REPLICA_METRICS, chunk_elements=chunk_elements, jobs=1)
+    try:
+        hashes = []
+        seen: dict = {}
+        with stream_compare(golden_r, golden_ref, **opts) as st:
+            for part in st.batches:
+                if part.empty:
+                    continue
+                keys = _tensor_keys(part, seen)
+                eq = _equal_mask(part)
+                hashes.append(np.fromiter((hash(k) for k, e in zip(keys, eq) if e), dtype=np.int64))
+        equal = np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.int64)
+        checked = differ = 0
+        first: list[dict[str, Any]] = []
+        seen = {}
+        if equal.size:
+            with stream_compare(target_r, target_ref, **opts) as st:
+                for part in st.batches:
+                    if part.empty:
+                        continue
+                    keys = _tensor_keys(part, seen)
+                    h = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+                    want = np.isin(h, equal)
+                    bad = want & ~_equal_mask(part)
+                    checked += int(want.sum())
+                    differ += int(bad.sum())
+                    for i in np.flatnonzero(bad)[:max(0, keep - len(first))]:
+                        row = part.iloc[int(i)]
+                        first.append({"NPUDump": row["NPUDump"], "SeqId": _int_or_none(row["SeqId"]),
+                                      "IO": row["IO"], "TensorName": row["TensorName"],
+                                      "Phase": row["Phase"], "Module": row["Module"],
+                                      "MaxAbsoluteError": _float_or_none(row["MaxAbsoluteError"]),
+                                      "CompareStatus": row["CompareStatus"]})
+    except DumpError as e:
+        return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        return {"error": f"{type(e).__name__}: {' '.join(str(e).split())}", "seconds": time.perf_counter() - t0}
+    return {"error": None, "golden_equal": int(equal.size), "checked": checked, "differ": differ,
+            "first": first, "seconds": time.perf_counter() - t0}
+
+
+def _int_or_none(v) -> int | None:
+    try:
+        return None if v is None or v != v else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float_or_none(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+# ---- driving it --------------------------------------------------------------------------
+@dataclass
+class RunsResult:
+    pairs: list[dict[str, Any]]               # per rank pair: key, files, pair_task's dict
+    unpaired: list[tuple[str, str]]
+    replicas: list[dict[str, Any]]
+    earliest: dict[str, Any] | None           # the earliest failing op over all ranks
+    diverge_first: list[int]                  # ranks whose first failure is the earliest
+    paths: list[Path]
+    workers: int
+    seconds: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.pairs:
+            for k, v in (p.get("counts") or {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def errors(self) -> list[str]:
+        return ([f"{p['target']}: {p['error']}" for p in self.pairs if p.get("error")]
+                + [f"replica check {r['label']}: {r['error']}" for r in self.replicas if r.get("error")])
+
+
+def _failure_key(p: dict[str, Any]) -> tuple:
+    ff = p.get("first_failure") or {}
+    seq = ff.get("SeqId")
+    return (-1 if p["step"] is None else p["step"], math.inf if seq is None else seq, p["rank"])
+
+
+def _client(scheduler: str | None, workers: int, n_tasks: int):
+    """A Dask client: to `scheduler`, or to a LocalCluster of worker processes (one
+    thread each: HDF5 serialises reads within a process, so processes are the parallelism)."""
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="30s"), None
+        except (OSError, TimeoutError) as e:
+            raise DumpFormatError(f"--scheduler {scheduler}: cannot connect ({' '.join(str(e).split())})") from e
+    if workers <= 0:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        workers = max(1, min(cores, n_tasks))
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                           dashboard_address=":0", silence_logs=logging.CRITICAL)
+    return Client(cluster), cluster
+
+
+def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: str | None = None,
+                 thresholds: Mapping[str, float] | None = None, chunk_elements: int = 1 << 22,
+                 top: int = 5, scheduler: str | None = None, workers: int = 0,
+                 replica_check: bool = True, golden_fp64=None, progress=None,
+                 basename: str | None = None) -> RunsResult:
+    """Pair the ranks of two run folders and compare every pair on Dask; the merged result.
+    `progress`: an object with start(n_pairs), rows(n), pair_done() (the CLI's bar)."""
+    from .outputs import _free_basename, _mkdir, timestamp
+    from .verdict import thresholds_with
+
+    t_start = time.perf_counter()
+    thresholds_with(thresholds)                 # bad thresholds fail before a cluster starts
+    if golden_fp64 is not None:
+        raise DumpFormatError("--golden-fp64 takes one file; it is not supported with folders")
+    for d, role in ((target_dir, "target"), (golden_dir, "golden")):
+        if not Path(d).is_dir():
+            raise DumpFormatError(f"{d}: {role} folder does not exist")
+    pairing = pair_folders(target_dir, golden_dir)
+    if not pairing.pairs:
+        why = "; ".join(f"{p}: {r}" for p, r in pairing.unpaired[:3]) or "no .h5 files"
+        raise DumpFormatError(f"{target_dir} and {golden_dir}: no rank pairs to compare ({why})")
+    out_dir = _mkdir(Path(out_dir))
+    base = basename or _free_basename(out_dir, f"result_{timestamp()}", suffix="_ranks.csv")
+    options = dict(algorithms=algorithms, select=select, chunk_elements=chunk_elements,
+                   thresholds=dict(thresholds) if thresholds else None, top=top)
+
+    # replica checks: per step, each rank against the lowest rank present in both runs
+    replica_specs = []
+    if replica_check:
+        by_step: dict[int, list[RankPair]] = {}
+        for p in pairing.pairs:
+            by_step.setdefault(p.key[1], []).append(p)
+        for step, ps in sorted(by_step.items()):
+            ps.sort(key=lambda p: p.key[0])
+            ref = ps[0]
+            for p in ps[1:]:
+                replica_specs.append((ref, p))
+
+    client, cluster = _client(scheduler, workers, len(pairing.pairs) + len(replica_specs))
+    queue_name = f"accucmp-rows-{uuid.uuid4().hex}" if progress is not None else None
+    try:
+        n_workers = len(client.scheduler_info().get("workers", {})) or workers
+        queue = None
+        if queue_name:
+            from distributed import Queue
+
+            queue = Queue(queue_name, client=client)
+            progress.start(len(pairing.pairs) + len(replica_specs))
+        futures = {}
+        for p in pairing.pairs:
+            csv = out_dir / f"{base}_rank{p.key[0]}{'' if p.target.step is None else f'_step{p.target.step}'}.csv"
+            fut = client.submit(pair_task, p.target.path, p.golden.path, str(csv), options, queue_name,
+                                key=f"accucmp-pair-{p.key[0]}-{p.key[1]}-{uuid.uuid4().hex[:8]}", pure=False)
+            futures[fut] = ("pair", p)
+        for ref, p in replica_specs:
+            fut = client.submit(replica_task, ref.golden.path, p.golden.path, ref.target.path, p.target.path,
+                                chunk_elements=chunk_elements,
+                                key=f"accucmp-replica-{p.key[0]}-{p.key[1]}-{uuid.uuid4().hex[:8]}", pure=False)
+            futures[fut] = ("replica", (ref, p))
+        pair_results, replicas = _gather(client, futures, progress, queue)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+    pair_results.sort(key=lambda r: (r["rank"], -1 if r["step"] is None else r["step"]))
+    replicas.sort(key=lambda r: (-1 if r["step"] is None else r["step"], r["rank"]))
+    failing = [r for r in pair_results if r.get("first_failure")]
+    earliest, first_ranks = None, []
+    if failing:
+        best = min(failing, key=_failure_key)
+        k = _failure_key(best)[:2]
+        first_ranks = sorted(r["rank"] for r in failing if _failure_key(r)[:2] == k)
+        earliest = dict(best["first_failure"], rank=best["rank"], step=best["step"])
+    result = RunsResult(pair_results, pairing.unpaired, replicas, earliest, first_ranks, [],
+                        n_workers, time.perf_counter() - t_start)
+    result.paths = _write_merged(result, out_dir, base, target_dir, golden_dir)
+    return result
+
+
+def _gather(client, futures, progress, queue):
+    """Results as tasks finish; the row counts workers send go to the progress bar meanwhile."""
+    pair_results, replicas = [], []
+    remaining = list(futures)
+    while remaining:
+        done = [f for f in remaining if f.done()]
+        if not done:
+            time.sleep(0.2)
+        for fut in done:
+            remaining.remove(fut)
+            kind, what = futures[fut]
+            res = fut.result()
+            if kind == "pair":
+                p = what
+                pair_results.append(dict(res, rank=p.key[0], step=p.target.step, target=p.target.path,
+                                         golden=p.golden.path, rank_from=p.target.source))
+            else:
+                ref, p = what
+                replicas.append(dict(res, rank=p.key[0], ref_rank=ref.key[0], step=p.target.step,
+                                     label=f"{p.label()} vs rank {ref.key[0]}"))
+            if progress is not None:
+                progress.pair_done()
+        if queue is not None:
+            _drain(queue, progress)
+    return pair_results, replicas
+
+
+def _drain(queue, progress) -> None:
+    try:
+        while queue.qsize():
+            for n in queue.get(batch=True):
+                progress.rows(int(n))
+    except Exception:  # noqa: BLE001 - progress only
+        pass
+
+
+def _plain(v):
+    """JSON-safe: NaN -> null, infinities -> "inf"/"-inf" (as outputs.to_json)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _write_merged(r: RunsResult, out_dir: Path, base: str, target_dir, golden_dir) -> list[Path]:
+    """{base}_ranks.csv (one row per rank pair) and {base}_summary.json (the merged answer)."""
+    import csv
+
+    ranks_csv = out_dir / f"{base}_ranks.csv"
+    cols = ["Rank", "Step", "Rows", "Pass", "Fail", "Unmatched", "Skipped", "FirstFailureOp",
+            "FirstFailureSeqId", "FirstFailureTensor", "ReplicaChecked", "ReplicaDiffer", "Seconds",
+            "Target", "Golden", "ResultCsv", "Error"]
+    rep = {(x["rank"], x["step"]): x for x in r.replicas}
+    with open(ranks_csv, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for p in r.pairs:
+            c = p.get("counts") or {}
+            ff = p.get("first_failure") or {}
+            x = rep.get((p["rank"], p["step"]), {})
+            w.writerow([p["rank"], "" if p["step"] is None else p["step"], p.get("rows", ""),
+                        c.get("pass", 0), c.get("fail", 0), c.get("unmatched", 0), c.get("skipped", 0),
+                        ff.get("NPUDump", ""), "" if ff.get("SeqId") is None else ff["SeqId"],
+                        "/".join(x for x in (ff.get("IO") or "", ff.get("TensorName") or "") if x),
+                        x.get("checked", ""), x.get("differ", ""), f"{p.get('seconds', 0):.2f}",
+                        p["target"], p["golden"], p.get("csv", ""), p.get("error") or ""])
+    summary = {
+        "target": str(target_dir), "golden": str(golden_dir), "counts": r.counts,
+        "earliest_failure": r.earliest, "diverge_first": r.diverge_first,
+        "ranks": r.pairs, "replica_checks": r.replicas,
+        "unpaired": [{"path": p, "reason": why} for p, why in r.unpaired],
+        "workers": r.workers, "seconds": r.seconds,
+    }
+    js = out_dir / f"{base}_summary.json"
+    js.write_text(json.dumps(_plain(summary), indent=1, default=str, allow_nan=False) + "\n", encoding="utf-8")
+    return [ranks_csv, js]
+
+
+# ---- the command line's part -------------------------------------------------------------
+class _Bar:
+    """rich progress: tasks (rank pairs and replica checks) done, rows written."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=True)
+        self.pairs = self.rows_id = None
+
+    def start(self, n: int) -> None:
+        self.p.start()
+        self.pairs = self.p.add_task("rank pairs", total=n)
+        self.rows_id = self.p.add_task("rows", total=None)
+
+    def rows(self, n: int) -> None:
+        self.p.advance(self.rows_id, n)
+
+    def pair_done(self) -> None:
+        self.p.advance(self.pairs, 1)
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool = False,
+                       formats=("csv",), dump_failures: bool = False, **kw) -> int:
+    """`accucmp compare` given two folders: compare, print the merged answer, exit code."""
+    from .summary import describe_row, fmt_value
+
+    extra = [f for f in formats if f != "csv"]
+    if extra:
+        raise DumpFormatError(f"--format {','.join(extra)}: folders write csv (per rank) and a summary json only")
+    if dump_failures:
+        raise DumpFormatError("-p/--dump-failures takes two files; with folders, run it on one rank's pair")
+    bar = _Bar(console) if console.is_terminal and not quiet else None
+    try:
+        r = compare_runs(target_dir, golden_dir, out_dir, progress=bar, **kw)
+    finally:
+        if bar is not None:
+            bar.stop()
+    counts = r.counts
+    rows = sum(p.get("rows") or 0 for p in r.pairs)
+    if not quiet:
+        from rich.table import Table
+
+        parts = [f"{len(r.pairs)} rank pair(s)", f"{rows} tensors"] + [
+            f"{counts[k]} {k}" for k in ("pass", "fail", "unmatched", "skipped") if counts.get(k)]
+        console.print("[bold]accucmp[/bold]: " + ", ".join(parts) + f" ({r.workers} Dask worker(s), "
+                      f"{r.seconds:.1f} s)", soft_wrap=True)
+        t = Table(title="per rank", title_justify="left")
+        for c in ("Rank", "Step", "Rows", "Pass", "Fail", "Unmatched", "First failure", "Replicas"):
+            t.add_column(c, overflow="fold")
+        rep = {(x["rank"], x["step"]): x for x in r.replicas}
+        for p in r.pairs:
+            c = p.get("counts") or {}
+            ff = p.get("first_failure")
+            x = rep.get((p["rank"], p["step"]))
+            rtext = "" if x is None or x.get("error") else (
+                f"{x['differ']} of {x['checked']} differ" if x.get("golden_equal") else "nothing replicated")
+            t.add_row(str(p["rank"]), "" if p["step"] is None else str(p["step"]),
+                      str(p.get("rows", "")), str(c.get("pass", 0)), str(c.get("fail", 0)),
+                      str(c.get("unmatched", 0)),
+                      "error: " + p["error"] if p.get("error") else (describe_row(ff) if ff else ""), rtext)
+        console.print(t)
+        if r.earliest:
+            e = r.earliest
+            where = f"rank {e['rank']}" + ("" if e["step"] is None else f" step {e['step']}")
+            console.print(f"[bold red]earliest failure[/bold red] over all ranks (step, then seqid): "
+                          f"{where}: {describe_row(e)}", soft_wrap=True)
+            if e.get("FailReason"):
+                console.print(f"  why: {e['FailReason']}", soft_wrap=True, markup=False)
+            console.print(f"  diverge first: rank(s) {', '.join(map(str, r.diverge_first))}", soft_wrap=True)
+        elif counts.get("pass"):
+            console.print("[green]every compared tensor passes on every rank[/green]")
+        for x in r.replicas:
+            if x.get("differ"):
+                console.print(f"[bold red]replica check[/bold red] {x['label']}: {x['differ']} of {x['checked']} "
+                              "tensor(s) the golden run holds equal across these ranks differ in the target run",
+                              soft_wrap=True)
+                for f in x.get("first") or []:
+                    console.print(f"  {describe_row(f)} MaxAbsoluteError={fmt_value(f.get('MaxAbsoluteError'))}",
+                                  soft_wrap=True, markup=False)
+        for path, why in r.unpaired:
+            console.print(f"  unpaired: {path}: {why}", soft_wrap=True, markup=False, highlight=False)
+    for e in r.errors:
+        print(f"accucmp: error: {' '.join(e.split())}", file=sys.stderr)
+    for p in r.paths:
+        console.print(f"wrote {p}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {len([p for p in r.pairs if p.get('csv')])} per-rank result csv(s) to {Path(out_dir)}",
+                  highlight=False, soft_wrap=True)
+    if r.errors:
+        return 2
+    if counts.get("fail", 0) or any(x.get("differ") for x in r.replicas):
+        return 1
+    return 0 if counts.get("pass", 0) or not rows else 1
