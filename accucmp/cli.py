@@ -21,6 +21,8 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
+from .cli_options import Force, MaxBytes, MaxFiles, budget as _budget
+
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
@@ -169,6 +171,9 @@ def compare(
     chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
     top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
+    force: Force = False,
+    max_files: MaxFiles = 10_000,
+    max_bytes: MaxBytes = "16G",
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
     with _boundary():
@@ -185,15 +190,18 @@ def compare(
         result = compare_dumps(str(my_dump), str(golden_dump), algorithms=algorithms, select=select,
                                jobs=jobs, chunk_elements=chunk_elements,
                                golden_fp64=str(golden_fp64) if golden_fp64 else None)
+        _require_ops(result, my_dump, golden_dump, select)
         table = apply_verdict(result.table, thresholds)
         meta = dict(getattr(result, "meta", {}) or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
-        paths = write_results(table, out, formats, meta=meta)
+        caps = _budget(max_files, max_bytes)   # parsed before anything is written
+        paths = write_results(table, out, formats, meta=meta, force=force)
         if pickle_failures:
-            paths += write_failures(table, my_dump, golden_dump, out, stamp=paths[0].stem.split("_", 1)[1])
+            paths += write_failures(table, my_dump, golden_dump, out, stamp=paths[0].stem.split("_", 1)[1],
+                                    force=force, budget=caps)
         console = _console()
         if not quiet:
             print_summary(table, console=console, meta=meta, top=top)
@@ -204,6 +212,21 @@ def compare(
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
         code = exit_code_for(table)
     raise typer.Exit(code)
+
+
+def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -> None:
+    """Nothing compared is not a pass: a dump with no op (or a --select matching none) is bad input."""
+    if len(result.table):
+        return
+    from dumpfile.errors import DumpFormatError
+
+    meta = getattr(result, "meta", {}) or {}
+    empty = my_dump if not meta.get("target_ops") else golden_dump if not meta.get("golden_ops") else None
+    if select:
+        raise DumpFormatError(f"{empty or my_dump}: no op matches --select {select!r}; nothing to compare")
+    if empty is None:
+        raise DumpFormatError(f"{my_dump}: no tensor to compare with {golden_dump}")
+    raise DumpFormatError(f"{empty}: dump holds no op; nothing to compare")
 
 
 def _require_file(p: Path) -> None:
@@ -278,6 +301,7 @@ def extract(
     from_report: Annotated[Optional[Path], typer.Option("--from-report", help="Copy every failing op of this result csv.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
+    max_bytes: MaxBytes = "16G",
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
     with _boundary():
@@ -290,7 +314,7 @@ def extract(
             pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
         if not pairs:
             raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
-        written = extract_ops(input_file, output_file, pairs)
+        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes))
         typer.echo(f"copied {len(written)} op(s) to {output_file}")
         for path in written:
             typer.echo(f"  {path}")

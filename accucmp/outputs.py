@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.safe_output import NameSet, OutputBudget, new_dir, output_dir, output_path
 
 
 def timestamp() -> str:
@@ -23,24 +25,20 @@ def timestamp() -> str:
 def _free_basename(out_dir: Path, basename: str, suffix: str = ".csv") -> str:
     """result_{stamp}; a second run within the same second gets result_{stamp}_1, never clobbers."""
     name, i = basename, 0
-    while (out_dir / f"{name}{suffix}").exists():
+    while os.path.lexists(out_dir / f"{name}{suffix}"):   # a dangling link is taken too
         i += 1
         name = f"{basename}_{i}"
     return name
 
 
 def _mkdir(out_dir: Path) -> Path:
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DumpWriteError(f"{out_dir}: cannot create output directory ({e.strerror or e})") from e
-    return out_dir
+    return Path(output_dir(out_dir))
 
 
 def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, meta: dict | None = None,
-                  basename: str | None = None) -> list[Path]:
-    """Write the table in each format; returns the paths, the csv first."""
+                  basename: str | None = None, force: bool = False) -> list[Path]:
+    """Write the table in each format; returns the paths, the csv first. Each file is
+    created new (dumpfile.safe_output): an existing one is refused unless `force`."""
     out_dir = _mkdir(out_dir)
     if "xlsx" in formats:
         _require_openpyxl()
@@ -49,16 +47,17 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
     try:
         for fmt in formats:
             path = out_dir / f"{base}.{fmt}"
-            if fmt == "csv":
-                table.to_csv(path, index=False)
-            elif fmt == "json":
-                path.write_text(to_json(table, meta), encoding="utf-8")
-            elif fmt == "html":
-                from .report_html import render_html
+            with output_path(path, force=force) as tmp:
+                if fmt == "csv":
+                    table.to_csv(tmp, index=False)
+                elif fmt == "json":
+                    Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
+                elif fmt == "html":
+                    from .report_html import render_html
 
-                path.write_text(render_html(table, meta=meta), encoding="utf-8")
-            elif fmt == "xlsx":
-                table.to_excel(path, index=False)
+                    Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
+                elif fmt == "xlsx":
+                    table.to_excel(tmp, index=False)
             paths.append(path)
     except OSError as e:
         raise DumpWriteError(f"{out_dir}: cannot write results ({e.strerror or e})") from e
@@ -143,6 +142,8 @@ def read_result_csv(path: Path) -> pd.DataFrame:
     missing = [c for c in ("NPUDump", "NPUDumpPath", "GroundTruthPath") if c not in table.columns]
     if missing:
         raise DumpFormatError(f"{path}: not an accucmp result csv (missing column(s) {', '.join(missing)})")
+    if table.empty:     # a header alone judges nothing: not a pass
+        raise DumpFormatError(f"{path}: result csv has a header but no rows; nothing to judge")
     if "CompareFailReason" in table.columns:
         table["CompareFailReason"] = table["CompareFailReason"].astype(object).fillna("")
     return table
@@ -152,8 +153,17 @@ def read_result_csv(path: Path) -> pd.DataFrame:
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+_MAX_NAME = 160   # bytes of a file name made from a tensor path (most filesystems allow 255)
+
+
 def _safe(path: str) -> str:
-    return _UNSAFE.sub("_", path.strip("/").replace("/", ".")) or "value"
+    name = _UNSAFE.sub("_", path.strip("/").replace("/", ".")) or "value"
+    if len(name) > _MAX_NAME:     # keep both ends readable; the hash keeps long names distinct
+        import hashlib
+
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        name = f"{name[:70]}~{digest}~{name[-70:]}"
+    return name
 
 
 def failing_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -162,19 +172,26 @@ def failing_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["Result"] == "fail"]
 
 
-def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Path, *, stamp: str) -> list[Path]:
+def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Path, *, stamp: str,
+                   force: bool = False, budget: OutputBudget | None = None) -> list[Path]:
     """The failing rows as result_{stamp}_failed.csv and, per row, both tensors as .npy under
-    failed_{stamp}/ named `{Index}.{npu|golden}.{op.seqid.output.name}.npy`."""
+    failed_{stamp}/ named `{Index}.{npu|golden}.{op.seqid.output.name}.npy`.
+
+    failed_{stamp}/ is always a new folder (never one, or a link, already there); every
+    .npy counts against `budget` (files and bytes) before it is written."""
     from dumpfile import DumpFile
 
+    budget = budget or OutputBudget()
     out_dir = _mkdir(out_dir)
     rows = failing_rows(table)
     csv_path = out_dir / f"result_{stamp}_failed.csv"
-    rows.to_csv(csv_path, index=False)
+    with output_path(csv_path, force=force) as tmp:
+        rows.to_csv(tmp, index=False)
     paths = [csv_path]
     if rows.empty:
         return paths
-    npy_dir = _mkdir(out_dir / f"failed_{stamp}")
+    npy_dir = Path(new_dir(out_dir, f"failed_{stamp}"))
+    names = NameSet()
     with DumpFile(target) as t, DumpFile(golden) as g:
         for _, row in rows.iterrows():
             idx = row.get("Index", "")
@@ -185,8 +202,10 @@ def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Pat
                 arr = read_tensor_at(f, p)
                 if arr is None:
                     continue
-                path = npy_dir / f"{idx}.{side}.{_safe(p)}.npy"
-                np.save(path, arr)
+                path = npy_dir / (names.unique(f"{idx}.{side}.{_safe(p)}") + ".npy")
+                budget.charge(path, int(arr.nbytes) + 128)   # + the .npy header
+                with output_path(path) as tmp:               # a new folder: nothing to force
+                    np.save(tmp, arr)
                 paths.append(path)
     return paths
 
