@@ -58,9 +58,19 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
+def _naming(msg: str, files: tuple) -> str:
+    """An error message that names a file: prefixed with the command's input(s) when it
+    names none of them (an OSError from deep inside a library names nothing)."""
+    names = [str(f) for f in files if f is not None]
+    if not names or any(n in msg for n in names):
+        return msg
+    return f"{' / '.join(names)}: {msg}"
+
+
 @contextlib.contextmanager
-def _boundary() -> Iterator[None]:
-    """Turn every expected failure into one line on stderr and exit 2."""
+def _boundary(*files) -> Iterator[None]:
+    """Turn every expected failure into one line on stderr and exit 2. `files`: the
+    command's inputs, named in a message that names none of them."""
     from dumpfile.errors import DumpError  # light: no h5py
 
     try:
@@ -78,12 +88,12 @@ def _boundary() -> Iterator[None]:
         # ValueError/ParserError on a damaged csv. Name the problem, no traceback.
         if os.environ.get("ACCUCMP_DEBUG"):
             raise
-        typer.echo(f"accucmp: error: {type(e).__name__}: {_one_line(e)}", err=True)
+        typer.echo(f"accucmp: error: {_naming(f'{type(e).__name__}: {_one_line(e)}', files)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     except Exception as e:  # a bug: still one line (and never a silent pass), the traceback on demand
         if os.environ.get("ACCUCMP_DEBUG"):
             raise
-        typer.echo(f"accucmp: internal error: {type(e).__name__}: {_one_line(e)} "
+        typer.echo(f"accucmp: internal error: {_naming(f'{type(e).__name__}: {_one_line(e)}', files)} "
                    "(set ACCUCMP_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -176,7 +186,7 @@ def compare(
     max_bytes: MaxBytes = "16G",
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
-    with _boundary():
+    with _boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
         thresholds = parse_thresholds(threshold)
         algorithms = parse_algorithms(alg)
@@ -216,12 +226,12 @@ def compare(
 
 def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -> None:
     """Nothing compared is not a pass: a dump with no op (or a --select matching none) is bad input."""
-    if len(result.table):
-        return
     from dumpfile.errors import DumpFormatError
 
     meta = getattr(result, "meta", {}) or {}
-    empty = my_dump if not meta.get("target_ops") else golden_dump if not meta.get("golden_ops") else None
+    empty = my_dump if meta.get("target_ops", 1) == 0 else golden_dump if meta.get("golden_ops", 1) == 0 else None
+    if len(result.table) and empty is None:
+        return
     if select:
         raise DumpFormatError(f"{empty or my_dump}: no op matches --select {select!r}; nothing to compare")
     if empty is None:
@@ -249,7 +259,7 @@ def report(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Re-apply verdict thresholds to a saved result (no tensors needed); exit 0/1/2 as compare."""
-    with _boundary():
+    with _boundary(result_csv):
         thresholds = parse_thresholds(threshold)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
         from .outputs import read_result_csv, write_results
@@ -283,7 +293,7 @@ def ls_command(
     plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
 ) -> None:
     """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
-    with _boundary():
+    with _boundary(dump):
         from .listing import list_ops, render
 
         _require_file(dump)
@@ -304,7 +314,7 @@ def extract(
     max_bytes: MaxBytes = "16G",
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
-    with _boundary():
+    with _boundary(input_file):
         from .extract import extract_ops, ops_from_report
 
         _require_file(input_file)

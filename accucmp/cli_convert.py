@@ -38,6 +38,13 @@ def convert_command(
     max_bytes: MaxBytes = "16G",
 ) -> None:
     """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
+    from .cli import _boundary
+
+    with _boundary(*_split(dump)):  # anything unexpected: still one line naming the input
+        _convert(dump, out, fmt, verbose, force, max_files, max_bytes)
+
+
+def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
     from dumpfile.errors import DumpError, DumpWriteError
     from accucmp.convert import FORMATS, convert_paths
 

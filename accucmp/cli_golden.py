@@ -36,7 +36,7 @@ def golden_command(
 
     from .cli import _boundary, _require_file
 
-    with _boundary():       # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
+    with _boundary(input):  # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
         _require_file(input)
         if os.path.lexists(output) and os.path.exists(output) and os.path.samefile(input, output):
             raise DumpFormatError(f"{output}: golden output would overwrite the dump it replays")

@@ -190,6 +190,8 @@ def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Pat
     paths = [csv_path]
     if rows.empty:
         return paths
+    # two tensors per failing row at most: refuse before writing any of them
+    budget.check(out_dir / f"failed_{stamp}", 0, files=2 * len(rows))
     npy_dir = Path(new_dir(out_dir, f"failed_{stamp}"))
     names = NameSet()
     with DumpFile(target) as t, DumpFile(golden) as g:
