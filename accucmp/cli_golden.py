@@ -38,6 +38,10 @@ def golden_command(
 
     with _boundary(input):  # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
         _require_file(input)
+        from dumpfile import DumpFile
+
+        with DumpFile(input):   # a bad input is named first (torch-free, before minutes of replay)
+            pass
         if os.path.lexists(output) and os.path.exists(output) and os.path.samefile(input, output):
             raise DumpFormatError(f"{output}: golden output would overwrite the dump it replays")
         check_target(output, force=force)       # before minutes of replay, not after
