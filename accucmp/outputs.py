@@ -130,13 +130,17 @@ TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"
 
 def read_result_csv(path: Path) -> pd.DataFrame:
     """A saved result; checks it is one (has the columns a verdict needs)."""
+    from dumpfile.safe_output import open_regular
+
     path = Path(path)
     if not path.exists():
         raise DumpFormatError(f"{path}: no such file")
+    fd = open_regular(path)     # a directory or FIFO is refused (a FIFO would hang the read)
     try:
         # text columns stay text: module paths of nn.Sequential children ("0", "3", "1.10")
         # and tensor names would otherwise come back as numbers (and "1.10" as 1.1)
-        table = pd.read_csv(path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
+        with os.fdopen(fd, "rb") as f:
+            table = pd.read_csv(f, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise DumpFormatError(f"{path}: not a readable result csv ({type(e).__name__}: {e})") from e
     missing = [c for c in ("NPUDump", "NPUDumpPath", "GroundTruthPath") if c not in table.columns]

@@ -172,6 +172,20 @@ def test_report_on_header_only_csv_is_an_error(cell):
     cell.check(r, 2, str(csv))
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory", "binary"])
+def test_report_on_a_non_csv_is_one_line(cell, kind):
+    csv = cell.tmp / "result_1.csv"
+    if kind == "fifo":
+        os.mkfifo(csv)
+    elif kind == "directory":
+        csv.mkdir()
+    else:
+        csv.write_bytes(b"\x00\xff\xfe" + MARKER)
+    cell.freeze()
+    r = run("accucmp", "report", csv, "-q", cwd=cell.tmp, timeout=30)
+    cell.check(r, 2, str(csv))
+
+
 def test_report_writes_beside_a_planted_link_not_through_it(cell, dumps):
     golden, faulty, _ = dumps
     run("accucmp", "compare", "-m", faulty, "-g", golden, "-o", cell.out, "-q", cwd=cell.tmp)
