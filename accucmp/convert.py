@@ -75,40 +75,42 @@ def _suffixes(formats: str) -> list[str]:
     return [s for s, on in ((".npy", formats in ("npy", "both")), (".txt", formats in ("txt", "both"))) if on]
 
 
-def _write_array(arr: np.ndarray, base: str, formats: str, force: bool) -> list[str]:
+def _write_entry(src: str, entry, base: str, formats: str, force: bool) -> list[str]:
+    """One tensor to .npy/.txt, streamed chunk by chunk from the dump file (a 10 GB tensor
+    does not need 10 GB of memory)."""
     out = []
     for suffix in _suffixes(formats):
         with open_output(base + suffix, force=force) as f:
             if suffix == ".npy":
-                np.save(f, arr)
+                np.lib.format.write_array_header_1_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(entry.decoded_dtype),
+                    "fortran_order": False, "shape": tuple(entry.shape)})
+                for chunk in entry.chunks(src):
+                    f.write(np.ascontiguousarray(chunk).tobytes())
             else:
-                flat = arr.reshape(-1)
-                np.savetxt(f, flat.astype(np.uint8) if flat.dtype == np.bool_ else flat)
+                for chunk in entry.chunks(src):
+                    np.savetxt(f, chunk.astype(np.uint8) if chunk.dtype == np.bool_ else chunk)
         out.append(base + suffix)
     return out
 
 
 def convert_file(path: str, out_dir: str, formats: str = "npy", *, force: bool = False,
                  budget: OutputBudget | None = None, names: NameSet | None = None) -> list[str]:
-    # the header alone first: the caps are checked before any tensor is read or written
+    # the header checks every length against the file before anything is written; the
+    # caps are checked from it too, before any tensor is read
     head = read_kernel_dump(path, with_data=False)
     entries = head.inputs + head.outputs
     suffixes = _suffixes(formats)
-    if budget is not None:             # the whole file's outputs, before the first is written
-        nbytes = 0
-        for e in entries:
-            n = math.prod(e.shape)
-            nbytes += (len(e.raw) + NPY_HEADER_BYTES if ".npy" in suffixes else 0) + \
-                      (n * TXT_BYTES_PER_ELEMENT if ".txt" in suffixes else 0)
-        budget.check(os.path.join(out_dir, f"{os.path.basename(path)}.*"), nbytes, files=len(entries) * len(suffixes))
-    dump = read_kernel_dump(path)      # validates the whole file before anything is written
     name = (names or NameSet()).unique(os.path.basename(path))
     if budget is not None:
+        nbytes = sum((e.size + NPY_HEADER_BYTES if ".npy" in suffixes else 0)
+                     + (math.prod(e.shape) * TXT_BYTES_PER_ELEMENT if ".txt" in suffixes else 0)
+                     for e in entries)
         budget.charge(os.path.join(out_dir, f"{name}.*"), nbytes, files=len(entries) * len(suffixes))
     written = []
-    for entry in dump.inputs + dump.outputs:
-        base = os.path.join(out_dir, f"{name}.{entry.kind}.{entry.index}")
-        written += _write_array(entry.array(), base, formats, force)
+    for entry in entries:
+        written += _write_entry(path, entry, os.path.join(out_dir, f"{name}.{entry.kind}.{entry.index}"),
+                                formats, force)
     return written
 
 

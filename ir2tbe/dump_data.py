@@ -160,10 +160,38 @@ class TensorEntry:
     raw: bytes = b""
     original_shape: tuple[int, ...] = ()
     original_op: str = ""
+    offset: int = 0              # where its `size` raw bytes start in the file
+    size: int = 0
 
     @property
     def dtype(self) -> str:
         return DATA_TYPES[self.data_type][1] if self.data_type in DATA_TYPES else ""
+
+    @property
+    def decoded_dtype(self) -> np.dtype:
+        from dumpfile.reader import decode_raw
+        storage, name = DATA_TYPES[self.data_type]
+        return decode_raw(np.zeros(0, dtype=storage), name).dtype
+
+    def chunks(self, path: str, chunk_bytes: int = 1 << 24):
+        """The decoded values, flat in C order, chunk by chunk, read from `path` (the file
+        this entry was parsed from): memory is bounded by the chunk, not the tensor."""
+        from dumpfile.reader import decode_raw
+        from dumpfile.safe_output import open_regular
+
+        storage, name = DATA_TYPES[self.data_type]
+        item = np.dtype(storage).itemsize
+        step = max(item, chunk_bytes - chunk_bytes % item)
+        with os.fdopen(open_regular(path), "rb") as f:
+            f.seek(self.offset)
+            left = self.size
+            while left > 0:
+                raw = f.read(min(step, left))
+                if len(raw) == 0 or len(raw) % item:
+                    raise KernelDumpError(f"{path}: {self.kind} {self.index} is truncated (file changed while read?)")
+                left -= len(raw)
+                arr = np.frombuffer(raw, dtype=np.dtype(storage).newbyteorder("<")).astype(storage, copy=False)
+                yield decode_raw(arr, name)
 
     def array(self) -> np.ndarray:
         """The tensor as a numpy array (bf16/float8 decoded exactly to float32)."""
@@ -332,7 +360,8 @@ def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> Kern
                     raise KernelDumpError(f"{path}: {where} is truncated ({len(raw)} of {size} bytes)")
             orig = t.original_op.name if kind == "output" else ""
             entry = TensorEntry(kind, i, code, int(t.format), shape, raw,
-                                _checked_shape(path, f"{where} original_shape", t.original_shape.dim), orig)
+                                _checked_shape(path, f"{where} original_shape", t.original_shape.dim), orig,
+                                offset=offset, size=size)
             (dump.inputs if kind == "input" else dump.outputs).append(entry)
             offset += size
         return dump

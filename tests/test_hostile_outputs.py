@@ -398,3 +398,24 @@ def test_acl_json_repair_of_blank_lines_is_linear():
     text = '{"dump": {"dump_mode": "all"' + "\n" * 200_000 + '"dump_op_switch": "on" # c\n}}'
     fixed, changed = repair_json(text)
     assert changed and json.loads(fixed) == {"dump": {"dump_mode": "all", "dump_op_switch": "on"}}
+
+
+def test_convert_streams_each_tensor_by_chunks(tmp_path):
+    """convert reads a tensor chunk by chunk (memory bounded by the chunk): the chunks of a
+    bf16 tensor, decoded, are the whole array's values, and the .npy written from them is
+    the array."""
+    from accucmp.convert import convert_paths
+    from ir2tbe.dump_data import read_kernel_dump
+
+    bits = np.random.default_rng(3).integers(0, 1 << 16, size=(7, 5), dtype=np.uint16)
+    src = tmp_path / KNAME
+    write_kernel_dump(src, "pool1", [TensorToWrite(bits, "bfloat16")], [])
+    entry = read_kernel_dump(src, with_data=False).inputs[0]
+    chunks = list(entry.chunks(str(src), chunk_bytes=8))
+    assert len(chunks) == 9 and all(c.size <= 4 for c in chunks)   # 35 elements, 4 per chunk
+    whole = read_kernel_dump(src).inputs[0].array()
+    np.testing.assert_array_equal(np.concatenate(chunks).view(np.uint32), whole.reshape(-1).view(np.uint32))
+    res = convert_paths([str(src)], str(tmp_path / "o"), "both")
+    assert res.ok
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / f"{KNAME}.input.0.npy").view(np.uint32),
+                                  whole.view(np.uint32))
