@@ -51,8 +51,12 @@ def golden_command(
             # written to a temporary file beside OUTPUT, put in place when complete:
             # never through a link at OUTPUT, never over a file without --force
             with output_path(output, force=force) as tmp:
-                result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
-                                dump_inputs=dump_inputs, progress=None if progress else False)
+                try:
+                    result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
+                                    dump_inputs=dump_inputs, progress=None if progress else False)
+                except DumpError as e:   # the user knows OUTPUT, not its temporary name
+                    e.args = tuple(str(a).replace(tmp, str(output)) for a in e.args) if e.args else e.args
+                    raise
                 if result.total == 0:   # nothing recomputed is not a golden
                     raise DumpFormatError(f"{input}: dump holds no op; nothing to recompute")
             result.path = str(output)

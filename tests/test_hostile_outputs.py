@@ -419,3 +419,28 @@ def test_convert_streams_each_tensor_by_chunks(tmp_path):
     assert res.ok
     np.testing.assert_array_equal(np.load(tmp_path / "o" / f"{KNAME}.input.0.npy").view(np.uint32),
                                   whole.view(np.uint32))
+
+
+def test_golden_force_replaces_a_link_not_its_target(tmp_path):
+    """--force: the golden lands at the name; the file a link there pointed to is untouched."""
+    import torch
+    from typer.testing import CliRunner
+
+    from accucmp.cli import app
+    from dumpfile import DumpFile
+
+    from ._replay_helpers import record
+
+    aten = torch.ops.aten
+    record(tmp_path / "d.h5", [(aten.relu.default, (torch.randn(4, 4),), {})])
+    marker = tmp_path / "secret.txt"
+    marker.write_bytes(MARKER)
+    link = tmp_path / "g.h5"
+    os.symlink(marker, link)
+    r = CliRunner().invoke(app, ["golden", "-i", str(tmp_path / "d.h5"), "-o", str(link), "--force",
+                                 "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert str(link) in r.output and marker.read_bytes() == MARKER and not os.path.islink(link)
+    with DumpFile(link) as g:
+        assert len(g.ops()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "g.h5", "secret.txt"]   # no temporary left
