@@ -205,10 +205,12 @@ def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Pat
                 p = row.get(col)
                 if not isinstance(p, str) or not p or p not in f.h5:
                     continue
-                arr = read_tensor_at(f, p)
+                name = f"{idx}.{side}.{_safe(p)}"
+                arr = read_tensor_at(f, p, before_read=lambda rec, n=name: budget.check(
+                    npy_dir / f"{n}.npy", _declared_nbytes(rec)))    # not read at all past the cap
                 if arr is None:
                     continue
-                path = npy_dir / (names.unique(f"{idx}.{side}.{_safe(p)}") + ".npy")
+                path = npy_dir / (names.unique(name) + ".npy")
                 budget.charge(path, int(arr.nbytes) + 128)   # + the .npy header
                 with output_path(path) as tmp:               # a new folder: nothing to force
                     np.save(tmp, arr)
@@ -216,8 +218,20 @@ def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Pat
     return paths
 
 
-def read_tensor_at(f, path: str) -> np.ndarray | None:
-    """The decoded tensor stored at `path` of an open DumpFile (None for a non-tensor)."""
+def _declared_nbytes(rec) -> int:
+    """The bytes a tensor declares (shape x stored item size), from metadata alone."""
+    from dumpfile import schema as S
+
+    try:
+        itemsize = np.dtype(S.STORAGE_NUMPY_DTYPE.get(rec.dtype, "float32")).itemsize
+        return rec.numel * itemsize
+    except (TypeError, ValueError, OverflowError, DumpError):   # the read names the damage
+        return 0
+
+
+def read_tensor_at(f, path: str, before_read=None) -> np.ndarray | None:
+    """The decoded tensor stored at `path` of an open DumpFile (None for a non-tensor).
+    `before_read(record)` runs before its values are read (a cap check)."""
     from dumpfile import ValueRecord
     from dumpfile import schema as S
 
@@ -231,6 +245,8 @@ def read_tensor_at(f, path: str) -> np.ndarray | None:
     rec = ValueRecord(f, path, path.rsplit("/", 1)[-1], int(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)), attrs)
     if rec.type not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
         return None
+    if before_read is not None:
+        before_read(rec)
     try:
         return np.asarray(rec.read())
     except DumpError:

@@ -444,3 +444,12 @@ def test_golden_force_replaces_a_link_not_its_target(tmp_path):
     with DumpFile(link) as g:
         assert len(g.ops()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "g.h5", "secret.txt"]   # no temporary left
+
+
+def test_compare_p_caps_bytes_before_reading(cell, dumps):
+    golden, faulty, _ = dumps
+    cell.freeze()
+    r = run("accucmp", "compare", "-m", faulty, "-g", golden, "-o", cell.out, "-p", "-q", "--max-bytes", "10",
+            cwd=cell.tmp)
+    cell.check(r, 2, "--max-bytes")
+    assert not list(cell.out.rglob("*.npy"))
