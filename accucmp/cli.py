@@ -21,7 +21,7 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from .cli_options import Force, MaxBytes, MaxFiles, budget as _budget
+from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, budget as _budget
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -182,14 +182,15 @@ def compare(
     top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
     force: Force = False,
-    max_files: MaxFiles = 10_000,
-    max_bytes: MaxBytes = "16G",
+    max_files: MaxFiles = MAX_FILES,
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
     with _boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
         thresholds = parse_thresholds(threshold)
         algorithms = parse_algorithms(alg)
+        caps = _budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
         from .compare import compare_dumps
         from .outputs import write_failures, write_results
         from .summary import print_summary
@@ -207,7 +208,6 @@ def compare(
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
-        caps = _budget(max_files, max_bytes)   # parsed before anything is written
         paths = write_results(table, out, formats, meta=meta, force=force)
         if pickle_failures:
             paths += write_failures(table, my_dump, golden_dump, out, stamp=paths[0].stem.split("_", 1)[1],
@@ -311,7 +311,7 @@ def extract(
     from_report: Annotated[Optional[Path], typer.Option("--from-report", help="Copy every failing op of this result csv.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
-    max_bytes: MaxBytes = "16G",
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
     with _boundary(input_file):

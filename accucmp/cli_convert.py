@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_options import Force, MaxBytes, MaxFiles
+from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles
 
 EXIT_SOME_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -34,8 +34,8 @@ def convert_command(
     fmt: Annotated[str, typer.Option("--format", "-f", help="npy, txt (flattened, np.savetxt) or both.")] = "npy",
     verbose: Annotated[int, typer.Option("-v", "--verbose", help="0 quiet, 1 summary, 2 every file.")] = 1,
     force: Force = False,
-    max_files: MaxFiles = 10_000,
-    max_bytes: MaxBytes = "16G",
+    max_files: MaxFiles = MAX_FILES,
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
     from .cli import _boundary

@@ -19,5 +19,10 @@ MaxBytes = Annotated[str, typer.Option(
     "--max-bytes", help=f"Write at most this many bytes, e.g. 500M, 64G (default {format_size(DEFAULT_MAX_BYTES)}).")]
 
 
+# the defaults as the signatures spell them
+MAX_FILES = DEFAULT_MAX_FILES
+MAX_BYTES = format_size(DEFAULT_MAX_BYTES)
+
+
 def budget(max_files: int = DEFAULT_MAX_FILES, max_bytes: str | int = DEFAULT_MAX_BYTES) -> OutputBudget:
     return OutputBudget(max_files=max_files, max_bytes=parse_size(max_bytes))
