@@ -453,3 +453,23 @@ def test_compare_p_caps_bytes_before_reading(cell, dumps):
             cwd=cell.tmp)
     cell.check(r, 2, "--max-bytes")
     assert not list(cell.out.rglob("*.npy"))
+
+
+@pytest.mark.parametrize("command", ["compare", "convert", "golden-dir"])
+def test_output_folder_that_is_a_file_is_one_line(cell, dumps, command):
+    golden, faulty, _ = dumps
+    cell.out.write_bytes(MARKER)
+    src = cell.tmp / KNAME
+    _kernel_dump(src)
+    cell.freeze()
+    if command == "compare":
+        r = run("accucmp", "compare", "-m", faulty, "-g", golden, "-o", cell.out, "-q", cwd=cell.tmp)
+        where = cell.out
+    elif command == "convert":
+        r = run("accucmp", "convert", "-d", src, "-out", cell.out, cwd=cell.tmp)
+        where = cell.out
+    else:
+        where = cell.out / "g.h5"
+        r = run("accucmp", "golden", "-i", golden, "-o", where, "--no-progress", cwd=cell.tmp)
+    cell.check(r, 2, str(where))
+    assert cell.out.read_bytes() == MARKER
