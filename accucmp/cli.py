@@ -21,6 +21,8 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
+from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, budget as _budget
+
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
@@ -56,9 +58,19 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
+def _naming(msg: str, files: tuple) -> str:
+    """An error message that names a file: prefixed with the command's input(s) when it
+    names none of them (an OSError from deep inside a library names nothing)."""
+    names = [str(f) for f in files if f is not None]
+    if not names or any(n in msg for n in names):
+        return msg
+    return f"{' / '.join(names)}: {msg}"
+
+
 @contextlib.contextmanager
-def _boundary() -> Iterator[None]:
-    """Turn every expected failure into one line on stderr and exit 2."""
+def _boundary(*files) -> Iterator[None]:
+    """Turn every expected failure into one line on stderr and exit 2. `files`: the
+    command's inputs, named in a message that names none of them."""
     from dumpfile.errors import DumpError  # light: no h5py
 
     try:
@@ -76,12 +88,12 @@ def _boundary() -> Iterator[None]:
         # ValueError/ParserError on a damaged csv. Name the problem, no traceback.
         if os.environ.get("ACCUCMP_DEBUG"):
             raise
-        typer.echo(f"accucmp: error: {type(e).__name__}: {_one_line(e)}", err=True)
+        typer.echo(f"accucmp: error: {_naming(f'{type(e).__name__}: {_one_line(e)}', files)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     except Exception as e:  # a bug: still one line (and never a silent pass), the traceback on demand
         if os.environ.get("ACCUCMP_DEBUG"):
             raise
-        typer.echo(f"accucmp: internal error: {type(e).__name__}: {_one_line(e)} "
+        typer.echo(f"accucmp: internal error: {_naming(f'{type(e).__name__}: {_one_line(e)}', files)} "
                    "(set ACCUCMP_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -172,15 +184,19 @@ def compare(
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Folders: run on this Dask cluster (tcp://host:port) instead of a local one.")] = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Folders: local Dask worker processes; 0: one per core, at most one per rank pair.")] = 0,
     replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: check that tensors the golden run holds equal on every rank (DDP weights, reduced grads) are equal across the target's ranks too.")] = True,
+    force: Force = False,
+    max_files: MaxFiles = MAX_FILES,
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
 
     Given two folders of per-rank dumps, pairs their files by rank (and step) and compares
     every pair in parallel on Dask (docs/COMPARE.md, "Comparing runs of many ranks")."""
-    with _boundary():
+    with _boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
         thresholds = parse_thresholds(threshold)
         algorithms = parse_algorithms(alg)
+        caps = _budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
         if my_dump.is_dir() and golden_dump.is_dir():
             from .rank_compare import run_folder_compare
 
@@ -202,16 +218,17 @@ def compare(
         result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
                                 jobs=jobs, chunk_elements=chunk_elements,
                                 golden_fp64=str(golden_fp64) if golden_fp64 else None,
-                                thresholds=thresholds, top=top)
+                                thresholds=thresholds, top=top, force=force)
+        _require_ops(result, my_dump, golden_dump, select)
         meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
-        paths = [csv_path] + write_other_formats(csv_path, formats, meta=meta)
+        paths = [csv_path] + write_other_formats(csv_path, formats, meta=meta, force=force)
         if pickle_failures:
             paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
-                                    stamp=paths[0].stem.split("_", 1)[1])
+                                    stamp=paths[0].stem.split("_", 1)[1], force=force, budget=caps)
         console = _console()
         if not quiet:
             print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
@@ -231,6 +248,25 @@ def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
     if counts.get("pass", 0) == 0 and rows:
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -> None:
+    """Nothing compared is not a pass: a dump with no op (or a --select matching none) is bad input."""
+    from dumpfile.errors import DumpFormatError
+
+    meta = getattr(result, "meta", {}) or {}
+    empty = my_dump if meta.get("target_ops", 1) == 0 else golden_dump if meta.get("golden_ops", 1) == 0 else None
+    rows = result.rows if hasattr(result, "rows") else len(result.table)
+    if rows and empty is None:
+        return
+    csv = getattr(result, "csv", None)
+    if csv is not None:          # a streamed result's csv holds only a header: not a report
+        Path(csv).unlink(missing_ok=True)
+    if select:
+        raise DumpFormatError(f"{empty or my_dump}: no op matches --select {select!r}; nothing to compare")
+    if empty is None:
+        raise DumpFormatError(f"{my_dump}: no tensor to compare with {golden_dump}")
+    raise DumpFormatError(f"{empty}: dump holds no op; nothing to compare")
 
 
 def _require_file(p: Path) -> None:
@@ -253,7 +289,7 @@ def report(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Re-apply verdict thresholds to a saved result (no tensors needed); exit 0/1/2 as compare."""
-    with _boundary():
+    with _boundary(result_csv):
         thresholds = parse_thresholds(threshold)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
         from .outputs import read_result_csv, write_results
@@ -287,7 +323,7 @@ def ls_command(
     plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
 ) -> None:
     """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
-    with _boundary():
+    with _boundary(dump):
         from .listing import list_ops, render
 
         _require_file(dump)
@@ -305,9 +341,10 @@ def extract(
     from_report: Annotated[Optional[Path], typer.Option("--from-report", help="Copy every failing op of this result csv.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
-    with _boundary():
+    with _boundary(input_file):
         from .extract import extract_ops, ops_from_report
 
         _require_file(input_file)
@@ -317,7 +354,7 @@ def extract(
             pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
         if not pairs:
             raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
-        written = extract_ops(input_file, output_file, pairs)
+        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes))
         typer.echo(f"copied {len(written)} op(s) to {output_file}")
         for path in written:
             typer.echo(f"  {path}")

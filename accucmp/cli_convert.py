@@ -1,8 +1,9 @@
 """`accucmp convert -d DIR_OR_FILES -out OUT`: kernel dumps -> .npy/.txt (torch-free).
 
 Registered into accucmp.cli's app by register(app). Exit codes: 0 all converted,
-1 some files failed (each named on stderr, the rest converted), 2 bad usage
-(nothing to convert, output not writable).
+1 some files failed (each named on stderr, the rest converted), 2 bad usage or bad
+input (nothing to convert, no file converted, an existing output without --force, a
+cap reached, output not writable).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles
 
 EXIT_SOME_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -30,10 +33,22 @@ def convert_command(
         "-out", "--out", "--output", help="Folder for the converted files (created).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="npy, txt (flattened, np.savetxt) or both.")] = "npy",
     verbose: Annotated[int, typer.Option("-v", "--verbose", help="0 quiet, 1 summary, 2 every file.")] = 1,
+    force: Force = False,
+    max_files: MaxFiles = MAX_FILES,
+    max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
-    from dumpfile.errors import DumpError
+    from .cli import _boundary
+
+    with _boundary(*_split(dump)):  # anything unexpected: still one line naming the input
+        _convert(dump, out, fmt, verbose, force, max_files, max_bytes)
+
+
+def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
+    from dumpfile.errors import DumpError, DumpWriteError
     from accucmp.convert import FORMATS, convert_paths
+
+    from .cli_options import budget
 
     if fmt not in FORMATS:
         typer.echo(f"accucmp: error: --format {fmt!r}: use one of {', '.join(FORMATS)}", err=True)
@@ -45,7 +60,11 @@ def convert_command(
         raise typer.Exit(EXIT_BAD_INPUT)
     out_dir = str(out) if out is not None else "."
     try:
-        result = convert_paths(sources, out_dir, fmt)
+        caps = budget(max_files, max_bytes)
+        result = convert_paths(sources, out_dir, fmt, force=force, budget=caps)
+    except DumpWriteError as e:       # names the output (or the option) itself
+        typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
     except (DumpError, OSError) as e:
         typer.echo(f"accucmp: error: {out_dir}: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -56,6 +75,8 @@ def convert_command(
         typer.echo(f"accucmp: convert failed: {' '.join(why.split())}", err=True)
     if not result.converted and not result.failed:
         typer.echo(f"accucmp: error: no kernel dump files found in {', '.join(sources)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if not result.converted:          # nothing converted: bad input, each file's line says why
         raise typer.Exit(EXIT_BAD_INPUT)
     if verbose >= 1:
         n_files = sum(len(f) for _, f in result.converted)

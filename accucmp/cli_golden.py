@@ -6,15 +6,18 @@ command body, so `accucmp --help` and the other commands stay torch-free.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from .cli_options import Force
+
 
 def golden_command(
     input: Annotated[Path, typer.Option("-i", "--input", help="The dump to recompute (e.g. npu.h5).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Golden file to write (overwritten).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Golden file to write (an existing one only with --force).")],
     device: Annotated[str, typer.Option("--device", help="Device to recompute on.")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="Floating dtype to recompute in.")] = "float64",
     remap_devices: Annotated[bool, typer.Option(
@@ -22,21 +25,41 @@ def golden_command(
     dump_inputs: Annotated[bool, typer.Option(
         "--with-inputs/--outputs-only", help="Also write the upcast inputs (compare rows for inputs).")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")] = True,
+    force: Force = False,
 ) -> None:
     """Recompute every op of a dump from its own recorded inputs in float64 (no second device).
 
     Then `accucmp compare -m INPUT -g OUTPUT` shows each op's own error against the exact answer.
     """
-    from dumpfile.errors import DumpError
+    from dumpfile.errors import DumpError, DumpFormatError
+    from dumpfile.safe_output import check_target, output_path
 
-    from .cli import _boundary
+    from .cli import _boundary, _require_file
 
-    with _boundary():       # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
+    with _boundary(input):  # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
+        _require_file(input)
+        from dumpfile import DumpFile
+
+        with DumpFile(input):   # a bad input is named first (torch-free, before minutes of replay)
+            pass
+        if os.path.lexists(output) and os.path.exists(output) and os.path.samefile(input, output):
+            raise DumpFormatError(f"{output}: golden output would overwrite the dump it replays")
+        check_target(output, force=force)       # before minutes of replay, not after
         try:
             from npu_dumper.golden import replay
 
-            result = replay(input, output, device=device, dtype=dtype, remap_devices=remap_devices,
-                            dump_inputs=dump_inputs, progress=None if progress else False)
+            # written to a temporary file beside OUTPUT, put in place when complete:
+            # never through a link at OUTPUT, never over a file without --force
+            with output_path(output, force=force) as tmp:
+                try:
+                    result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
+                                    dump_inputs=dump_inputs, progress=None if progress else False)
+                except DumpError as e:   # the user knows OUTPUT, not its temporary name
+                    e.args = tuple(str(a).replace(tmp, str(output)) for a in e.args) if e.args else e.args
+                    raise
+                if result.total == 0:   # nothing recomputed is not a golden
+                    raise DumpFormatError(f"{input}: dump holds no op; nothing to recompute")
+            result.path = str(output)
         except DumpError as e:
             typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
             raise typer.Exit(2)

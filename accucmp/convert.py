@@ -8,17 +8,25 @@ is reported by name and skipped; the others still convert.
 In a folder, files are picked by the CANN naming rule (the last dot-separated field
 is the numeric timestamp); other files (ir2tbe_map.csv, .npy, ...) are ignored.
 Files named explicitly are always tried.
+
+Outputs follow dumpfile.safe_output: each file is created new (an existing one is refused
+unless force), two inputs with the same base name get distinct names (`F`, `F~1`), and an
+OutputBudget caps the files and bytes one run writes, checked for a whole dump file
+before any of its outputs is written. Inputs that are not regular files (a FIFO) are
+refused before they are opened.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
 
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, DumpWriteError
+from dumpfile.safe_output import NameSet, OutputBudget, open_output, output_dir
 from ir2tbe.dump_data import read_kernel_dump
 
 FORMATS = ("npy", "txt", "both")
@@ -58,44 +66,77 @@ def find_dump_files(sources: Iterable[str]) -> tuple[list[str], list[str], list[
     return files, skipped, missing
 
 
-def _write_array(arr: np.ndarray, base: str, formats: str) -> list[str]:
+# np.savetxt's default "%.18e" and a newline per element
+TXT_BYTES_PER_ELEMENT = 25
+NPY_HEADER_BYTES = 128
+
+
+def _suffixes(formats: str) -> list[str]:
+    return [s for s, on in ((".npy", formats in ("npy", "both")), (".txt", formats in ("txt", "both"))) if on]
+
+
+def _write_entry(src: str, entry, base: str, formats: str, force: bool) -> list[str]:
+    """One tensor to .npy/.txt, streamed chunk by chunk from the dump file (a 10 GB tensor
+    does not need 10 GB of memory)."""
     out = []
-    if formats in ("npy", "both"):
-        np.save(base + ".npy", arr)
-        out.append(base + ".npy")
-    if formats in ("txt", "both"):
-        flat = arr.reshape(-1)
-        if flat.dtype == np.bool_:
-            flat = flat.astype(np.uint8)
-        np.savetxt(base + ".txt", flat)
-        out.append(base + ".txt")
+    for suffix in _suffixes(formats):
+        with open_output(base + suffix, force=force) as f:
+            if suffix == ".npy":
+                np.lib.format.write_array_header_1_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(entry.decoded_dtype),
+                    "fortran_order": False, "shape": tuple(entry.shape)})
+                for chunk in entry.chunks(src):
+                    f.write(np.ascontiguousarray(chunk).tobytes())
+            else:
+                for chunk in entry.chunks(src):
+                    np.savetxt(f, chunk.astype(np.uint8) if chunk.dtype == np.bool_ else chunk)
+        out.append(base + suffix)
     return out
 
 
-def convert_file(path: str, out_dir: str, formats: str = "npy") -> list[str]:
-    dump = read_kernel_dump(path)      # validates the whole file before anything is written
-    name = os.path.basename(path)
+def convert_file(path: str, out_dir: str, formats: str = "npy", *, force: bool = False,
+                 budget: OutputBudget | None = None, names: NameSet | None = None) -> list[str]:
+    # the header checks every length against the file before anything is written; the
+    # caps are checked from it too, before any tensor is read
+    head = read_kernel_dump(path, with_data=False)
+    entries = head.inputs + head.outputs
+    suffixes = _suffixes(formats)
+    name = (names or NameSet()).unique(os.path.basename(path))
+    if budget is not None:
+        nbytes = sum((e.size + NPY_HEADER_BYTES if ".npy" in suffixes else 0)
+                     + (math.prod(e.shape) * TXT_BYTES_PER_ELEMENT if ".txt" in suffixes else 0)
+                     for e in entries)
+        budget.charge(os.path.join(out_dir, f"{name}.*"), nbytes, files=len(entries) * len(suffixes))
     written = []
-    for entry in dump.inputs + dump.outputs:
-        base = os.path.join(out_dir, f"{name}.{entry.kind}.{entry.index}")
-        written += _write_array(entry.array(), base, formats)
+    for entry in entries:
+        written += _write_entry(path, entry, os.path.join(out_dir, f"{name}.{entry.kind}.{entry.index}"),
+                                formats, force)
     return written
 
 
-def convert_paths(sources: Iterable[str], out_dir: str, formats: str = "npy") -> ConvertResult:
+def convert_paths(sources: Iterable[str], out_dir: str, formats: str = "npy", *, force: bool = False,
+                  budget: OutputBudget | None = None) -> ConvertResult:
+    """Convert every kernel dump found. A file that is not a valid dump is a failure of
+    that file (the rest convert); an output problem (an existing output without force,
+    a cap reached, an unwritable folder) stops the run with a DumpWriteError."""
     if formats not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {formats!r}")
-    os.makedirs(out_dir, exist_ok=True)
+    output_dir(out_dir)
+    budget = budget or OutputBudget()
+    names = NameSet()
     files, skipped, missing = find_dump_files(list(sources))
     result = ConvertResult(skipped=skipped, failed=list(missing))
     for path in files:
         try:
-            result.converted.append((path, convert_file(path, out_dir, formats)))
+            result.converted.append((path, convert_file(path, out_dir, formats, force=force, budget=budget,
+                                                        names=names)))
+        except DumpWriteError:
+            raise
         except DumpError as e:
             result.failed.append((path, str(e)))
         except OSError as e:
             result.failed.append((path, f"{path}: {e.strerror or e}"))
     if result.failed:
-        with open(os.path.join(out_dir, FAILED_LIST_NAME), "w", encoding="utf-8") as f:
+        with open_output(os.path.join(out_dir, FAILED_LIST_NAME), "w", force=force, encoding="utf-8") as f:
             f.writelines(f"{src}\t{why}\n" for src, why in result.failed)
     return result

@@ -11,6 +11,10 @@ What plain h5copy gets wrong and this does not:
   extract leaves OUT as it was.
 - OUT, when it exists, must be a tensor dump (a full dump or an earlier extract): a
   statistics-only dump or an HDF5 file that is not a dump is refused, not mixed with.
+- OUT must be a regular file or absent: a symbolic link or special file at OUT is
+  refused (never read or written through); the result replaces the name OUT itself.
+- The bytes copied (each tensor's declared size; a view counts the elements it
+  covers) are checked against a cap (--max-bytes) before anything is copied.
 Every attribute of op groups, input/output groups and values is preserved; hard
 links between values inside the copied ops stay hard links (stored once).
 """
@@ -30,6 +34,7 @@ import numpy as np
 from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.safe_output import OutputBudget
 from dumpfile.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members, \
     raised_by_h5py
 
@@ -198,14 +203,43 @@ def _root_attrs(h5: h5py.File) -> tuple[str, dict]:
 
 def _out_dir(output_path: str) -> str:
     """The directory OUT goes in, checked before anything is read: the temporary file
-    is made there, and its name must not be what the user sees."""
+    is made there, and its name must not be what the user sees. OUT itself must be a
+    regular file or absent: appending reads it, so a link would be read through."""
     out_dir = os.path.dirname(os.path.abspath(output_path))
     shown = os.path.dirname(output_path) or "."
     if not os.path.exists(out_dir):
         raise DumpWriteError(f"{output_path}: directory {shown} does not exist")
     if not os.path.isdir(out_dir):
         raise DumpWriteError(f"{output_path}: {shown} is not a directory")
+    if os.path.islink(output_path):
+        raise DumpWriteError(f"{output_path}: is a symbolic link; refusing to read or write through it "
+                             "(choose another -o)")
+    if os.path.exists(output_path) and not os.path.isfile(output_path):
+        raise DumpWriteError(f"{output_path}: is not a regular file; choose another -o")
     return out_dir
+
+
+def _declared_bytes(h5: h5py.File, sop: str, sseq: int) -> int:
+    """What copying /sop/sseq writes, from dataset metadata alone (nothing is read)."""
+    total = 0
+
+    def visit(_name, obj):
+        nonlocal total
+        if not isinstance(obj, h5py.Dataset):
+            return
+        if int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
+            try:
+                n = 1
+                for d in np.asarray(obj.attrs.get(S.ATTR_SHAPE, ())).reshape(-1):
+                    n *= max(int(d), 0)
+            except (TypeError, ValueError, OverflowError):   # NaN or text: the copy will refuse it
+                n = 0
+            total += n * 16   # widest element a view can have
+        else:
+            total += int(obj.size) * obj.dtype.itemsize
+
+    h5[f"/{sop}/{sseq}"].visititems(visit)
+    return total
 
 
 def _open_output(output_path: str, src: DumpFile) -> DumpFile:
@@ -225,8 +259,9 @@ def _open_output(output_path: str, src: DumpFile) -> DumpFile:
 
 
 def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
-                pairs: list[tuple[str, str]]) -> list[str]:
-    """Copy ops (src, dst path pairs) from INPUT into OUTPUT (appending); returns the dst paths."""
+                pairs: list[tuple[str, str]], *, budget: OutputBudget | None = None) -> list[str]:
+    """Copy ops (src, dst path pairs) from INPUT into OUTPUT (appending); returns the dst paths.
+    `budget` caps the bytes copied (checked from metadata before the copy)."""
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     if os.path.abspath(input_path) == os.path.abspath(output_path):
         raise ExtractError(f"{output_path}: output is the input file; choose another -o")
@@ -237,6 +272,8 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
                                "to copy, and no tensor values to replay; extract works on tensor dumps")
         with h5_errors(input_path):
             jobs = _resolve(src.h5, input_path, pairs)
+            planned = sum(_declared_bytes(src.h5, sop, sseq) for sop, sseq, _, _ in jobs)
+        (budget or OutputBudget()).charge(output_path, planned, files=1)
         old = _open_output(output_path, src) if os.path.exists(output_path) else None
         try:
             with h5_errors(output_path):

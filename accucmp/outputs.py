@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.safe_output import NameSet, OutputBudget, new_dir, output_dir, output_path
 
 
 def timestamp() -> str:
@@ -23,24 +25,20 @@ def timestamp() -> str:
 def _free_basename(out_dir: Path, basename: str, suffix: str = ".csv") -> str:
     """result_{stamp}; a second run within the same second gets result_{stamp}_1, never clobbers."""
     name, i = basename, 0
-    while (out_dir / f"{name}{suffix}").exists():
+    while os.path.lexists(out_dir / f"{name}{suffix}"):   # a dangling link is taken too
         i += 1
         name = f"{basename}_{i}"
     return name
 
 
 def _mkdir(out_dir: Path) -> Path:
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DumpWriteError(f"{out_dir}: cannot create output directory ({e.strerror or e})") from e
-    return out_dir
+    return Path(output_dir(out_dir))
 
 
 def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, meta: dict | None = None,
-                  basename: str | None = None) -> list[Path]:
-    """Write the table in each format; returns the paths, the csv first."""
+                  basename: str | None = None, force: bool = False) -> list[Path]:
+    """Write the table in each format; returns the paths, the csv first. Each file is
+    created new (dumpfile.safe_output): an existing one is refused unless `force`."""
     out_dir = _mkdir(out_dir)
     if "xlsx" in formats:
         _require_openpyxl()
@@ -49,16 +47,17 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
     try:
         for fmt in formats:
             path = out_dir / f"{base}.{fmt}"
-            if fmt == "csv":
-                table.to_csv(path, index=False)
-            elif fmt == "json":
-                path.write_text(to_json(table, meta), encoding="utf-8")
-            elif fmt == "html":
-                from .report_html import render_html
+            with output_path(path, force=force) as tmp:
+                if fmt == "csv":
+                    table.to_csv(tmp, index=False)
+                elif fmt == "json":
+                    Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
+                elif fmt == "html":
+                    from .report_html import render_html
 
-                path.write_text(render_html(table, meta=meta), encoding="utf-8")
-            elif fmt == "xlsx":
-                table.to_excel(path, index=False)
+                    Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
+                elif fmt == "xlsx":
+                    table.to_excel(tmp, index=False)
             paths.append(path)
     except OSError as e:
         raise DumpWriteError(f"{out_dir}: cannot write results ({e.strerror or e})") from e
@@ -72,7 +71,8 @@ def new_result_csv(out_dir: Path, basename: str | None = None) -> Path:
     return out_dir / f"{_free_basename(out_dir, basename or f'result_{timestamp()}')}.csv"
 
 
-def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None = None) -> list[Path]:
+def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None = None,
+                        force: bool = False) -> list[Path]:
     """json / html / xlsx of a streamed result, next to its csv under the same name. They
     are whole-table formats: the table is read back from the csv (memory grows with the
     row count here, and only when one is asked for)."""
@@ -89,14 +89,15 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
     try:
         for fmt in formats:
             path = csv_path.with_suffix(f".{fmt}")
-            if fmt == "json":
-                path.write_text(to_json(table, meta), encoding="utf-8")
-            elif fmt == "html":
-                from .report_html import render_html
+            with output_path(path, force=force) as tmp:
+                if fmt == "json":
+                    Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
+                elif fmt == "html":
+                    from .report_html import render_html
 
-                path.write_text(render_html(table, meta=meta), encoding="utf-8")
-            elif fmt == "xlsx":
-                table.to_excel(path, index=False)
+                    Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
+                elif fmt == "xlsx":
+                    table.to_excel(tmp, index=False)
             paths.append(path)
     except OSError as e:
         raise DumpWriteError(f"{csv_path.parent}: cannot write results ({e.strerror or e})") from e
@@ -185,18 +186,24 @@ TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"
 
 def read_result_csv(path: Path) -> pd.DataFrame:
     """A saved result; checks it is one (has the columns a verdict needs)."""
+    from dumpfile.safe_output import open_regular
+
     path = Path(path)
     if not path.exists():
         raise DumpFormatError(f"{path}: no such file")
+    fd = open_regular(path)     # a directory or FIFO is refused (a FIFO would hang the read)
     try:
         # text columns stay text: module paths of nn.Sequential children ("0", "3", "1.10")
         # and tensor names would otherwise come back as numbers (and "1.10" as 1.1)
-        table = pd.read_csv(path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
+        with os.fdopen(fd, "rb") as f:
+            table = pd.read_csv(f, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise DumpFormatError(f"{path}: not a readable result csv ({type(e).__name__}: {e})") from e
     missing = [c for c in ("NPUDump", "NPUDumpPath", "GroundTruthPath") if c not in table.columns]
     if missing:
         raise DumpFormatError(f"{path}: not an accucmp result csv (missing column(s) {', '.join(missing)})")
+    if table.empty:     # a header alone judges nothing: not a pass
+        raise DumpFormatError(f"{path}: result csv has a header but no rows; nothing to judge")
     if "CompareFailReason" in table.columns:
         table["CompareFailReason"] = table["CompareFailReason"].astype(object).fillna("")
     return table
@@ -206,8 +213,17 @@ def read_result_csv(path: Path) -> pd.DataFrame:
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+_MAX_NAME = 160   # bytes of a file name made from a tensor path (most filesystems allow 255)
+
+
 def _safe(path: str) -> str:
-    return _UNSAFE.sub("_", path.strip("/").replace("/", ".")) or "value"
+    name = _UNSAFE.sub("_", path.strip("/").replace("/", ".")) or "value"
+    if len(name) > _MAX_NAME:     # keep both ends readable; the hash keeps long names distinct
+        import hashlib
+
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        name = f"{name[:70]}~{digest}~{name[-70:]}"
+    return name
 
 
 def failing_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -216,19 +232,28 @@ def failing_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["Result"] == "fail"]
 
 
-def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Path, *, stamp: str) -> list[Path]:
+def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Path, *, stamp: str,
+                   force: bool = False, budget: OutputBudget | None = None) -> list[Path]:
     """The failing rows as result_{stamp}_failed.csv and, per row, both tensors as .npy under
-    failed_{stamp}/ named `{Index}.{npu|golden}.{op.seqid.output.name}.npy`."""
+    failed_{stamp}/ named `{Index}.{npu|golden}.{op.seqid.output.name}.npy`.
+
+    failed_{stamp}/ is always a new folder (never one, or a link, already there); every
+    .npy counts against `budget` (files and bytes) before it is written."""
     from dumpfile import DumpFile
 
+    budget = budget or OutputBudget()
     out_dir = _mkdir(out_dir)
     rows = failing_rows(table)
     csv_path = out_dir / f"result_{stamp}_failed.csv"
-    rows.to_csv(csv_path, index=False)
+    with output_path(csv_path, force=force) as tmp:
+        rows.to_csv(tmp, index=False)
     paths = [csv_path]
     if rows.empty:
         return paths
-    npy_dir = _mkdir(out_dir / f"failed_{stamp}")
+    # two tensors per failing row at most: refuse before writing any of them
+    budget.check(out_dir / f"failed_{stamp}", 0, files=2 * len(rows))
+    npy_dir = Path(new_dir(out_dir, f"failed_{stamp}"))
+    names = NameSet()
     with DumpFile(target) as t, DumpFile(golden) as g:
         for _, row in rows.iterrows():
             idx = row.get("Index", "")
@@ -236,17 +261,33 @@ def write_failures(table: pd.DataFrame, target: Path, golden: Path, out_dir: Pat
                 p = row.get(col)
                 if not isinstance(p, str) or not p or p not in f.h5:
                     continue
-                arr = read_tensor_at(f, p)
+                name = f"{idx}.{side}.{_safe(p)}"
+                arr = read_tensor_at(f, p, before_read=lambda rec, n=name: budget.check(
+                    npy_dir / f"{n}.npy", _declared_nbytes(rec)))    # not read at all past the cap
                 if arr is None:
                     continue
-                path = npy_dir / f"{idx}.{side}.{_safe(p)}.npy"
-                np.save(path, arr)
+                path = npy_dir / (names.unique(name) + ".npy")
+                budget.charge(path, int(arr.nbytes) + 128)   # + the .npy header
+                with output_path(path) as tmp:               # a new folder: nothing to force
+                    np.save(tmp, arr)
                 paths.append(path)
     return paths
 
 
-def read_tensor_at(f, path: str) -> np.ndarray | None:
-    """The decoded tensor stored at `path` of an open DumpFile (None for a non-tensor)."""
+def _declared_nbytes(rec) -> int:
+    """The bytes a tensor declares (shape x stored item size), from metadata alone."""
+    from dumpfile import schema as S
+
+    try:
+        itemsize = np.dtype(S.STORAGE_NUMPY_DTYPE.get(rec.dtype, "float32")).itemsize
+        return rec.numel * itemsize
+    except (TypeError, ValueError, OverflowError, DumpError):   # the read names the damage
+        return 0
+
+
+def read_tensor_at(f, path: str, before_read=None) -> np.ndarray | None:
+    """The decoded tensor stored at `path` of an open DumpFile (None for a non-tensor).
+    `before_read(record)` runs before its values are read (a cap check)."""
     from dumpfile import ValueRecord
     from dumpfile import schema as S
 
@@ -260,6 +301,8 @@ def read_tensor_at(f, path: str) -> np.ndarray | None:
     rec = ValueRecord(f, path, path.rsplit("/", 1)[-1], int(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)), attrs)
     if rec.type not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
         return None
+    if before_read is not None:
+        before_read(rec)
     try:
         return np.asarray(rec.read())
     except DumpError:

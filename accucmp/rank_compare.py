@@ -511,12 +511,14 @@ def _write_merged(r: RunsResult, out_dir: Path, base: str, target_dir, golden_di
     """{base}_ranks.csv (one row per rank pair) and {base}_summary.json (the merged answer)."""
     import csv
 
+    from dumpfile.safe_output import open_output
+
     ranks_csv = out_dir / f"{base}_ranks.csv"
     cols = ["Rank", "Step", "Rows", "Pass", "Fail", "Unmatched", "Skipped", "FirstFailureOp",
             "FirstFailureSeqId", "FirstFailureTensor", "ReplicaChecked", "ReplicaDiffer", "Seconds",
             "Target", "Golden", "ResultCsv", "Error"]
     rep = {(x["rank"], x["step"]): x for x in r.replicas}
-    with open(ranks_csv, "w", newline="", encoding="utf-8") as fh:
+    with open_output(ranks_csv, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
         for p in r.pairs:
@@ -537,7 +539,8 @@ def _write_merged(r: RunsResult, out_dir: Path, base: str, target_dir, golden_di
         "workers": r.workers, "seconds": r.seconds,
     }
     js = out_dir / f"{base}_summary.json"
-    js.write_text(json.dumps(_plain(summary), indent=1, default=str, allow_nan=False) + "\n", encoding="utf-8")
+    with open_output(js, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(_plain(summary), indent=1, default=str, allow_nan=False) + "\n")
     return [ranks_csv, js]
 
 

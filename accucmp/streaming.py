@@ -31,10 +31,12 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                    thresholds: Mapping[str, float] | None = None, top: int = 5,
                    on_rows: Callable[[int], None] | None = None,
                    observe: Callable[[Any], None] | None = None,
-                   batch_rows: int = 4096) -> StreamedResult:
+                   batch_rows: int = 4096, force: bool = False) -> StreamedResult:
     """Compare `target` against `golden`, judge each row (verdict.apply_verdict, per batch of
     whole ops) and write the result table to `csv_path` as it comes. `on_rows(n)` is told
     of every n rows written (progress); `observe(batch)` sees every judged batch."""
+    from dumpfile.safe_output import open_output
+
     from .compare import stream_compare
     from .verdict import apply_verdict, thresholds_with
 
@@ -45,7 +47,9 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
     with stream_compare(target, golden, algorithms=algorithms, select=select, jobs=jobs,
                         chunk_elements=chunk_elements, golden_fp64=golden_fp64,
                         batch_rows=batch_rows) as stream:
-        with open(csv_path, "w", encoding="utf-8", newline="") as fh:
+        # a temporary file renamed into place at the end (dumpfile.safe_output): never
+        # written through a link, never over an existing file unless `force`
+        with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh:
             for part in stream.batches:
                 judged = apply_verdict(part, thresholds)
                 judged.to_csv(fh, index=False, header=rows == 0)

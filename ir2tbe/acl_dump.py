@@ -8,6 +8,11 @@ CPU); model_id: the IR op's seqid (each replayed IR op is its own single-op
 "model", as in ACL's single-op mode); data_index: 0 (one step). op_type is the
 kernel's op ("prims_mul_default"), op_name "{IR op}_{seqid}_{kernel order}";
 `.`, `/`, `\\` and spaces become `_` as in CANN.
+
+Outputs follow dumpfile.safe_output: the session folder {time} is always a new folder
+(a second session in the same second gets {time}_1, and a folder or link already there
+is never written into); each kernel dump is created exclusively (O_EXCL, never through a
+link); the mapping table is appended with O_NOFOLLOW.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 from dumpfile.errors import DumpWriteError
+from dumpfile.safe_output import new_dir, open_append_nofollow, output_dir
 
 from npu_dumper.tensors import numpy_view
 
@@ -98,7 +104,8 @@ class KernelDumpWriter:
         self.device_id = int(device_id)
         self.data_index = int(data_index)
         self.session_time = time.strftime("%Y%m%d%H%M%S")
-        self.root = os.path.join(self.dump_path, self.session_time)
+        self.root = os.path.join(self.dump_path, self.session_time)   # made (maybe _N) at the first write
+        self._root_made = False
         self.task_id = 0
         self._last_timestamp = 0
         self._map_started = False
@@ -139,6 +146,9 @@ class KernelDumpWriter:
         kernels = self.selected_kernels(mapping, seqid)
         if not kernels:
             return []
+        if not self._root_made:
+            self.root = new_dir(output_dir(self.dump_path), self.session_time)
+            self._root_made = True
         folder = os.path.join(self.root, str(self.device_id), str(int(seqid)), str(self.data_index))
         try:
             os.makedirs(folder, exist_ok=True)
@@ -176,7 +186,7 @@ class KernelDumpWriter:
 
     def _append_rows(self, rows: list[dict]) -> None:
         try:
-            with open(self.map_path, "a", newline="", encoding="utf-8") as f:
+            with open_append_nofollow(self.map_path) as f:
                 w = csv.DictWriter(f, fieldnames=MAP_COLUMNS)
                 if not self._map_started and f.tell() == 0:
                     w.writeheader()

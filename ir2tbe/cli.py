@@ -9,9 +9,11 @@ line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 
@@ -32,6 +34,25 @@ def _fail(msg: object) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+@contextlib.contextmanager
+def _boundary(where: Path) -> Iterator[None]:
+    """Any failure on a bad file: one line that names it, exit 2, no traceback
+    (IR2TBE_DEBUG=1 re-raises the unexpected ones)."""
+    from dumpfile.errors import DumpError
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except DumpError as e:
+        _fail(e)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, RecursionError, MemoryError) as e:
+        if os.environ.get("IR2TBE_DEBUG"):
+            raise
+        msg = f"{type(e).__name__}: {e}"
+        _fail(msg if str(where) in msg else f"{where}: {msg}")
+
+
 @app.command("run")
 def run_command(
     dump: Annotated[Path, typer.Argument(help="Dump (or extracted ops) to replay, e.g. output.h5.")],
@@ -43,6 +64,21 @@ def run_command(
         "--op", help="Only these ops (name, short name or glob); repeatable.")] = None,
 ) -> None:
     """Replay each op of DUMP from its recorded inputs and dump every kernel it runs (CANN layout)."""
+    with _boundary(dump):
+        _require_file(dump)
+        _run(dump, acl_config, device, dump_path, op)
+
+
+def _require_file(p: Path) -> None:
+    from dumpfile.errors import DumpFormatError
+
+    if not p.exists():
+        raise DumpFormatError(f"{p}: no such file")
+    if not p.is_file():
+        raise DumpFormatError(f"{p}: not a regular file (a directory, FIFO or device is not a dump)")
+
+
+def _run(dump, acl_config, device, dump_path, op) -> None:
     from dumpfile.errors import DumpError
 
     from .acl_config import AclConfigWarning, check_acl_dump_env, load_acl_config
@@ -84,6 +120,12 @@ def map_command(
     seqid: Annotated[Optional[int], typer.Option("--seqid", help="Which call (default: the first).")] = None,
 ) -> None:
     """List the kernels an op runs, with shapes, using one of its recorded calls (nothing is written)."""
+    with _boundary(dump):
+        _require_file(dump)
+        _map(op, dump, device, seqid)
+
+
+def _map(op, dump, device, seqid) -> None:
     from dumpfile.errors import DumpError
 
     try:

@@ -160,10 +160,38 @@ class TensorEntry:
     raw: bytes = b""
     original_shape: tuple[int, ...] = ()
     original_op: str = ""
+    offset: int = 0              # where its `size` raw bytes start in the file
+    size: int = 0
 
     @property
     def dtype(self) -> str:
         return DATA_TYPES[self.data_type][1] if self.data_type in DATA_TYPES else ""
+
+    @property
+    def decoded_dtype(self) -> np.dtype:
+        from dumpfile.reader import decode_raw
+        storage, name = DATA_TYPES[self.data_type]
+        return decode_raw(np.zeros(0, dtype=storage), name).dtype
+
+    def chunks(self, path: str, chunk_bytes: int = 1 << 24):
+        """The decoded values, flat in C order, chunk by chunk, read from `path` (the file
+        this entry was parsed from): memory is bounded by the chunk, not the tensor."""
+        from dumpfile.reader import decode_raw
+        from dumpfile.safe_output import open_regular
+
+        storage, name = DATA_TYPES[self.data_type]
+        item = np.dtype(storage).itemsize
+        step = max(item, chunk_bytes - chunk_bytes % item)
+        with os.fdopen(open_regular(path), "rb") as f:
+            f.seek(self.offset)
+            left = self.size
+            while left > 0:
+                raw = f.read(min(step, left))
+                if len(raw) == 0 or len(raw) % item:
+                    raise KernelDumpError(f"{path}: {self.kind} {self.index} is truncated (file changed while read?)")
+                left -= len(raw)
+                arr = np.frombuffer(raw, dtype=np.dtype(storage).newbyteorder("<")).astype(storage, copy=False)
+                yield decode_raw(arr, name)
 
     def array(self) -> np.ndarray:
         """The tensor as a numpy array (bf16/float8 decoded exactly to float32)."""
@@ -232,9 +260,12 @@ def write_kernel_dump(path: str | os.PathLike, op_name: str, inputs: Sequence[Te
                 entry.original_op.name = t.original_op
             payload.append(raw)
     header = msg.SerializeToString()
+    from dumpfile.safe_output import open_output
+
     path = os.fspath(path)
     try:
-        with open(path, "wb") as f:
+        # a new file (temporary, then linked into place): never over a file, never through a link
+        with open_output(path, "wb") as f:
             f.write(struct.pack("<Q", len(header)))
             f.write(header)
             for raw in payload:
@@ -254,13 +285,33 @@ def _checked_shape(path: str, where: str, dims) -> tuple[int, ...]:
     return dims
 
 
+# numpy refuses an array whose dims multiply (zeros taken as 1) past this many bytes
+_MAX_ARRAY_BYTES = 1 << 62
+
+
+def _checked_extent(path: str, where: str, dims: tuple[int, ...], itemsize: int) -> None:
+    extent = itemsize
+    for d in dims:
+        extent *= max(d, 1)
+        if extent > _MAX_ARRAY_BYTES:
+            raise KernelDumpError(f"{path}: {where} shape {list(dims)} is too large for any array (corrupt header?)")
+
+
 def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> KernelDump:
-    """Parse a kernel dump, checking every length against the file before reading it."""
+    """Parse a kernel dump, checking every length against the file before reading it.
+    A FIFO, device or directory is refused before a blocking open (it would hang)."""
+    from dumpfile.safe_output import open_regular
+
     path = os.fspath(path)
     try:
-        file_size = os.path.getsize(path)
-        f = open(path, "rb")
+        fd = open_regular(path)
+    except DumpFormatError as e:
+        raise KernelDumpError(f"{e} (not a kernel dump)") from None
+    try:
+        file_size = os.fstat(fd).st_size
+        f = os.fdopen(fd, "rb")
     except OSError as e:
+        os.close(fd)
         raise KernelDumpError(f"{path}: cannot open kernel dump: {e.strerror or e}") from e
     with f:
         if file_size < HEADER_LENGTH_BYTES:
@@ -300,6 +351,7 @@ def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> Kern
             if numel * storage.itemsize != size:
                 raise KernelDumpError(f"{path}: {where} size {size} bytes does not match shape {list(shape)} "
                                       f"of {DATA_TYPE_NAMES.get(code, code)} ({numel * storage.itemsize} bytes)")
+            _checked_extent(path, where, shape, storage.itemsize)   # e.g. (0, 2**62): 0 bytes, no array
             raw = b""
             if with_data:
                 f.seek(offset)
@@ -308,7 +360,8 @@ def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> Kern
                     raise KernelDumpError(f"{path}: {where} is truncated ({len(raw)} of {size} bytes)")
             orig = t.original_op.name if kind == "output" else ""
             entry = TensorEntry(kind, i, code, int(t.format), shape, raw,
-                                _checked_shape(path, f"{where} original_shape", t.original_shape.dim), orig)
+                                _checked_shape(path, f"{where} original_shape", t.original_shape.dim), orig,
+                                offset=offset, size=size)
             (dump.inputs if kind == "input" else dump.outputs).append(entry)
             offset += size
         return dump

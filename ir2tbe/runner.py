@@ -98,4 +98,5 @@ def run_dump_file(h5_path: str | os.PathLike, config: AclConfig, *, device: str 
                 run.why_not = f"failed to run on {device}: {type(e).__name__}: {' '.join(str(e).split())}"
                 continue
             run.written = writer.write(run.mapping, rec.seqid, device=str(dev))
+    result.dump_root, result.map_path = writer.root, writer.map_path   # the session folder as made
     return result

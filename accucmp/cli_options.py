@@ -1,0 +1,28 @@
+"""Options shared by the commands that write files (--force, --max-files, --max-bytes),
+declared once so every command spells and documents them the same way (docs/CLI.md,
+"Outputs"). Light: typer only; the rules themselves live in dumpfile.safe_output."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dumpfile.safe_output import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, OutputBudget, format_size, parse_size
+
+Force = Annotated[bool, typer.Option(
+    "--force", help="Replace output files that already exist (default: refuse them). "
+                    "A link at an output name is replaced, never written through.")]
+MaxFiles = Annotated[int, typer.Option(
+    "--max-files", min=1, help=f"Write at most this many files (default {DEFAULT_MAX_FILES}).")]
+MaxBytes = Annotated[str, typer.Option(
+    "--max-bytes", help=f"Write at most this many bytes, e.g. 500M, 64G (default {format_size(DEFAULT_MAX_BYTES)}).")]
+
+
+# the defaults as the signatures spell them
+MAX_FILES = DEFAULT_MAX_FILES
+MAX_BYTES = format_size(DEFAULT_MAX_BYTES)
+
+
+def budget(max_files: int = DEFAULT_MAX_FILES, max_bytes: str | int = DEFAULT_MAX_BYTES) -> OutputBudget:
+    return OutputBudget(max_files=max_files, max_bytes=parse_size(max_bytes))
