@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 
 from dumpfile import schema as S
@@ -543,8 +544,13 @@ class CaptureRegistry:
         self._gen[ptr] = self._gen.get(ptr, 0) + 1
         with self._lock:
             caps = list(self._pending.get(ptr, ()))
-        for cap in caps:
-            cap.materialize()
+        if caps:
+            # called from user code (FSDP2's hooks), not from inside the dispatch mode: the
+            # copies must not be recorded as ops, whose captures would alias the storage
+            # about to be freed
+            with _disable_current_modes():
+                for cap in caps:
+                    cap.materialize()
 
     def before_write(self, t: torch.Tensor) -> None:
         """`t`'s storage is about to be written: copy pending captures of it, bump its generation."""

@@ -76,3 +76,29 @@ def test_conj_views_are_recorded_as_seen_and_self_replay_is_bit_exact(tmp_path):
     assert len(b) > 20 and set(b) <= set(a)
     for key, v in b.items():
         assert v.dtype == a[key].dtype and v.tobytes() == a[key].tobytes(), key
+
+
+def test_a_storage_resized_under_a_pending_capture_is_copied_first_and_unrecorded():
+    """FSDP2 frees parameter storage with `untyped_storage().resize_(0)` (not an aten op)
+    while captures still alias it: the guard copies them first, without the copy being
+    dispatched to the modes of the block (whose captures would alias the freed storage)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from npu_dumper.capture import CaptureRegistry, StorageGuard, TensorCapture
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    reg = CaptureRegistry()
+    w = torch.arange(12.0).reshape(3, 4)
+    cap = TensorCapture(w.t(), reg._gen, clone=False)
+    reg.add(cap)
+    with StorageGuard(reg), Seen() as seen:
+        w.untyped_storage().resize_(0)
+    assert seen.ops == []
+    assert torch.equal(cap.tensor, torch.arange(12.0).reshape(3, 4).t())
+    assert "resize_" not in torch.UntypedStorage.__dict__      # the guard is gone
