@@ -3,8 +3,10 @@
 Workload: 4 x (Linear(512,512) + GELU), batch 32 per rank, fp32, sum loss, forward +
 backward; DDP(model) and fully_shard per block + root. Each round times one plain step and
 one dumped step (full dump, default writer) on both ranks, alternating, with a barrier
-before each; the dump file is removed outside the timing. Prints median ms/step (rank 0's
-clock, the step ends when both ranks have finished it) and the ratio dump / plain.
+before each; the dump file is removed outside the timing. Two dumped variants: one block
+per step (`step=`, the block's start and final flush included) and 5 steps in one block
+(per step). Prints median ms/step (rank 0's clock, the step ends when both ranks have
+finished it) and the ratios dump / plain.
 
     python benchmarks/bench_dump_distributed.py [--rounds R] [--stats]
 """
@@ -64,21 +66,25 @@ def worker(rank: int, world: int, port: int, rounds: int, stats: bool, out: str)
             def step():
                 model(x).sum().backward()
 
-            def dumped():
+            def dumped(n=1):
                 with torch.utils.dumper(dump_path=os.path.join(out, f"{kind}.h5"), stats_only=stats):
-                    step()
+                    for _ in range(n):
+                        step()
 
             for _ in range(2):       # warm-up: gloo connections, allocator, writer start
                 step()
                 dumped()
-            plain, dump = [], []
+            plain, dump, dump5 = [], [], []
             for _ in range(rounds):
                 plain.append(timed(step))
                 dump.append(timed(dumped))
                 os.remove(os.path.join(out, f"{kind}_rank{rank}.h5"))
-            p, d = statistics.median(plain), statistics.median(dump)
-            lines.append(f"{kind:6s} plain {p:8.1f} ms   dump{' (stats)' if stats else ''} "
-                         f"{d:8.1f} ms   ratio {d / p:5.2f}x   (median of {rounds})")
+                dump5.append(timed(lambda: dumped(5)) / 5)
+                os.remove(os.path.join(out, f"{kind}_rank{rank}.h5"))
+            p, d, d5 = statistics.median(plain), statistics.median(dump), statistics.median(dump5)
+            lines.append(f"{kind:6s} plain {p:7.1f} ms | dump{' (stats)' if stats else ''}: "
+                         f"1 step/block {d:7.1f} ms ({d / p:5.2f}x), 5 steps/block {d5:7.1f} ms/step "
+                         f"({d5 / p:5.2f}x)   median of {rounds}")
     finally:
         dist.destroy_process_group()
     if rank == 0:
