@@ -109,6 +109,10 @@ OUT_BUFFERS: dict[Any, tuple[str, ...]] = {}
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional",
                                    "_c10d_functional_autograd"})
 COLLECTIVE_REASON = "collective: its result depends on the other ranks; not replayed"
+# Functional collectives (DTensor's redistribute, torch.distributed._functional_collectives)
+# return their output tensor while the collective may still run; it holds the result only
+# after `_c10d_functional.wait_tensor`. The mode waits before it records the outputs.
+FUNCTIONAL_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
 _late_registered: set[str] = set()
 
 
@@ -179,6 +183,7 @@ class OpInfo:
     # before the op is not data; recorded as inputs marked `uninitialized`
     out_args: frozenset[str] = frozenset()
     collective: bool = False       # COLLECTIVE_NAMESPACES
+    waits_tensor: bool = False     # FUNCTIONAL_COLLECTIVE_NAMESPACES: wait_tensor before recording
     # returns that are a c10d Work: the collective may still be running when the op returns
     # (gloo, NCCL and async_op=True), so the outputs are what it will have written only
     # after Work.wait(); the mode waits before it records them
@@ -246,6 +251,8 @@ def op_info(func) -> OpInfo:
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
         opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
         collective=ns in COLLECTIVE_NAMESPACES,
+        waits_tensor=ns in FUNCTIONAL_COLLECTIVE_NAMESPACES and schema.name.split("::")[1] != "wait_tensor"
+        and any("Tensor" in str(r.type) for r in rets),
         out_args=frozenset({a.name for a in args if getattr(a, "is_out", False)}
                            | set(OUT_BUFFERS.get(packet, ()))),
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),

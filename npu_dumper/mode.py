@@ -284,6 +284,8 @@ class DumpMode(TorchDispatchMode):
         ev.outputs = out
         if info.work_returns and self.record_outputs:
             _wait_for_collective(out, info.work_returns)
+        elif info.waits_tensor and self.record_outputs:
+            _wait_for_tensors(out)
         compute_dtype = hints.pop_compute_dtype()
         if compute_dtype is not None:
             ev.group_attrs[S.OP_COMPUTE_DTYPE] = compute_dtype
@@ -359,6 +361,17 @@ def _wait_for_collective(out: Any, work_returns: tuple[int, ...]) -> None:
         wait = getattr(work, "wait", None)
         if wait is not None:
             wait()
+
+
+def _wait_for_tensors(out: Any) -> None:
+    """A functional collective's outputs are written when the collective finishes:
+    `wait_tensor` first (as _wait_for_collective), so the recorded values are its result.
+    Waiting again later (the model's own wait) finds nothing pending and returns."""
+    wait = torch.ops._c10d_functional.wait_tensor
+    flat, _ = tree_flatten(out)
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            wait(t)
 
 
 def _tensor_dtypes(args: tuple, kwargs: dict) -> str:

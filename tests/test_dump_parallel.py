@@ -85,9 +85,13 @@ def _ranks(rank, world, port, out):
     try:
         model, x = _case("ddp", rank, world, out, "ddp_a.h5")
         _case("ddp", rank, world, out, "ddp_b.h5")
-        _case("fsdp", rank, world, out, "fsdp.h5")
+        fsdp, xf = _case("fsdp", rank, world, out, "fsdp.h5")
         _case("fsdp", rank, world, out, "fsdp_nodedup.h5", steps=1, dedup=False)
-        _case("tp", rank, world, out, "tp.h5")
+        tp, xt = _case("tp", rank, world, out, "tp.h5")
+        for name, m, xx in (("fsdp", fsdp, xf), ("tp", tp, xt)):
+            with torch.utils.dumper(load_file_path=os.path.join(out, f"{name}.h5"),
+                                    dump_path=os.path.join(out, f"{name}_replay.h5")):
+                m(xx).sum().backward()
         # load-replay of a distributed run: `load_file_path` names the run, the rank rule
         # picks this rank's file; collectives run live and are listed, not substituted
         with torch.utils.dumper(load_file_path=os.path.join(out, "ddp_a.h5"),
@@ -259,6 +263,29 @@ def test_load_replay_under_ddp_takes_each_ranks_file_and_lists_collectives(runs)
         table, bad = _failing(runs / f"replay_rank{rank}.h5", runs / f"ddp_a_rank{rank}.h5")
         assert bad.empty, bad[["NPUDump", "SeqId", "TensorName", "FailReason"]].to_string()
         assert (table["CompareStatus"] == "compared").sum() > 30
+
+
+@pytest.mark.parametrize("name", ["fsdp", "tp"])
+def test_load_replay_under_fsdp2_and_tp_has_no_failing_row(runs, name):
+    for rank in (0, 1):
+        table, bad = _failing(runs / f"{name}_replay_rank{rank}.h5", runs / f"{name}_rank{rank}.h5")
+        assert bad.empty, bad[["NPUDump", "SeqId", "TensorName", "FailReason"]].to_string()
+        assert (table["CompareStatus"] == "compared").sum() >= 10
+
+
+def test_functional_collective_outputs_are_recorded_after_the_collective(runs):
+    # RowwiseParallel's output redistribute: _c10d_functional.all_reduce returns before the
+    # reduction has run; the recorded output is the sum of both ranks' inputs
+    got = []
+    for rank in (0, 1):
+        with DumpFile(runs / f"tp_rank{rank}.h5") as f:
+            ar = [o for o in f.ops() if o.op == "_c10d_functional.all_reduce.default"]
+            got.append([(_t(o.inputs()["input"]), _t(o.outputs()["result"])) for o in ar])
+    assert len(got[0]) == len(got[1]) >= 2
+    for (i0, o0), (i1, o1) in zip(*got):
+        assert not torch.equal(i0, i1)
+        torch.testing.assert_close(o0, i0 + i1)
+        assert torch.equal(o0, o1)
 
 
 def test_golden_replay_of_a_rank_file_lists_collectives_with_the_reason(runs, tmp_path):
