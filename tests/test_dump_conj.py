@@ -97,8 +97,11 @@ def test_a_storage_resized_under_a_pending_capture_is_copied_first_and_unrecorde
     w = torch.arange(12.0).reshape(3, 4)
     cap = TensorCapture(w.t(), reg._gen, clone=False)
     reg.add(cap)
+    ptr = w.untyped_storage().data_ptr()
     with StorageGuard(reg), Seen() as seen:
         w.untyped_storage().resize_(0)
     assert seen.ops == []
+    # dedup keys carry the write generation: none made before the resize matches after it
+    assert reg.generation(ptr) == cap.gen + 1
     assert torch.equal(cap.tensor, torch.arange(12.0).reshape(3, 4).t())
     assert "resize_" not in torch.UntypedStorage.__dict__      # the guard is gone
