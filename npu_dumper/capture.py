@@ -351,8 +351,31 @@ def _placement_str(p) -> str:
 def dtensor_spec_json(t) -> str:
     """The `dtensor` attribute: what a reader needs to put this rank's local shard back into
     the global tensor (docs/FORMAT.md, DTensor arguments)."""
-    import json
     spec = t._spec
+    # (the global shape and stride in the key too: a spec without tensor_meta hashes only
+    # its mesh and placements)
+    key = (spec, tuple(t.shape), tuple(t.stride()))
+    try:
+        text = _SPEC_JSON.get(key)
+    except TypeError:
+        text = None
+    if text is not None:
+        return text
+    text = _spec_json(t, spec)
+    if len(_SPEC_JSON) > 4096:
+        _SPEC_JSON.clear()
+    try:
+        _SPEC_JSON[key] = text
+    except TypeError:
+        pass
+    return text
+
+
+_SPEC_JSON: dict = {}
+
+
+def _spec_json(t, spec) -> str:
+    import json
     mesh = spec.mesh
     offset = None
     try:
