@@ -169,7 +169,8 @@ class _Comparer:
         g_shape, g_n = _check_record(g)
         if t.uninitialized or g.uninitialized:
             row["CompareStatus"] = STATUS_UNINITIALIZED
-            row["CompareFailReason"] = "output of an empty-like op (uninitialized memory): not compared"
+            row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
+                                        "output buffer before the op): not compared")
             return
         if t.is_stats or g.is_stats:
             xs = t.stats() if t.is_stats else _stats_of(self._chunks(t, t_n))

@@ -40,7 +40,6 @@ from dumpfile.errors import DumpError, DumpFormatError
 
 _RANK_IN_NAME = re.compile(r"_rank(\d+)")
 _STEP_IN_NAME = re.compile(r"_step(\d+)")
-ROOT_STEP = "step"          # root attribute of a dump written for one step (when the dumper sets it)
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def rank_key(path: str | os.PathLike) -> RankFile:
             a = f.attrs
             rank_a = _int_attr(a, S.ROOT_RANK)
             world = _int_attr(a, S.ROOT_WORLD_SIZE)
-            step_a = _int_attr(a, ROOT_STEP)
+            step_a = _int_attr(a, S.ROOT_STEP)
     except DumpError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:

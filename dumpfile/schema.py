@@ -26,7 +26,10 @@ FORMAT_NAME = "npu_dumper.h5"
 #      msaccucmp applies it; the live tensor's strides are `live_stride` (absent: equal to
 #      Stride, which is also what a file of 1.4 or older means). FormatType follows the
 #      memory format (NHWC for channels_last).
-FORMAT_VERSION = "1.5"
+# 1.6: tensor attribute `dtensor` (a DTensor's layout, its local shard stored); root
+#      attributes `step` and `parallel_layout`; `uninitialized` also marks destination-only
+#      inputs (`out=` arguments, collective output buffers)
+FORMAT_VERSION = "1.6"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -57,6 +60,8 @@ ROOT_DEVICE = "device"                # e.g. "cpu", "cuda:0", "npu:0"
 ROOT_DEVICE_TYPE = "DeviceType"       # device code below
 ROOT_RANK = "rank"
 ROOT_WORLD_SIZE = "world_size"
+ROOT_STEP = "step"                    # 1.6: the dumper's step= (absent when not given)
+ROOT_PARALLEL_LAYOUT = "parallel_layout"  # 1.6: JSON {wrappers, meshes} (docs/FORMAT.md)
 ROOT_MODE = "mode"                    # one of MODES
 ROOT_DUMP_MODE = "dump_mode"          # input / output / all
 ROOT_STATS_ONLY = "stats_only"
@@ -117,6 +122,7 @@ ATTR_DTYPE = "dtype"              # torch dtype name without "torch.", e.g. "bfl
 ATTR_DEVICE = "device"            # e.g. "cuda:0"
 ATTR_STORAGE_OFFSET = "storage_offset"
 ATTR_UNINITIALIZED = "uninitialized"  # output of an empty-like op: values are garbage
+ATTR_DTENSOR = "dtensor"          # 1.6: JSON layout of a DTensor whose local shard is stored
 ATTR_BASE = "base"                # Type VIEW: path of the dataset holding the data
 ATTR_SCHEMA_TYPE = "schema_type"  # the schema's type string, e.g. "int[]", "Scalar?"
 ATTR_STATS_FIELDS = "fields"      # Type STATS: names of the stored values

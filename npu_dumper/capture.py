@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
+
+from dumpfile import schema as S
 
 from .tensors import UNSTORED_DTYPES, dtype_name
 
@@ -81,14 +84,64 @@ C10D_WRITES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _register_c10d() -> None:
-    """(Called by op_info at the first c10d op: torch.distributed registers them late.)"""
+# Arguments that are only a destination: their content before the op is whatever the buffer
+# held (an empty() bucket, a reused all-gather buffer), not data the op reads. Recorded as
+# inputs, marked `uninitialized`, never judged by compare. (Schema `out=` arguments, the
+# `is_out` flag, are found from the schema; these are the ones whose schema does not say.)
+C10D_OUT_BUFFERS: dict[str, tuple[str, ...]] = {
+    "allgather_": ("output_tensors",), "allgather_coalesced_": ("output_lists",),
+    "allgather_into_tensor_coalesced_": ("outputs",), "_allgather_base_": ("output_tensor",),
+    "reduce_scatter_": ("output_tensors",), "reduce_scatter_tensor_coalesced_": ("outputs",),
+    "_reduce_scatter_base_": ("output_tensor",), "gather_": ("output_tensors",),
+    "scatter_": ("output_tensors",), "alltoall_": ("output_tensors",), "alltoall_base_": ("output",),
+    "recv_": ("tensors",), "recv_any_source_": ("tensors",),
+}
+# FSDP2's own ops (torch.distributed.fsdp, namespace "fsdp"): all_gather_copy_in copies this
+# rank's shard into `all_gather_output` (schema: not written) and returns that buffer with
+# the other ranks' slots still unfilled. qualified name -> (hidden writes, out buffers,
+# returns holding uninitialised parts)
+LATE_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {
+    "fsdp::all_gather_copy_in": (("all_gather_output",), ("all_gather_output",), (1,)),
+}
+OUT_BUFFERS: dict[Any, tuple[str, ...]] = {}
+# Op namespaces whose ops communicate: their results depend on the other ranks, so replay
+# (load-replay and golden replay) runs them live or skips them with this reason.
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional",
+                                   "_c10d_functional_autograd"})
+COLLECTIVE_REASON = "collective: its result depends on the other ranks; not replayed"
+# Functional collectives (DTensor's redistribute, torch.distributed._functional_collectives)
+# return their output tensor while the collective may still run; it holds the result only
+# after `_c10d_functional.wait_tensor`. The mode waits before it records the outputs.
+FUNCTIONAL_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+_late_registered: set[str] = set()
+
+
+def _register_late(ns: str) -> None:
+    """(Called by op_info at the first op of a namespace that torch.distributed registers
+    late: c10d, fsdp.)"""
+    if ns in _late_registered:
+        return
+    _late_registered.add(ns)
     try:
-        c10d = torch.ops.c10d
-        for name, written in C10D_WRITES.items():
-            pkt = getattr(c10d, name, None)
+        if ns == "c10d":
+            c10d = torch.ops.c10d
+            for name, written in C10D_WRITES.items():
+                pkt = getattr(c10d, name, None)
+                if pkt is not None:
+                    HIDDEN_WRITES[pkt] = written
+            for name, bufs in C10D_OUT_BUFFERS.items():
+                pkt = getattr(c10d, name, None)
+                if pkt is not None:
+                    OUT_BUFFERS[pkt] = bufs
+        for qual, (writes, bufs, rets) in LATE_OPS.items():
+            q_ns, name = qual.split("::")
+            if q_ns != ns:
+                continue
+            pkt = getattr(getattr(torch.ops, q_ns), name, None)
             if pkt is not None:
-                HIDDEN_WRITES[pkt] = written
+                HIDDEN_WRITES[pkt] = writes
+                OUT_BUFFERS[pkt] = bufs
+                OPAQUE_RETURNS[pkt] = rets
     except Exception:  # noqa: BLE001 - a build without distributed has no such ops
         pass
 
@@ -126,6 +179,11 @@ class OpInfo:
     is_view: bool
     opaque_returns: frozenset[int] = frozenset()
     opaque_args: frozenset[str] = frozenset()
+    # destination-only arguments (schema `out=`, collective output buffers): their content
+    # before the op is not data; recorded as inputs marked `uninitialized`
+    out_args: frozenset[str] = frozenset()
+    collective: bool = False       # COLLECTIVE_NAMESPACES
+    waits_tensor: bool = False     # FUNCTIONAL_COLLECTIVE_NAMESPACES: wait_tensor before recording
     # returns that are a c10d Work: the collective may still be running when the op returns
     # (gloo, NCCL and async_op=True), so the outputs are what it will have written only
     # after Work.wait(); the mode waits before it records them
@@ -153,8 +211,9 @@ def op_info(func) -> OpInfo:
     written = {a.name for a in args if a.alias_info is not None and a.alias_info.is_write}
     schema_written = frozenset(written)
     packet = getattr(func, "overloadpacket", None)
-    if schema.name.startswith("c10d::") and packet not in HIDDEN_WRITES:
-        _register_c10d()         # (registered lazily: torch.distributed loads them)
+    ns = schema.name.split("::", 1)[0]
+    if ns in ("c10d", "fsdp") and ns not in _late_registered:
+        _register_late(ns)         # (registered lazily: torch.distributed loads them)
     written |= set(HIDDEN_WRITES.get(packet, ()))
     # return names: the original's rule (result / result{i} / named field / self for in-place)
     alias_owner = {}
@@ -191,6 +250,11 @@ def op_info(func) -> OpInfo:
         is_view=bool(func.is_view),
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
         opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
+        collective=ns in COLLECTIVE_NAMESPACES,
+        waits_tensor=ns in FUNCTIONAL_COLLECTIVE_NAMESPACES and schema.name.split("::")[1] != "wait_tensor"
+        and any("Tensor" in str(r.type) for r in rets),
+        out_args=frozenset({a.name for a in args if getattr(a, "is_out", False)}
+                           | set(OUT_BUFFERS.get(packet, ()))),
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
@@ -239,6 +303,98 @@ def _has_neg_or_conj(keys) -> bool:
     return keys.has(_DK_NEG) or keys.has(_DK_CONJ)
 
 
+_DTENSOR_TYPE: list = []
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not _DTENSOR_TYPE:
+        try:
+            from torch.distributed.tensor import DTensor
+        except Exception:  # noqa: BLE001 - a build without distributed has no DTensor
+            DTensor = ()
+        _DTENSOR_TYPE.append(DTensor)
+    return bool(_DTENSOR_TYPE[0]) and isinstance(t, _DTENSOR_TYPE[0])
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor:
+    """A wrapper subclass with no storage of its own and one inner tensor (functional
+    collectives' AsyncCollectiveTensor, a DTensor's local shard while its collective runs):
+    the inner tensor, once its collective has finished. Others are captured as they are."""
+    try:
+        t.untyped_storage().data_ptr()
+        return t
+    except (RuntimeError, NotImplementedError):
+        pass
+    wait = getattr(t, "trigger_wait", None)
+    if wait is not None:
+        try:
+            return _unwrap(wait())
+        except Exception:  # noqa: BLE001 - captured as it is below
+            return t
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None:
+        try:
+            names, _ = flatten()
+            if len(names) == 1:
+                return _unwrap(getattr(t, names[0]))
+        except Exception:  # noqa: BLE001
+            pass
+    return t
+
+
+def _placement_str(p) -> str:
+    """Shard(0) / Replicate() / Partial(sum) / _StridedShard(0,sf=2): the placement's repr,
+    normalised (torch spells Shard as 'Shard(dim=0)')."""
+    return repr(p).replace("dim=", "").replace("reduce_op=", "").replace("split_factor=", "sf=")
+
+
+def dtensor_spec_json(t) -> str:
+    """The `dtensor` attribute: what a reader needs to put this rank's local shard back into
+    the global tensor (docs/FORMAT.md, DTensor arguments)."""
+    spec = t._spec
+    # (the global shape and stride in the key too: a spec without tensor_meta hashes only
+    # its mesh and placements)
+    key = (spec, tuple(t.shape), tuple(t.stride()))
+    try:
+        text = _SPEC_JSON.get(key)
+    except TypeError:
+        text = None
+    if text is not None:
+        return text
+    text = _spec_json(t, spec)
+    if len(_SPEC_JSON) > 4096:
+        _SPEC_JSON.clear()
+    try:
+        _SPEC_JSON[key] = text
+    except TypeError:
+        pass
+    return text
+
+
+_SPEC_JSON: dict = {}
+
+
+def _spec_json(t, spec) -> str:
+    import json
+    mesh = spec.mesh
+    offset = None
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        offset = list(compute_local_shape_and_global_offset(tuple(t.shape), mesh, spec.placements)[1])
+    except Exception:  # noqa: BLE001 - strided shards etc.: the placements still say it
+        pass
+    coord = mesh.get_coordinate()
+    return json.dumps({
+        "mesh_shape": list(mesh.shape),
+        "mesh_dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+        "mesh_ranks": mesh.mesh.flatten().tolist(),
+        "coordinate": list(coord) if coord is not None else None,
+        "placements": [_placement_str(p) for p in spec.placements],
+        "global_shape": list(t.shape), "global_stride": list(t.stride()),
+        "global_offset": offset,
+    }, separators=(",", ":"))
+
+
 class TensorCapture:
     """A tensor as it was at op time: its storage (or an alias of it) until materialised.
 
@@ -247,7 +403,7 @@ class TensorCapture:
 
     __slots__ = ("_tensor", "_storage", "ptr", "gen", "version", "dtype", "shape", "stride",
                  "offset", "device", "nbytes", "uninitialized", "owner", "lock", "done",
-                 "_torch_dtype", "__weakref__")
+                 "_torch_dtype", "extra", "__weakref__")
 
     def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False,
                  version_bump: int = 0):
@@ -257,6 +413,14 @@ class TensorCapture:
         # release it, and with the writer thread waiting, each release costs the model's
         # thread a hand-over (40-170 us each, measured with a busy second thread on the
         # reference 2-core machine).
+        self.extra = None
+        if type(t) not in _PLAIN_TENSOR_TYPES and _is_dtensor(t):
+            # a DTensor: its data is the local shard (a plain tensor); the layout that makes
+            # it part of a global tensor is written as the `dtensor` attribute
+            self.extra = {S.ATTR_DTENSOR: dtensor_spec_json(t)}
+            t = t._local_tensor
+        if type(t) not in _PLAIN_TENSOR_TYPES:
+            t = _unwrap(t)
         device = t.device
         names = _DEVICE_NAMES.get(device)
         if names is None:       # str(device) and device.type cost ~0.3 us each, per tensor
@@ -264,12 +428,23 @@ class TensorCapture:
         numel = t.numel()
         strided = t.layout == torch.strided and names[1] != "meta"
         storage = t.untyped_storage() if strided and numel else None
-        self.ptr = storage.data_ptr() if storage is not None else 0
+        try:
+            self.ptr = storage.data_ptr() if storage is not None else 0
+        except RuntimeError:    # a wrapper subclass with no storage of its own
+            storage, self.ptr = None, 0
         # Dedup keys are valid while the storage lives (its address cannot be reused).
         # Storage Python objects are preserved with their StorageImpl, so a weakref to one
         # dies exactly when the storage is freed; it holds no reference autograd could see.
         self.owner = weakref.ref(storage) if storage is not None else None
         self.gen = gen.get(self.ptr, 0)
+        keys = torch._C._dispatch_keys(t)
+        neg_conj = _has_neg_or_conj(keys)
+        if neg_conj or self.extra is not None:
+            # `gen` is part of the writers' dedup and view keys: a conj/neg view of a storage
+            # holds other values than the storage (x and x.conj() must not share a dataset),
+            # and the same local shard under another DTensor layout is another record
+            self.gen = (self.gen, keys.has(_DK_CONJ), keys.has(_DK_NEG),
+                        self.extra[S.ATTR_DTENSOR] if self.extra else None)
         # an inference tensor has no version counter (reading it raises): writes to it are
         # still seen through the registry's write generation
         # `version_bump`: the output of an in-place or out= op is captured below autograd's
@@ -291,7 +466,7 @@ class TensorCapture:
         self.done = False
         if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
                 and names[1] in _REBUILT_DEVICES and self._torch_dtype not in UNSTORED_DTYPES
-                and not _has_neg_or_conj(torch._C._dispatch_keys(t))):
+                and not neg_conj):
             # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
             # the storage, like an alias, leaves autograd's counts on `t` untouched.
             self._storage = storage
@@ -385,11 +560,38 @@ class CaptureRegistry:
                     if not lst:
                         del self._pending[cap.ptr]
 
+    def before_storage_change(self, storage) -> None:
+        """`storage` is about to be resized (freed, regrown) outside the dispatcher (FSDP2's
+        `untyped_storage().resize_(0)` after a block's forward): copy its pending
+        captures while they still hold the op-time bytes, and bump its generation so that
+        no dedup key made before matches what lives at that address afterwards."""
+        try:
+            ptr = storage.data_ptr()
+        except RuntimeError:
+            return
+        if not ptr:
+            return
+        self._gen[ptr] = self._gen.get(ptr, 0) + 1
+        with self._lock:
+            caps = list(self._pending.get(ptr, ()))
+        if caps:
+            # called from user code (FSDP2's hooks), not from inside the dispatch mode: the
+            # copies must not be recorded as ops, whose captures would alias the storage
+            # about to be freed
+            with _disable_current_modes():
+                for cap in caps:
+                    cap.materialize()
+
     def before_write(self, t: torch.Tensor) -> None:
         """`t`'s storage is about to be written: copy pending captures of it, bump its generation."""
+        if type(t) not in _PLAIN_TENSOR_TYPES:
+            t = t._local_tensor if _is_dtensor(t) else _unwrap(t)
         if t.layout != torch.strided or t.is_nested:
             return
-        ptr = t.untyped_storage().data_ptr()
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:    # a wrapper subclass with no storage of its own
+            return
         if not ptr:
             return
         self._gen[ptr] = self._gen.get(ptr, 0) + 1
@@ -401,3 +603,35 @@ class CaptureRegistry:
     def pending_count(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._pending.values())
+
+
+# ---- storage changes the dispatcher does not see -------------------------------------
+_guarded: list[CaptureRegistry] = []
+
+
+def _guarded_resize(self, size):
+    # UntypedStorage.resize_ is a C method of StorageBase, not an aten op: FSDP2 frees and
+    # regrows parameter storages with it, under captures that still alias them
+    if _guarded:
+        _guarded[-1].before_storage_change(self)
+    return torch._C.StorageBase.resize_(self, size)
+
+
+class StorageGuard:
+    """While a dump block runs, `torch.UntypedStorage.resize_` first saves the pending
+    captures of the storage (CaptureRegistry.before_storage_change)."""
+
+    def __init__(self, registry: CaptureRegistry):
+        self.registry = registry
+
+    def __enter__(self):
+        if not _guarded:
+            torch.UntypedStorage.resize_ = _guarded_resize
+        _guarded.append(self.registry)
+        return self
+
+    def __exit__(self, *exc):
+        _guarded.remove(self.registry)
+        if not _guarded and torch.UntypedStorage.__dict__.get("resize_") is _guarded_resize:
+            del torch.UntypedStorage.resize_
+        return False

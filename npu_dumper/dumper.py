@@ -69,7 +69,18 @@ def _path_option(name: str, value: Any) -> str | None:
         raise DumperError(f"{name} must be a path, got {type(value).__name__} {value!r}") from None
 
 
-def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None) -> str:
+def rank_step_name(path: str, rank: int | None, step: int | None = None) -> str:
+    """The rank and step naming rule (docs/FORMAT.md "Rank and step naming"):
+    `d.h5` -> `d_step{S}_rank{R}.h5` (either part only when known). A name that already
+    ends in this rank's (and step's) suffix is kept, so an explicit per-rank path works."""
+    suffix = (f"_step{step}" if step is not None else "") + (f"_rank{rank}" if rank is not None else "")
+    if not suffix or path[:-3].endswith(suffix):
+        return path
+    return path[:-3] + suffix + ".h5"
+
+
+def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None,
+                      step: int | None = None) -> str:
     """Validate `dump_path` and return the file to write. Raises DumperError (one line)."""
     path = os.fspath(dump_path)
     if os.path.isdir(path):
@@ -77,13 +88,12 @@ def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None)
         base = os.path.join(path, f"{mode}_{stamp}")
         path = base + ".h5"
         n = 1
-        while os.path.exists(path if rank is None else path[:-3] + f"_rank{rank}.h5"):
+        while os.path.exists(rank_step_name(path, rank, step)):
             path = f"{base}_{n}.h5"
             n += 1
     elif not path.endswith(".h5"):
         raise DumperError(f"{path}: dump_path must be an existing directory or a file name ending in .h5")
-    if rank is not None:
-        path = path[:-3] + f"_rank{rank}.h5"
+    path = rank_step_name(path, rank, step)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise DumperError(f"{path}: directory {parent} does not exist")
@@ -94,6 +104,43 @@ def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None)
     if os.path.islink(path) and not os.path.exists(path):
         raise DumperError(f"{path}: is a symbolic link to {os.readlink(path)}, which does not exist")
     return path
+
+
+def resolve_load_path(load_path: str, rank: int | None, step: int | None = None) -> str:
+    """The dump this rank replays: `load_file_path` under the rank and step naming rule
+    when that file exists (`gold.h5` -> `gold_rank1.h5` on rank 1), else the path as given
+    (one golden for every rank, or an explicit per-rank path). Tried in that order: with
+    step and rank, with rank only, as given."""
+    if not load_path.endswith(".h5"):
+        return load_path
+    for candidate in (rank_step_name(load_path, rank, step), rank_step_name(load_path, rank)):
+        if candidate != load_path and os.path.isfile(candidate):
+            return candidate
+    return load_path
+
+
+def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
+    """Root attribute `parallel_layout` (JSON): the data-parallel wrappers found on the
+    model the block ran (DistributedDataParallel, FSDP2's fully_shard) and the distinct
+    device meshes of the DTensors it saw, so a reader knows the layout without the names."""
+    import json
+    wrappers = set()
+    root = tracker.root
+    if root is not None:
+        for m in root.modules():
+            cls = type(m)
+            if cls.__name__ == "DistributedDataParallel":
+                wrappers.add("ddp")
+            elif any(c.__name__ == "FSDPModule" for c in cls.__mro__):
+                wrappers.add("fsdp2")
+    meshes = []
+    for spec in sorted(mode.dtensor_layouts):
+        d = json.loads(spec)
+        mesh = {"mesh_shape": d["mesh_shape"], "mesh_dim_names": d["mesh_dim_names"],
+                "mesh_ranks": d["mesh_ranks"]}
+        if mesh not in meshes:
+            meshes.append(mesh)
+    return json.dumps({"wrappers": sorted(wrappers), "meshes": meshes}, separators=(",", ":"))
 
 
 # Set when writer="auto" could not start the writer process although the dump file could be
@@ -119,12 +166,17 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  record_stack: bool = False, stats_only: bool = False, overflow_dtype=None,
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
-                 dedup: bool = True, writer: str = "auto", **unknown: Any):
+                 dedup: bool = True, writer: str = "auto", step: int | None = None,
+                 **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
             name = sorted(unknown)[0]
             close = difflib.get_close_matches(name, known, n=1)
             raise DumperError(f"unknown option {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise DumperError(f"step must be an int >= 0, got {step!r}")
+        # one block per training step: the step goes into the file name and root attributes
+        self.step = step
         self.use_dump = use_dump
         self.dump_path = _path_option("dump_path", dump_path)
         self.use_load = use_load
@@ -217,6 +269,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if self.dump_path is None:
             raise DumperError(f"dump_path is required for mode {self.mode!r}")
         if self.load_file_path is not None:
+            self.load_file_path = resolve_load_path(self.load_file_path, self.rank, self.step)
             if os.path.isdir(self.load_file_path):
                 raise DumperError(f"{self.load_file_path}: load_file_path is a directory, not a dump file")
             if not os.path.isfile(self.load_file_path):
@@ -250,9 +303,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         return self
 
     def _start(self) -> None:
-        self._validate()
         self.rank, self.world_size = _dist_rank()
-        self.path = resolve_dump_path(self.dump_path, self.mode, self.rank)
+        self._validate()
+        self.path = resolve_dump_path(self.dump_path, self.mode, self.rank, self.step)
         self._created = not os.path.exists(self.path)
         self.policies = self._make_policies()
         # Policies first: a load file or ACL config they refuse is reported before the
@@ -263,6 +316,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_TORCH_VERSION: str(torch.__version__),
             S.ROOT_RANK: self.rank if self.rank is not None else 0,
             S.ROOT_WORLD_SIZE: self.world_size if self.world_size is not None else 1,
+            S.ROOT_STEP: self.step,
             S.ROOT_DUMP_MODE: self.dump_mode,
             S.ROOT_STATS_ONLY: bool(self.stats_only),
             S.ROOT_LOAD_FILE: self.load_file_path,
@@ -371,11 +425,17 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         w = wt.writer
         f = w.file
         dev = self._mode.first_device or "cpu"
+        layout = parallel_layout(self._tracker, self._mode) if self.rank is not None else None
         if isinstance(w, RemoteDumpWriter):
             w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
-        elif f is not None and f.id.valid and getattr(wt, "device_written", None) != dev:
+            if layout:
+                w.extra_root_attrs[S.ROOT_PARALLEL_LAYOUT] = layout
+        elif f is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout):
             try:
-                set_attrs(f, {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)})
+                extra = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
+                if layout:
+                    extra[S.ROOT_PARALLEL_LAYOUT] = layout
+                set_attrs(f, extra)
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
         close_error = None

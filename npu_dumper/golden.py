@@ -30,7 +30,7 @@ from dumpfile.errors import DumpError
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
-from .capture import op_info
+from .capture import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
 from .errors import DumperError
 from .recorded import load_call, tensor_to_storage
 
@@ -94,7 +94,7 @@ def replay(dump_h5: str | os.PathLike, out_h5: str | os.PathLike, device: str = 
         result.total = len(ops)
         root = {S.ROOT_LOAD_FILE: os.path.abspath(src), S.ROOT_COMPUTE_DTYPE: dtype_name,
                 S.ROOT_DEVICE: str(device), S.ROOT_TORCH_VERSION: str(torch.__version__)}
-        for key in (S.ROOT_RANK, S.ROOT_WORLD_SIZE):
+        for key in (S.ROOT_RANK, S.ROOT_WORLD_SIZE, S.ROOT_STEP, S.ROOT_PARALLEL_LAYOUT):
             if key in dump.attrs:
                 root[key] = dump.attrs[key]
         show = progress if progress is not None else len(ops) >= _PROGRESS_MIN_OPS
@@ -130,6 +130,10 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def _replay_one(rec: OpRecord, writer: DumpWriter, device, dtype: torch.dtype,
                 remap_devices: bool, dump_inputs: bool) -> str | None:
+    if rec.op.split(".", 1)[0] in COLLECTIVE_NAMESPACES:
+        # (needs the process group and the other ranks' data; a rank's other ops, DTensor
+        # ones included, are recomputed from its own recorded local shards)
+        return COLLECTIVE_REASON
     call = load_call(rec, device=device, dtype=dtype, retarget_dtype_args=True,
                      remap_devices=remap_devices)
     if not call.ok:

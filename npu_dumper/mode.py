@@ -20,14 +20,15 @@ from dumpfile.opfilter import OpSelection
 
 from . import hints
 from .dynamo_skip import no_dynamo_import
-from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value, named_args, \
-    named_returns, op_info
+from .capture import CaptureRegistry, ListOf, Named, StorageGuard, TensorCapture, Value, \
+    named_args, named_returns, op_info
 from .module_tracking import ModuleTracker, backward_module
 from .policy import OpEvent, Policy
 from .tensors import UNSTORED_DTYPES, dtype_name
 from .writer_thread import OpJob, WriterThread
 
 _current_node = torch._C._current_autograd_node
+_graph_task_id = torch._C._current_graph_task_id
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,6 +95,7 @@ class DumpMode(TorchDispatchMode):
         self.seqid = 0
         self.num_recorded = 0
         self.first_device: str | None = None
+        self.dtensor_layouts: set[str] = set()   # `dtensor` attributes seen (parallel_layout)
         self._names: dict[Any, str] = {}
         self._ops: dict[Any, tuple] = {}     # func -> (OpInfo, name): one lookup per op
         self._filter_trivial = op_filter.trivial
@@ -102,6 +104,21 @@ class DumpMode(TorchDispatchMode):
         self._before = _overriding(self.policies, "before_op")
         self._deciders = _overriding(self.policies, "should_record")
         self._after = _overriding(self.policies, "after_op")
+
+    def __enter__(self):
+        # FSDP2 frees and regrows storages outside the dispatcher: saved first (capture.py)
+        self._guard = StorageGuard(self.registry).__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._guard.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._guard.__exit__(None, None, None)
 
     # ---- snapshots -------------------------------------------------------------
     def _node(self, v: Any, schema_type: str, caps: list, clone: bool, uninit: bool = False,
@@ -120,6 +137,8 @@ class DumpMode(TorchDispatchMode):
                 return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
             cap = TensorCapture(v, self.registry._gen, clone=clone, uninitialized=uninit,
                                 version_bump=bump)
+            if cap.extra is not None:
+                self.dtensor_layouts.add(cap.extra[S.ATTR_DTENSOR])
             if not clone:
                 self.registry.add(cap)
             caps.append(cap)
@@ -185,7 +204,13 @@ class DumpMode(TorchDispatchMode):
         tracker = self.tracker
         if node is None:
             tracker.tag_pending()
-            phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
+            if _graph_task_id() != -1 and not tracker.in_forward:
+                # run by the autograd engine but by no node: a tensor/grad hook or a callback
+                # queued for the end of backward (the DDP reducer copying bucket views back
+                # into .grad, its last allreduce): part of the backward pass
+                phase, grad_fn, module = S.PHASE_BACKWARD, "", ""
+            else:
+                phase, grad_fn, module = S.PHASE_FORWARD, "", tracker.current
             recompute = False
         else:
             phase, grad_fn, module = S.PHASE_BACKWARD, node.name(), backward_module(node)
@@ -220,10 +245,12 @@ class DumpMode(TorchDispatchMode):
         inputs = []
         written = info.written
         if self.record_inputs:
-            opaque = info.opaque_args
+            # destination-only arguments (out=, collective output buffers) hold no data
+            # the op reads: marked uninitialized, like opaque workspaces
+            not_data = info.opaque_args | info.out_args
             for an, st, v in named_args(info, args, kwargs):
                 inputs.append((an, self._node(v, st, caps, clone=an in written,
-                                              uninit=an in opaque)))
+                                              uninit=an in not_data)))
         else:
             dtypes = _tensor_dtypes(args, kwargs)
             if dtypes:
@@ -257,6 +284,8 @@ class DumpMode(TorchDispatchMode):
         ev.outputs = out
         if info.work_returns and self.record_outputs:
             _wait_for_collective(out, info.work_returns)
+        elif info.waits_tensor and self.record_outputs:
+            _wait_for_tensors(out)
         compute_dtype = hints.pop_compute_dtype()
         if compute_dtype is not None:
             ev.group_attrs[S.OP_COMPUTE_DTYPE] = compute_dtype
@@ -332,6 +361,17 @@ def _wait_for_collective(out: Any, work_returns: tuple[int, ...]) -> None:
         wait = getattr(work, "wait", None)
         if wait is not None:
             wait()
+
+
+def _wait_for_tensors(out: Any) -> None:
+    """A functional collective's outputs are written when the collective finishes:
+    `wait_tensor` first (as _wait_for_collective), so the recorded values are its result.
+    Waiting again later (the model's own wait) finds nothing pending and returns."""
+    wait = torch.ops._c10d_functional.wait_tensor
+    flat, _ = tree_flatten(out)
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            wait(t)
 
 
 def _tensor_dtypes(args: tuple, kwargs: dict) -> str:

@@ -32,6 +32,11 @@ class ModuleTracker:
         return self._stack[-1] if self._stack else ""
 
     @property
+    def root(self) -> Any:
+        """The outermost module seen running (None before any)."""
+        return self._root
+
+    @property
     def in_forward(self) -> bool:
         """A module's forward is running (its path may be "", the root's own code)."""
         return bool(self._stack)

@@ -44,7 +44,7 @@ from dumpfile.reader import DumpFile, OpRecord, ValueRecord, corrupt_dump_error
 
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
-from .capture import named_returns, op_info
+from .capture import COLLECTIVE_REASON, _is_dtensor, named_returns, op_info
 from .policy import OpEvent, Policy
 from .recorded import NotReplayable, _base_storage, draws_random, non_overlapping, resolve_op, tensor_from_record
 from .replay_index import read_catalog, read_group
@@ -355,6 +355,16 @@ class ReplayPolicy(Policy):
         k = self._calls[ev.name]
         self._calls[ev.name] += 1
         live = _named_live_args(ev.func, ev.args, ev.kwargs)
+        if op_info(ev.func).collective:
+            # run live, unrecorded: substituting this rank's recorded inputs cannot give the
+            # recorded result unless every rank replays in step; listed with the reason
+            self._unmatched(ev, COLLECTIVE_REASON)
+            return
+        if _has_dtensor(live):
+            # the recording holds local shards; a DTensor op runs live (its local ops are
+            # below the dispatch mode) and is listed instead of half-substituted
+            self._unmatched(ev, "DTensor arguments: run live, not replayed")
+            return
         entry, why = self._match(ev.name, k, live)
         if entry is None:
             self._unmatched(ev, why)
@@ -737,6 +747,19 @@ def _bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
     return non_overlapping(tuple(t.shape), tuple(t.stride()))
+
+
+def _has_dtensor(live: dict[str, Any]) -> bool:
+    """A DTensor among the live arguments (lists one level deep)."""
+    for v in live.values():
+        if isinstance(v, torch.Tensor):
+            if type(v) is not torch.Tensor and _is_dtensor(v):
+                return True
+        elif isinstance(v, (list, tuple)):
+            if any(isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and _is_dtensor(x)
+                   for x in v):
+                return True
+    return False
 
 
 def _has_tensor(value: Any) -> bool:

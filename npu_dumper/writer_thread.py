@@ -343,7 +343,8 @@ class WriterThread:
     def _meta(self, cap: TensorCapture) -> TensorMeta:
         return TensorMeta(dtype=cap.dtype, shape=cap.shape, stride=cap.stride,
                           storage_offset=cap.offset, device=cap.device,
-                          uninitialized=cap.uninitialized)
+                          uninitialized=cap.uninitialized,
+                          extra=cap.extra or {})
 
     def _write_tensor(self, parent, name: str, cap: TensorCapture) -> None:
         w = self.writer

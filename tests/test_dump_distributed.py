@@ -59,3 +59,30 @@ def test_each_rank_writes_its_own_file_with_collectives_before_and_after(tmp_pat
     assert not (in0 == in1).all()                      # each rank's own gradient before
     torch.testing.assert_close(torch.from_numpy(out0), torch.from_numpy(in0 + in1))
     torch.testing.assert_close(torch.from_numpy(out1), torch.from_numpy(out0))
+
+
+def test_rank_and_step_naming_rule_for_dump_and_load_paths(tmp_path):
+    from npu_dumper.dumper import rank_step_name, resolve_load_path
+    assert rank_step_name("run/d.h5", 1) == "run/d_rank1.h5"
+    assert rank_step_name("run/d.h5", 1, 3) == "run/d_step3_rank1.h5"
+    assert rank_step_name("run/d.h5", None, 3) == "run/d_step3.h5"
+    assert rank_step_name("run/d.h5", None) == "run/d.h5"
+    assert rank_step_name("run/d_rank1.h5", 1) == "run/d_rank1.h5"      # explicit: kept
+    assert rank_step_name("run/d_rank0.h5", 1) == "run/d_rank0_rank1.h5"
+    gold = tmp_path / "gold.h5"
+    gold.write_bytes(b"")
+    # no per-rank file: the one golden serves every rank
+    assert resolve_load_path(str(gold), 1, 2) == str(gold)
+    (tmp_path / "gold_rank1.h5").write_bytes(b"")
+    assert resolve_load_path(str(gold), 1, 2) == str(tmp_path / "gold_rank1.h5")
+    (tmp_path / "gold_step2_rank1.h5").write_bytes(b"")
+    assert resolve_load_path(str(gold), 1, 2) == str(tmp_path / "gold_step2_rank1.h5")
+    assert resolve_load_path(str(gold), 0, 2) == str(gold)
+    assert resolve_load_path(str(gold), None) == str(gold)
+
+
+def test_step_must_be_a_non_negative_int():
+    import npu_dumper
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(npu_dumper.DumperError, match="step must be"):
+            torch.utils.dumper(dump_path="x.h5", step=bad)
