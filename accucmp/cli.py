@@ -303,7 +303,7 @@ def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:
 
 
 # ---- other modules' commands --------------------------------------------------
-_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo")
+_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo", "accucmp.cli_whatif")
 
 
 def _register_plugins(target: typer.Typer) -> None:
