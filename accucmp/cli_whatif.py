@@ -39,5 +39,51 @@ def whatif_command(
         typer.echo(f"wrote {path}")
 
 
+def bisect_command(
+    run: Annotated[str, typer.Option("--run", help="Shell command running one step; prints 'loss=<float>' (its last such line counts).")],
+    golden_loss: Annotated[str, typer.Option("--golden-loss", help="The golden loss: a number, or a file holding a 'loss=<float>' line.")],
+    from_compare: Annotated[Optional[Path], typer.Option("--from-compare", help="Suspects: the failing ops of this compare result csv.")] = None,
+    by: Annotated[str, typer.Option("--by", help="With --from-compare: suspects are failing 'op's or their 'module's.")] = "op",
+    ops: Annotated[Optional[list[str]], typer.Option("--ops", help="Suspect ops, comma-separated (repeatable).")] = None,
+    modules: Annotated[Optional[list[str]], typer.Option("--modules", help="Suspect module subtrees, comma-separated (repeatable).")] = None,
+    rtol: Annotated[float, typer.Option("--rtol", min=0.0, help="Within tolerance: |loss - golden| <= atol + rtol*|golden|.")] = 1e-3,
+    atol: Annotated[float, typer.Option("--atol", min=0.0)] = 0.0,
+    dtype: Annotated[str, typer.Option("--dtype", help="Precision the upcast ops run in.")] = "float32",
+    out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for bisect_cache.json.")] = Path("."),
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds per script run.")] = None,
+) -> None:
+    """Find the smallest set of ops / module subtrees whose upcast brings the loss within tolerance of the golden."""
+    from .cli import UsageProblem, _boundary, _require_file
+
+    with _boundary():
+        from .bisect import (BisectError, ScriptRunner, Suspect, bisect, command_line,
+                             read_golden, split_names, suspects_from_compare)
+
+        try:
+            if by not in ("op", "module"):
+                raise UsageProblem(f"--by {by!r}: choose op or module")
+            suspects = [Suspect("op", n) for n in split_names(ops)]
+            suspects += [Suspect("module", n) for n in split_names(modules)]
+            if from_compare is not None:
+                _require_file(from_compare)
+                suspects += suspects_from_compare(from_compare, by)
+            if not suspects:
+                raise UsageProblem("no suspects: give --from-compare result.csv, --ops or --modules")
+            golden = read_golden(golden_loss)
+            say = lambda s: typer.echo(s, err=True)  # noqa: E731 - progress on stderr, result on stdout
+            runner = ScriptRunner(command_line(run), dtype, out / "bisect_cache.json", timeout, progress=say)
+            res = bisect(runner, suspects, golden, rtol, atol, progress=say)
+        except BisectError as e:
+            raise UsageProblem(str(e)) from None
+        if not res.culprits:
+            typer.echo(f"nothing to upcast: loss {res.baseline:.9g} is within tolerance of golden {golden:.9g}")
+        else:
+            typer.echo(f"smallest set ({len(res.culprits)} of {res.suspects} suspects): "
+                       + ", ".join(str(c) for c in res.culprits))
+            typer.echo(f"loss {res.baseline:.9g} -> {res.fixed:.9g} with them upcast (golden {golden:.9g}); "
+                       f"{res.runs} script run(s), {res.evaluations} set evaluation(s)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("whatif")(whatif_command)
+    app.command("bisect")(bisect_command)
