@@ -114,6 +114,13 @@ def spec_for(suspects: Sequence[Suspect], dtype: str) -> str:
                        "dtype": dtype}, sort_keys=True)
 
 
+def _names(suspects: Sequence[Suspect], most: int = 4) -> str:
+    if not suspects:
+        return ""
+    names = [s.name for s in suspects[:most]]
+    return " (" + ", ".join(names) + (", ..." if len(suspects) > most else "") + ")"
+
+
 class ScriptRunner:
     """Runs the command with NPU_DUMPER_UPCAST set; caches the loss per upcast set."""
 
@@ -137,7 +144,7 @@ class ScriptRunner:
         spec = spec_for(suspects, self.dtype)
         self.evaluations += 1
         if spec in self.cache:
-            self.progress(f"  (cached) upcast {len(suspects)} suspect(s): loss={self.cache[spec]:.9g}")
+            self.progress(f"  (cached) upcast {len(suspects)} suspect(s){_names(suspects)}: loss={self.cache[spec]:.9g}")
             return self.cache[spec]
         env = dict(os.environ, **{ENV_VAR: spec if suspects else ""})
         try:
@@ -154,7 +161,7 @@ class ScriptRunner:
         if loss is None:
             raise BisectError(f"run {self.command!r} printed no 'loss=<float>' line "
                               f"(with {ENV_VAR}={spec})")
-        self.progress(f"  run {self.runs}: upcast {len(suspects)} suspect(s): loss={loss:.9g}")
+        self.progress(f"  run {self.runs}: upcast {len(suspects)} suspect(s){_names(suspects)}: loss={loss:.9g}")
         self.cache[spec] = loss
         self._save()
         return loss

@@ -164,7 +164,9 @@ class _Acc:
         self.underflow += int(np.count_nonzero(under))
         if clamped is None:
             self.subnormal += int(np.count_nonzero((a > 0) & (a < fmt.min_normal)))
-        keep = ~over
+        # a saturated value is still a value (at most 1 - 448/464 off inside an MX block):
+        # its error counts; an inf does not (its relative error is not a number)
+        keep = np.ones_like(over) if (fmt.saturates or clamped is not None) else ~over
         with np.errstate(invalid="ignore"):
             rel = (rv[keep] - xv[keep]) / xv[keep]
         self.sq_rel += float(np.dot(rel, rel))
@@ -379,17 +381,24 @@ def summarize(rows: list[dict], formats: list[str], top: int = 5) -> list[str]:
             p[0] += r["nonzero"]
             p[1] += (r["underflow_share"] + r["overflow_share"]) * r["nonzero"]
         ph = ", ".join(f"{k} {v[1] / max(v[0], 1):.2%}" for k, v in sorted(by_phase.items()))
-        lines.append(f"{f}: {len(fr)} tensors, underflow {uf:.3%}, overflow {of:.3%} of nonzero values; "
-                     f"lost by phase: {ph}")
-        for r in sorted(fr, key=badness, reverse=True)[:top]:
-            if badness(r) == 0:
+        over_word = "saturated" if FORMATS.get(f, MX_ELEMENT).saturates else "overflow"
+        lines.append(f"{f}: {len(fr)} tensors, underflow {uf:.3%}, {over_word} {of:.3%} of nonzero values; "
+                     f"underflow+{over_word} by phase: {ph}")
+        shown: set = set()
+        for r in sorted(fr, key=badness, reverse=True):
+            if badness(r) == 0 or len(shown) >= top:
                 break
+            # an op's output is usually the next op's input: show each tensor once
+            sig = (r["phase"], r["amax"], r["amin_nonzero"], r["nonzero"], r["rms_rel_error"])
+            if sig in shown:
+                continue
+            shown.add(sig)
             extra = (f", worst block lost {float(r['mx_worst_block_lost_share']):.1%}, range "
                      f"{float(r['mx_worst_block_range_binades']):.1f} binades" if f in MX_NAMES else
                      f", scale 2^{r['scale_log2']}" if r["scale_log2"] != "" else ", no single scale fits")
             lines.append(f"  {r['op']}/{r['seqid']} {r['io']} {r['name']} [{r['phase']}] "
                          f"module={r['module'] or '-'}: underflow {r['underflow_share']:.2%}, "
-                         f"subnormal {r['subnormal_share']:.2%}, overflow {r['overflow_share']:.2%}, "
+                         f"subnormal {r['subnormal_share']:.2%}, {over_word} {r['overflow_share']:.2%}, "
                          f"rms rel {r['rms_rel_error']:.2e}{extra}")
         mods = {}
         for r in fr:

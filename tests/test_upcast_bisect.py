@@ -137,3 +137,16 @@ def test_bisect_search_needs_two_culprits():
     sus = [Suspect("op", n) for n in "abcdefgh"]
     res = bisect(Fake(), sus, golden=1.0)
     assert [s.name for s in res.culprits] == ["c", "f"] and res.fixed == 1.0
+
+
+def test_suspects_from_compare_csv(tmp_path):
+    from accucmp.bisect import BisectError, suspects_from_compare
+
+    p = tmp_path / "result.csv"
+    p.write_text("NPUDump,Module,Result\naten.addmm.default,layers.0,pass\naten.gelu.default,act,fail\n"
+                 "aten.addmm.default,layers.3,fail\naten.gelu.default,act,fail\n")
+    assert [s.name for s in suspects_from_compare(p)] == ["aten.gelu.default", "aten.addmm.default"]
+    assert [str(s) for s in suspects_from_compare(p, by="module")] == ["module act", "module layers.3"]
+    p.write_text("NPUDump,Module,Result\naten.addmm.default,layers.0,pass\n")
+    with pytest.raises(BisectError, match="no failing"):
+        suspects_from_compare(p)
