@@ -169,6 +169,8 @@ def compare(
     chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
     top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
+    noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
+    noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input."""
     with _boundary():
@@ -186,6 +188,11 @@ def compare(
                                jobs=jobs, chunk_elements=chunk_elements,
                                golden_fp64=str(golden_fp64) if golden_fp64 else None)
         table = apply_verdict(result.table, thresholds)
+        if noise_floor is not None:  # accucmp/calibrate.py
+            from .calibrate import apply_noise_floor, read_floor
+
+            _require_file(noise_floor)
+            table = apply_noise_floor(table, read_floor(noise_floor), noise_factor)
         meta = dict(getattr(result, "meta", {}) or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))

@@ -84,6 +84,24 @@ def bisect_command(
                        f"{res.runs} script run(s), {res.evaluations} set evaluation(s)")
 
 
+def calibrate_command(
+    golden: Annotated[Path, typer.Option("-g", "--golden-dump", help="The golden dump compare will use as -g.")],
+    second: Annotated[Path, typer.Option("-m", "--second-dump", help="A second golden run: harmlessly perturbed, or just re-run.")],
+    out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for noise_floor.csv.")] = Path("."),
+) -> None:
+    """Per-tensor noise floor from two golden runs; use it with `compare --noise-floor`."""
+    from .cli import _boundary, _require_file
+
+    with _boundary():
+        from .calibrate import calibrate
+
+        _require_file(golden)
+        _require_file(second)
+        path, n = calibrate(golden, second, out)
+        typer.echo(f"wrote {path} ({n} tensors)")
+
+
 def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)
     app.command("whatif")(whatif_command)
     app.command("bisect")(bisect_command)
