@@ -178,6 +178,12 @@ def parse_spec(text: str) -> dict:
     return {"ops": list(spec.get("ops", [])), "modules": list(spec.get("modules", [])), "dtype": dtype}
 
 
+def spec_json(suspects) -> str:
+    """NPU_DUMPER_UPCAST for accucmp.bisect Suspect-like objects (.kind "op"/"module", .name)."""
+    return json.dumps({"ops": sorted(s.name for s in suspects if s.kind == "op"),
+                       "modules": sorted(s.name for s in suspects if s.kind == "module")})
+
+
 def upcast_from_env(environ=None):
     """The `upcast` NPU_DUMPER_UPCAST asks for, or a do-nothing context when it is unset."""
     text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()

@@ -150,3 +150,48 @@ def test_suspects_from_compare_csv(tmp_path):
     p.write_text("NPUDump,Module,Result\naten.addmm.default,layers.0,pass\n")
     with pytest.raises(BisectError, match="no failing"):
         suspects_from_compare(p)
+
+
+def test_bisect_in_process_on_torch_transformer_encoder():
+    """A model this project did not write (torch.nn.TransformerEncoder), bf16, with a buggy
+    bf16 matmul in one of its 16 leaf modules: the search names that module in fewer set
+    evaluations than trying each one (here in-process: the same search, without the
+    per-run interpreter start-up of the subprocess protocol)."""
+    from accucmp.bisect import Suspect, bisect
+    from npu_dumper.upcast import parse_spec, spec_json
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    x = torch.randn(6, 3, 32)
+    target = torch.randn(6, 3, 32)
+    golden = torch.nn.functional.mse_loss(model(x), target).item()
+    model = model.to(torch.bfloat16)
+    faulty = model.get_submodule("layers.1.linear1")
+    inside = [False]
+    faulty.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
+    faulty.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+
+    class BuggyBf16Matmul(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if inside[0] and func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm) \
+                    and out.dtype == torch.bfloat16:
+                out = out + 0.5
+            return out
+
+    class InProcess:
+        runs = evaluations = 0
+
+        def loss(self, suspects):
+            self.runs += 1
+            self.evaluations += 1
+            with BuggyBf16Matmul(), upcast(**parse_spec(spec_json(suspects))), torch.no_grad():
+                y = model(x.to(torch.bfloat16))
+            return torch.nn.functional.mse_loss(y.float(), target).item()
+
+    leaves = [n for n, m in model.named_modules() if n and not list(m.children())]
+    assert len(leaves) == 16 and "layers.1.linear1" in leaves
+    res = bisect(InProcess(), [Suspect("module", n) for n in leaves], golden, rtol=2e-3)
+    assert [s.name for s in res.culprits] == ["layers.1.linear1"]
+    assert res.evaluations < 1 + len(leaves), res.evaluations
