@@ -3,8 +3,9 @@
 `upcast(ops=[...], modules=[...], dtype=torch.float32)` owns a private TorchDispatchMode
 (structured like npu_dumper/emulation.py). For an op that matches, every floating tensor
 argument narrower than `dtype` is cast up to `dtype`, the op runs, and each floating output
-is cast back to the dtype the op would have produced (that of its widest floating input, as
-type promotion gives for the ops that matter here); in-place and out= ops write the result
+is cast back to the dtype the op would have produced (found by running it on meta tensors:
+exact type promotion, no compute; the widest floating input's dtype for ops without a meta
+kernel); in-place and out= ops write the result
 back into the caller's tensor. Other ops run unchanged.
 
 An op matches when
@@ -31,8 +32,8 @@ import os
 from typing import Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .dynamo_skip import no_dynamo_import
 from .emulation import _written_tensors
@@ -90,7 +91,7 @@ class _UpcastMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             self._note(out, module)
             return out
-        produced = max((t.dtype for t in floats), key=lambda d: d.itemsize)
+        produced = _output_dtypes(func, args, kwargs, floats)
         written = _written_tensors(func, args, kwargs)
         targets: list[torch.Tensor] = []
 
@@ -116,18 +117,37 @@ class _UpcastMode(TorchDispatchMode):
             self._note(result, module)
             return result
 
-        def down(t):
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype == self.dtype:
-                return t.to(produced)
-            return t
-
-        result = tree_map(down, out)
+        flat, spec = tree_flatten(out)
+        for i, t in enumerate(flat):
+            want = produced[i] if i < len(produced) else None
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and want is not None and t.dtype != want:
+                flat[i] = t.to(want)
+        result = spec.unflatten(flat) if hasattr(spec, "unflatten") else tree_unflatten(flat, spec)
         self._note(result, module)
         return result
 
     def _note(self, out, module: str) -> None:
         if self.tracker.in_forward:
             self.tracker.note_outputs([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)], module)
+
+
+def _output_dtypes(func, args, kwargs, floats) -> list:
+    """The dtypes the op would have produced from the original arguments, output by output
+    (flattened): found by running it on meta tensors, which costs no compute and follows
+    type promotion exactly (a bf16 tensor times a 0-dim float32 tensor stays bf16; sum with
+    dtype=float32 gives float32). Ops without a meta kernel: the widest floating input."""
+    def meta(t):
+        return t.to("meta") if isinstance(t, torch.Tensor) else t
+
+    try:
+        # below every mode: a dumper or fault injector outside must not see this call
+        with _disable_current_modes():
+            margs, mkwargs = tree_map(meta, (args, kwargs))
+            out = func(*margs, **mkwargs)
+        return [t.dtype if isinstance(t, torch.Tensor) else None for t in tree_flatten(out)[0]]
+    except Exception:   # noqa: BLE001 - no meta kernel / data-dependent op: fall back
+        widest = max((t.dtype for t in floats), key=lambda d: d.itemsize)
+        return [widest] * 64
 
 
 class upcast:

@@ -195,3 +195,14 @@ def test_bisect_in_process_on_torch_transformer_encoder():
     res = bisect(InProcess(), [Suspect("module", n) for n in leaves], golden, rtol=2e-3)
     assert [s.name for s in res.culprits] == ["layers.1.linear1"]
     assert res.evaluations < 1 + len(leaves), res.evaluations
+
+
+def test_outputs_keep_the_dtype_the_op_would_have_produced():
+    a = torch.randn(8, dtype=torch.bfloat16)
+    with upcast(ops=["aten.mul", "aten.sum"]):
+        scaled = a * torch.tensor(3.0)                 # 0-dim float32: promotion keeps bf16
+        total = torch.sum(a, dtype=torch.float32)      # asks for float32
+        plain = a.sum()
+    assert scaled.dtype == torch.bfloat16 and total.dtype == torch.float32 and plain.dtype == torch.bfloat16
+    assert torch.equal(scaled, (a.float() * 3.0).bfloat16())
+    assert total == a.float().sum()
