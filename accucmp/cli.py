@@ -187,6 +187,8 @@ def compare(
     force: Force = False,
     max_files: MaxFiles = MAX_FILES,
     max_bytes: MaxBytes = MAX_BYTES,
+    noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
+    noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
 
@@ -218,7 +220,8 @@ def compare(
         result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
                                 jobs=jobs, chunk_elements=chunk_elements,
                                 golden_fp64=str(golden_fp64) if golden_fp64 else None,
-                                thresholds=thresholds, top=top, force=force)
+                                thresholds=thresholds, top=top, force=force,
+                                adjust=_noise_floor_adjuster(noise_floor, noise_factor))
         _require_ops(result, my_dump, golden_dump, select)
         meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
@@ -248,6 +251,18 @@ def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
     if counts.get("pass", 0) == 0 and rows:
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _noise_floor_adjuster(noise_floor: Path | None, factor: float):
+    """--noise-floor: each judged batch passes the failures within `factor` x the model's
+    own noise (accucmp/calibrate.py); the floor file is read once, before any tensor."""
+    if noise_floor is None:
+        return None
+    from .calibrate import apply_noise_floor, read_floor
+
+    _require_file(noise_floor)
+    floor = read_floor(noise_floor)
+    return lambda table: apply_noise_floor(table, floor, factor)
 
 
 def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -> None:
@@ -370,13 +385,14 @@ def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:
 @app.command("export")
 def export_command(
     input: Annotated[Path, typer.Option("-i", "--input", help="Dump to convert.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="File to write (replaced).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="File to write (new; an existing one only with --force).")],
     layout: Annotated[str, typer.Option(
         "--layout", help="legacy: the original Ascend layout the real msaccucmp reads; "
                          "native: an original-layout file into this project's format.")] = "legacy",
     device_type: Annotated[str, typer.Option(
         "--device-type", help="legacy: DeviceType written on every tensor: keep, npu (the "
                               "original's -m file must say NPU), cpu or cuda.")] = "keep",
+    force: Force = False,
 ) -> None:
     """Convert between this project's dump format and the original Ascend layout (docs/FORMAT.md)."""
     with _boundary():
@@ -385,7 +401,7 @@ def export_command(
         if device_type not in ("keep", "npu", "cpu", "cuda"):
             raise UsageProblem(f"--device-type {device_type!r}: use keep, npu, cpu or cuda")
         try:
-            counts = run_export(str(input), str(output), layout, device_type=device_type)
+            counts = run_export(str(input), str(output), layout, device_type=device_type, force=force)
         except ExportError as e:
             typer.echo(f"accucmp: error: {_one_line(e)}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT)
@@ -394,7 +410,7 @@ def export_command(
         typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors{skipped}")
 
 
-_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo")
+_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo", "accucmp.cli_whatif")
 
 
 def _register_plugins(target: typer.Typer) -> None:

@@ -20,8 +20,9 @@ import numpy as np
 
 from dumpfile import legacy as L
 from dumpfile import schema as S
-from dumpfile.errors import DumpFormatError
+from dumpfile.errors import DumpFormatError, DumpWriteError
 from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.safe_output import output_path
 from dumpfile.writer import DumpWriter, TensorMeta
 
 EXPORT_ATTR = "npu_dumper"      # root attribute of a legacy export: JSON bookkeeping
@@ -109,7 +110,7 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
             raise ExportError(f"{src}: a statistics-only dump has no tensors to export")
         ops = f.ops()
         names = L.legacy_names(o.op for o in ops)
-        tmp = dst + ".part"
+        tmp = dst          # run_export hands a fresh temporary file (dumpfile.safe_output)
         # v108 object headers: the bookkeeping attribute may pass 64 KB (dense attribute
         # storage); any HDF5 >= 1.8 reads the file
         op_attrs: dict[str, list] = {}
@@ -147,7 +148,6 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
                 if isinstance(v, (np.integer, np.floating, np.bool_)):
                     book["root"][k] = v.item()
             out.attrs[EXPORT_ATTR] = json.dumps(book, default=str)
-        os.replace(tmp, dst)
     return counts
 
 
@@ -222,16 +222,20 @@ def _write_native_value(w: DumpWriter, parent, name: str, rec: ValueRecord, coun
     w.write_value(parent, name, val)
 
 
-def run_export(src: str, dst: str, layout: str, *, device_type: str | None = None) -> dict:
+def run_export(src: str, dst: str, layout: str, *, device_type: str | None = None,
+               force: bool = False) -> dict:
     if layout not in LAYOUTS:
         raise ExportError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ExportError(f"{dst}: the output must not be the input file")
     try:
-        if layout == "legacy":
-            return export_legacy(src, dst, device_type=device_type)
-        return export_native(src, dst)
-    except DumpFormatError as e:
+        # written to a temporary file in dst's folder and renamed into place: never through
+        # a link, never over an existing file unless `force` (dumpfile.safe_output)
+        with output_path(dst, force=force) as tmp:
+            if layout == "legacy":
+                return export_legacy(src, tmp, device_type=device_type)
+            return export_native(src, tmp)
+    except (DumpFormatError, DumpWriteError) as e:
         raise ExportError(str(e)) from e
     except OSError as e:
         raise ExportError(f"{dst}: cannot write ({e})") from e

@@ -31,10 +31,12 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                    thresholds: Mapping[str, float] | None = None, top: int = 5,
                    on_rows: Callable[[int], None] | None = None,
                    observe: Callable[[Any], None] | None = None,
-                   batch_rows: int = 4096, force: bool = False) -> StreamedResult:
+                   batch_rows: int = 4096, force: bool = False,
+                   adjust: Callable[[Any], Any] | None = None) -> StreamedResult:
     """Compare `target` against `golden`, judge each row (verdict.apply_verdict, per batch of
     whole ops) and write the result table to `csv_path` as it comes. `on_rows(n)` is told
-    of every n rows written (progress); `observe(batch)` sees every judged batch."""
+    of every n rows written (progress); `observe(batch)` sees every judged batch;
+    `adjust(batch)`, when given, may change a judged batch before it is written."""
     from dumpfile.safe_output import open_output
 
     from .compare import stream_compare
@@ -52,6 +54,8 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
         with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh:
             for part in stream.batches:
                 judged = apply_verdict(part, thresholds)
+                if adjust is not None:      # e.g. --noise-floor (accucmp/calibrate.py)
+                    judged = adjust(judged)
                 judged.to_csv(fh, index=False, header=rows == 0)
                 rows += len(judged)
                 builder.add(judged)

@@ -14,6 +14,7 @@ from .errors import DumperError
 from .load import load
 from .tensors import from_record, to_record
 from .emulation import emulate_npu, inject_fault
+from .upcast import upcast, upcast_from_env
 # The replay module is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs
 # the golden replay (npu_dumper.golden.replay), the name the issue and docs use.
 from . import replay
@@ -29,4 +30,4 @@ torch.utils.dumper = dumper
 torch.utils.get_op_map = get_op_map
 
 __all__ = ["dumper", "load", "DumperError", "to_record", "from_record", "get_op_map",
-           "emulate_npu", "inject_fault", "replay"]
+           "emulate_npu", "inject_fault", "replay", "upcast", "upcast_from_env"]
