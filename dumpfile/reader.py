@@ -21,6 +21,7 @@ import numpy as np
 
 from . import schema as S
 from . import recovery
+from . import safety
 from . import legacy
 from . import stats_table as T
 from .errors import DumpFormatError
@@ -301,10 +302,8 @@ class DumpFile:
 
     def __init__(self, path: str | os.PathLike, *, require_dump: bool = True):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise DumpFormatError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
-            raise DumpFormatError(f"{self.path}: is a directory, not a dump file")
+        # before anything opens it (h5py.is_hdf5 too): a FIFO would block forever
+        safety.check_regular(self.path)
         try:
             if not h5py.is_hdf5(self.path):
                 raise DumpFormatError(f"{self.path}: not an HDF5 file")
@@ -321,6 +320,8 @@ class DumpFile:
             raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
         try:
             with h5_errors(self.path):
+                # links and dataset layouts: nothing read may come from outside this file
+                safety.check_file(self.h5, self.path)
                 self._validate(require_dump)
         except BaseException:
             self.close()
@@ -620,9 +621,13 @@ class DumpFile:
         ref = obj[()]
         if isinstance(ref, h5py.Reference) and ref:
             try:
-                return self.h5[ref]
+                base = self.h5[ref]
             except (ValueError, KeyError):
-                pass
+                base = None
+            if isinstance(base, h5py.Dataset):
+                # a reference may reach a dataset no link names: check_file did not see it
+                safety.check_dataset(base.id, self.path, f"{rec.path} (its base)")
+                return base
         base_path = _attr_str(rec.attrs.get(S.ATTR_BASE, ""))
         if base_path and base_path in self.h5:
             return self.h5[base_path]
