@@ -172,11 +172,48 @@ def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> None
         if nbytes > MAX_CHUNK_BYTES:
             raise DumpFormatError(f"{path}: {where} has chunks of {nbytes} bytes (limit "
                                   f"{MAX_CHUNK_BYTES}); refused")
+        filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+        if h5z.FILTER_DEFLATE in filters:
+            _check_deflated_chunks(dsid, filters, nbytes, path, where)
     declared = _declared_bytes(dsid)
     limit = max_dataset_bytes() if limit is None else limit
     if declared > limit:
         raise DumpFormatError(f"{path}: {where} declares {declared} bytes, over the limit of {limit} "
                               f"(set ${MAX_BYTES_ENV} to raise it); refused")
+
+
+def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, where: str) -> None:
+    """HDF5's deflate filter grows its output buffer until the stream ends: one chunk of a
+    1 MiB chunked dataset can inflate to gigabytes (measured: a 1 MB file, 1 GB resident
+    for a 10-element read). Inflate each stored chunk here first, with the output capped
+    at the chunk's declared size plus one byte: a chunk that reaches the cap is refused
+    before HDF5 ever sees it. Costs one extra inflate of compressed datasets (rare in
+    dumps: compression is opt-in)."""
+    import zlib
+
+    deflate = filters.index(h5z.FILTER_DEFLATE)
+    for i in range(dsid.get_num_chunks()):
+        info = dsid.get_chunk_info(i)
+        if info.size > nominal + (nominal >> 6) + 4096:   # deflate expands by 0.03% at worst
+            raise DumpFormatError(f"{path}: {where}: a stored chunk of {info.size} bytes for chunks "
+                                  f"of {nominal}; refused")
+        mask, blob = dsid.read_direct_chunk(info.chunk_offset)
+        if mask & (1 << deflate):
+            continue                          # this chunk skipped the deflate filter
+        # filters after deflate in the pipeline ran on the compressed bytes: only fletcher32
+        # (a 4-byte checksum appended) is allowed there
+        for f in filters[deflate + 1:]:
+            if f == h5z.FILTER_FLETCHER32 and not mask & (1 << filters.index(f)):
+                blob = blob[:-4]
+            elif f != h5z.FILTER_FLETCHER32:
+                raise DumpFormatError(f"{path}: {where}: filter {f} after deflate; refused")
+        try:
+            out = zlib.decompressobj().decompress(blob, nominal + 1)
+        except zlib.error as e:
+            raise DumpFormatError(f"{path}: {where}: corrupt compressed chunk ({e})") from None
+        if len(out) > nominal:
+            raise DumpFormatError(f"{path}: {where}: a compressed chunk inflates beyond its declared "
+                                  f"{nominal} bytes (a decompression bomb?); refused")
 
 
 def check_file(h5, path: str, limit: int | None = None) -> None:
