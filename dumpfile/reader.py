@@ -639,11 +639,19 @@ class DumpFile:
     def _read_view(self, rec: ValueRecord) -> np.ndarray:
         base = self._resolve_base(rec)
         battrs = base.attrs
-        bdata = decode_raw(base[()], _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype))
-        return view_of(bdata, np.asarray(S.live_stride(battrs), dtype=np.int64),
+        dtype_name = _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype)
+        raw = base[()]
+        # the view is cut from the stored bits and only its own elements are decoded: every
+        # bit of a bfloat16/float8 value (NaN payloads) reaches decode_raw as stored, and
+        # the rebuilt storage holds 1-2 byte codes, not float32. complex32's stored pairs
+        # add a trailing dim the strides do not describe: decoded first.
+        early = dtype_name == "complex32" or raw.dtype.kind == "f" and dtype_name in _WIDE_OK
+        data = view_of(decode_raw(raw, dtype_name) if early else raw,
+                       np.asarray(S.live_stride(battrs), dtype=np.int64),
                        int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
                        np.asarray(S.live_stride(rec.attrs), dtype=np.int64),
                        int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
+        return data if early else decode_raw(data, dtype_name)
 
     def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:
         if rec.type != S.TYPE_TENSOR:

@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from dumpfile import safety
 from dumpfile.errors import DumpFormatError, DumpWriteError
 
 PROTO_PACKAGE = "toolkit.dumpdata"
@@ -258,8 +259,11 @@ def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> Kern
     """Parse a kernel dump, checking every length against the file before reading it."""
     path = os.fspath(path)
     try:
-        file_size = os.path.getsize(path)
-        f = open(path, "rb")
+        # a FIFO (or device) would block open() or never end: refused before it is opened
+        f = safety.open_regular(path)
+        file_size = os.fstat(f.fileno()).st_size
+    except DumpFormatError as e:
+        raise KernelDumpError(str(e)) from None
     except OSError as e:
         raise KernelDumpError(f"{path}: cannot open kernel dump: {e.strerror or e}") from e
     with f:

@@ -93,3 +93,15 @@ def test_the_good_dump_still_reads(results):
     good = os.path.join(folder, "good.h5")
     r = _run(["ls", good, "--plain"])
     assert r.returncode == 0 and b"aten.mm.default" in r.stdout, r.stderr
+
+
+def test_convert_refuses_a_fifo_named_like_a_kernel_dump(tmp_path):
+    """A FIFO given to `convert` (alone or inside a folder) blocked open() forever."""
+    fifo = tmp_path / "dumps" / "Add.add_1.3.1700000000000"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    for src in (str(fifo), str(fifo.parent)):
+        r = _run(["convert", "-d", src, "-out", str(tmp_path / "out")])
+        err = r.stderr.decode("utf-8", "replace")
+        assert r.returncode != 0 and "Traceback" not in err, err
+        assert f"{fifo}: is a FIFO, not a regular file" in err, err
