@@ -83,6 +83,17 @@ def max_dataset_bytes() -> int:
         except ValueError:
             raise DumpFormatError(f"${MAX_BYTES_ENV}: {text!r} is not a size (bytes, or e.g. 512M, 8G)") \
                 from None
+    global _DEFAULT_LIMIT
+    if _DEFAULT_LIMIT is None:
+        _DEFAULT_LIMIT = _default_limit()
+    return _DEFAULT_LIMIT
+
+
+# computed once a process: free memory moves, and a file checked once need not be walked again
+_DEFAULT_LIMIT: int | None = None
+
+
+def _default_limit() -> int:
     candidates = []
     mem = _available_memory()
     if mem:
@@ -216,9 +227,48 @@ def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, wh
                                   f"{nominal} bytes (a decompression bomb?); refused")
 
 
+# files this process (or the parent it was forked from: compare's workers) already
+# checked, by identity and change time: a file is walked once however often it is opened
+_CHECKED: set[tuple] = set()
+
+
+def _identity(path: str, limit: int) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, limit)
+
+
 def check_file(h5, path: str, limit: int | None = None) -> None:
     """Check every link and every dataset of an open file (see the module's docstring)."""
+    limit = max_dataset_bytes() if limit is None else limit
+    key = _identity(path, limit)
+    if key is not None and key in _CHECKED:
+        return
+    _check_file(h5, path, limit)
+    if key is not None:
+        _CHECKED.add(key)
+
+
+def _check_file(h5, path: str, limit: int) -> None:
+    # the walk touches every object header once: HDF5's metadata cache grows to hold them
+    # all (measured: +170 MB resident for 20,000 datasets, 8.5 KB each, 2.3x a compare's
+    # peak). A small, fixed cache for the walk, the file's own configuration after it.
     fid = h5.id
+    saved = fid.get_mdc_config()
+    small = fid.get_mdc_config()
+    small.set_initial_size, small.initial_size = True, 1 << 20
+    small.min_size, small.max_size = 1 << 20, 2 << 20
+    small.incr_mode = small.flash_incr_mode = 0          # H5C_incr__off, H5C_flash_incr__off
+    fid.set_mdc_config(small)
+    try:
+        _walk(fid, path, limit)
+    finally:
+        fid.set_mdc_config(saved)
+
+
+def _walk(fid, path: str, limit: int) -> None:
     found: list[str] = []
 
     def on_link(name: bytes, info) -> int | None:
@@ -235,7 +285,6 @@ def check_file(h5, path: str, limit: int | None = None) -> None:
     fid.links.visit(on_link, info=True)
     if found:
         raise DumpFormatError(found[0])
-    limit = max_dataset_bytes() if limit is None else limit
     datasets: list[bytes] = []
 
     def on_object(name: bytes, info) -> None:
