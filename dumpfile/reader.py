@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -664,17 +666,34 @@ class DumpFile:
             whole = ds.ndim == 0 or ds.size == 0
             if whole:
                 data = np.asarray(ds[()])
-            else:
-                lead = ds.shape[0]
-                row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))
-                step = max(1, chunk_elements // row)
         if whole:
             yield decode_raw(data, dtype_name).reshape(-1)
             return
-        for i in range(0, lead, step):
+        for start, count in chunk_slabs(ds.shape, chunk_elements):
             with h5_errors(self.path, rec.path):
-                piece = ds[i:i + step]
+                piece = ds[tuple(slice(a, a + c) for a, c in zip(start, count))]
             yield decode_raw(piece, dtype_name).reshape(-1)
+
+
+def chunk_slabs(shape: tuple[int, ...], chunk_elements: int
+                ) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(start, count) hyperslabs covering `shape` in C order, each at most
+    max(chunk_elements, 1) elements and contiguous once flattened. Rows of the first dim
+    when a row fits (the pieces the metrics' summation order was fixed on); otherwise
+    the split moves to the first dim whose trailing block fits: a (1, 2^26) tensor was
+    read whole (1.1 GB resident for a 64 K-element chunk)."""
+    shape = tuple(int(d) for d in shape)
+    chunk = max(1, int(chunk_elements))
+    k = 0
+    while k < len(shape) - 1 and math.prod(shape[k + 1:]) > chunk:
+        k += 1
+    inner = math.prod(shape[k + 1:])
+    step = max(1, chunk // max(1, inner))
+    rest = (0,) * (len(shape) - k - 1)
+    for outer in itertools.product(*(range(d) for d in shape[:k])):
+        for i in range(0, shape[k], step):
+            yield (outer + (i,) + rest,
+                   (1,) * k + (min(step, shape[k] - i),) + shape[k + 1:])
 
 
 class _LazyOpRecord(OpRecord):
