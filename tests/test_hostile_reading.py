@@ -105,3 +105,12 @@ def test_convert_refuses_a_fifo_named_like_a_kernel_dump(tmp_path):
         err = r.stderr.decode("utf-8", "replace")
         assert r.returncode != 0 and "Traceback" not in err, err
         assert f"{fifo}: is a FIFO, not a regular file" in err, err
+
+
+def test_report_refuses_a_fifo_as_result_csv(tmp_path):
+    fifo = tmp_path / "result_1.csv"
+    os.mkfifo(fifo)
+    r = _run(["report", str(fifo), "-q"])
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [f"accucmp: error: {fifo}: is a FIFO, not a regular file; refused"]
