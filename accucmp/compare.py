@@ -28,7 +28,7 @@ from dumpfile import legacy
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
-from dumpfile.reader import DumpFile, ValueRecord, decode_raw, h5_errors
+from dumpfile.reader import DumpFile, ValueRecord, chunk_slabs, decode_raw, h5_errors
 
 from . import matching
 from .metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
@@ -419,19 +419,16 @@ class _LightTensor(ValueRecord):
         them), read into one reused buffer: a fresh 16 MiB array per piece costs page
         faults comparable to the read. A piece is valid until the next is asked for."""
         shape = tuple(int(d) for d in self.stored_shape)
-        row = max(1, math.prod(shape[1:]))
-        step = max(1, chunk_elements // row)
+        slabs = list(chunk_slabs(shape, chunk_elements))
         with h5_errors(self.file.path, self.path):
             dsid = h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape"))
             fspace = dsid.get_space()
-            buf = np.empty((min(step, shape[0]),) + shape[1:], dtype=self.stored_dtype)
-            rest = (0,) * (len(shape) - 1)
-        for i in range(0, shape[0], step):
-            k = min(step, shape[0] - i)
-            out = buf[:k]
+            buf = np.empty(max((math.prod(c) for _, c in slabs), default=1), dtype=self.stored_dtype)
+        for start, count in slabs:
+            out = buf[:math.prod(count)].reshape(count)
             # a generator: the guard goes around each read, not around the consumer's code
             with h5_errors(self.file.path, self.path):
-                fspace.select_hyperslab((i,) + rest, (k,) + shape[1:])
+                fspace.select_hyperslab(start, count)
                 dsid.read(h5s.create_simple(out.shape), fspace, out)
             yield decode_raw(out, self.dtype).reshape(-1)
 

@@ -137,6 +137,13 @@ def convert_paths(sources: Iterable[str], out_dir: str, formats: str = "npy", *,
         except OSError as e:
             result.failed.append((path, f"{path}: {e.strerror or e}"))
     if result.failed:
-        with open_output(os.path.join(out_dir, FAILED_LIST_NAME), "w", force=force, encoding="utf-8") as f:
+        # a report of this run, like compare's result csv: a re-run into the same folder
+        # gets the next free name instead of being refused (--force replaces the first)
+        stem, ext = os.path.splitext(FAILED_LIST_NAME)
+        name, i = FAILED_LIST_NAME, 0
+        while not force and os.path.lexists(os.path.join(out_dir, name)):
+            i += 1
+            name = f"{stem}_{i}{ext}"
+        with open_output(os.path.join(out_dir, name), "w", force=force, encoding="utf-8") as f:
             f.writelines(f"{src}\t{why}\n" for src, why in result.failed)
     return result

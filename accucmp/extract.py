@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 
 from dumpfile import DumpFile, DumpWriter, view_of
+from dumpfile import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
 from dumpfile.safe_output import OutputBudget
@@ -172,6 +173,9 @@ class _Copier:
                 base = self.src[ref]
             except (ValueError, KeyError):
                 base = None
+            if isinstance(base, h5py.Dataset):
+                # a reference may reach a dataset no link names (DumpFile's check did not see it)
+                safety.check_dataset(base.id, self.src_path, f"{obj.name} (its base)")
         base_path = _s(attrs.get(S.ATTR_BASE, ""))
         if base is None and base_path and base_path in self.src:
             base = self.src[base_path]

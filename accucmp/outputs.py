@@ -107,6 +107,8 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
 def failing_rows_of_csv(csv_path: Path, chunk_rows: int = 65536) -> pd.DataFrame:
     """The failing rows of a saved result, read in chunks (only they are held)."""
     parts = []
+    from dumpfile.safety import check_regular
+    check_regular(str(csv_path))        # a FIFO would block pandas' open forever
     try:
         reader = pd.read_csv(csv_path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS},
                              chunksize=chunk_rows)
@@ -186,16 +188,13 @@ TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"
 
 def read_result_csv(path: Path) -> pd.DataFrame:
     """A saved result; checks it is one (has the columns a verdict needs)."""
-    from dumpfile.safe_output import open_regular
+    from dumpfile.safety import open_regular
 
     path = Path(path)
-    if not path.exists():
-        raise DumpFormatError(f"{path}: no such file")
-    fd = open_regular(path)     # a directory or FIFO is refused (a FIFO would hang the read)
     try:
         # text columns stay text: module paths of nn.Sequential children ("0", "3", "1.10")
         # and tensor names would otherwise come back as numbers (and "1.10" as 1.1)
-        with os.fdopen(fd, "rb") as f:
+        with open_regular(str(path)) as f:        # a directory or FIFO is refused (a FIFO would hang the read)
             table = pd.read_csv(f, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise DumpFormatError(f"{path}: not a readable result csv ({type(e).__name__}: {e})") from e

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,6 +23,7 @@ import numpy as np
 
 from . import schema as S
 from . import recovery
+from . import safety
 from . import legacy
 from . import stats_table as T
 from .errors import DumpFormatError
@@ -301,10 +304,8 @@ class DumpFile:
 
     def __init__(self, path: str | os.PathLike, *, require_dump: bool = True):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise DumpFormatError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
-            raise DumpFormatError(f"{self.path}: is a directory, not a dump file")
+        # before anything opens it (h5py.is_hdf5 too): a FIFO would block forever
+        safety.check_regular(self.path)
         try:
             if not h5py.is_hdf5(self.path):
                 raise DumpFormatError(f"{self.path}: not an HDF5 file")
@@ -321,6 +322,8 @@ class DumpFile:
             raise DumpFormatError(f"{self.path}: cannot open as HDF5 (truncated or corrupt?): {e}") from e
         try:
             with h5_errors(self.path):
+                # links and dataset layouts: nothing read may come from outside this file
+                safety.check_file(self.h5, self.path)
                 self._validate(require_dump)
         except BaseException:
             self.close()
@@ -620,9 +623,13 @@ class DumpFile:
         ref = obj[()]
         if isinstance(ref, h5py.Reference) and ref:
             try:
-                return self.h5[ref]
+                base = self.h5[ref]
             except (ValueError, KeyError):
-                pass
+                base = None
+            if isinstance(base, h5py.Dataset):
+                # a reference may reach a dataset no link names: check_file did not see it
+                safety.check_dataset(base.id, self.path, f"{rec.path} (its base)")
+                return base
         base_path = _attr_str(rec.attrs.get(S.ATTR_BASE, ""))
         if base_path and base_path in self.h5:
             return self.h5[base_path]
@@ -634,11 +641,19 @@ class DumpFile:
     def _read_view(self, rec: ValueRecord) -> np.ndarray:
         base = self._resolve_base(rec)
         battrs = base.attrs
-        bdata = decode_raw(base[()], _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype))
-        return view_of(bdata, np.asarray(S.live_stride(battrs), dtype=np.int64),
+        dtype_name = _attr_str(battrs.get(S.ATTR_DTYPE, "")) or str(base.dtype)
+        raw = base[()]
+        # the view is cut from the stored bits and only its own elements are decoded: every
+        # bit of a bfloat16/float8 value (NaN payloads) reaches decode_raw as stored, and
+        # the rebuilt storage holds 1-2 byte codes, not float32. complex32's stored pairs
+        # add a trailing dim the strides do not describe: decoded first.
+        early = dtype_name == "complex32" or raw.dtype.kind == "f" and dtype_name in _WIDE_OK
+        data = view_of(decode_raw(raw, dtype_name) if early else raw,
+                       np.asarray(S.live_stride(battrs), dtype=np.int64),
                        int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
                        np.asarray(S.live_stride(rec.attrs), dtype=np.int64),
                        int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
+        return data if early else decode_raw(data, dtype_name)
 
     def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:
         if rec.type != S.TYPE_TENSOR:
@@ -651,17 +666,34 @@ class DumpFile:
             whole = ds.ndim == 0 or ds.size == 0
             if whole:
                 data = np.asarray(ds[()])
-            else:
-                lead = ds.shape[0]
-                row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)))
-                step = max(1, chunk_elements // row)
         if whole:
             yield decode_raw(data, dtype_name).reshape(-1)
             return
-        for i in range(0, lead, step):
+        for start, count in chunk_slabs(ds.shape, chunk_elements):
             with h5_errors(self.path, rec.path):
-                piece = ds[i:i + step]
+                piece = ds[tuple(slice(a, a + c) for a, c in zip(start, count))]
             yield decode_raw(piece, dtype_name).reshape(-1)
+
+
+def chunk_slabs(shape: tuple[int, ...], chunk_elements: int
+                ) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(start, count) hyperslabs covering `shape` in C order, each at most
+    max(chunk_elements, 1) elements and contiguous once flattened. Rows of the first dim
+    when a row fits (the pieces the metrics' summation order was fixed on); otherwise
+    the split moves to the first dim whose trailing block fits: a (1, 2^26) tensor was
+    read whole (1.1 GB resident for a 64 K-element chunk)."""
+    shape = tuple(int(d) for d in shape)
+    chunk = max(1, int(chunk_elements))
+    k = 0
+    while k < len(shape) - 1 and math.prod(shape[k + 1:]) > chunk:
+        k += 1
+    inner = math.prod(shape[k + 1:])
+    step = max(1, chunk // max(1, inner))
+    rest = (0,) * (len(shape) - k - 1)
+    for outer in itertools.product(*(range(d) for d in shape[:k])):
+        for i in range(0, shape[k], step):
+            yield (outer + (i,) + rest,
+                   (1,) * k + (min(step, shape[k] - i),) + shape[k + 1:])
 
 
 class _LazyOpRecord(OpRecord):

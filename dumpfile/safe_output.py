@@ -250,24 +250,3 @@ def open_append_nofollow(path: str | os.PathLike, *, encoding: str = "utf-8") ->
 
 
 # ---- inputs that must be regular files ----------------------------------------------------
-def open_regular(path: str | os.PathLike) -> int:
-    """A read-only descriptor of a regular file. A FIFO, device or socket is refused before
-    any blocking open (O_NONBLOCK, then fstat), so a FIFO given as input cannot hang us."""
-    path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise DumpFormatError(f"{path}: cannot open ({_why(e)})") from e
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) \
-            else "a device or socket"
-        raise NotRegularFileError(f"{path}: is {kind}, not a regular file")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return fd
-
-
-class NotRegularFileError(DumpFormatError):
-    """An input that is not a regular file."""

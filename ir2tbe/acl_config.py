@@ -169,18 +169,18 @@ def _loads(text: str, path: str) -> Any:
 def load_acl_config(path: str | os.PathLike | None = None) -> AclConfig:
     """Read acl.json (default: ./acl.json). A repaired file warns with the corrected JSON."""
     from dumpfile.errors import DumpFormatError
-    from dumpfile.safe_output import open_regular
+    from dumpfile.safety import open_regular
 
     path = os.fspath(path) if path is not None else DEFAULT_CONFIG_NAME
     if not os.path.lexists(path):
         raise AclConfigError(f"{path}: no such file (write acl.json next to the training script, "
                              f"or pass acl_config=...)") from None
     try:
-        fd = open_regular(path)         # a FIFO or device is refused, not waited on
+        f = open_regular(path)          # a FIFO or device is refused, not waited on
     except DumpFormatError as e:
         raise AclConfigError(str(e)) from None
     try:
-        with os.fdopen(fd, "rb") as f:
+        with f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise AclConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not an acl.json")

@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from dumpfile import safety
 from dumpfile.errors import DumpFormatError, DumpWriteError
 
 PROTO_PACKAGE = "toolkit.dumpdata"
@@ -177,12 +178,10 @@ class TensorEntry:
         """The decoded values, flat in C order, chunk by chunk, read from `path` (the file
         this entry was parsed from): memory is bounded by the chunk, not the tensor."""
         from dumpfile.reader import decode_raw
-        from dumpfile.safe_output import open_regular
-
         storage, name = DATA_TYPES[self.data_type]
         item = np.dtype(storage).itemsize
         step = max(item, chunk_bytes - chunk_bytes % item)
-        with os.fdopen(open_regular(path), "rb") as f:
+        with safety.open_regular(path) as f:
             f.seek(self.offset)
             left = self.size
             while left > 0:
@@ -300,18 +299,14 @@ def _checked_extent(path: str, where: str, dims: tuple[int, ...], itemsize: int)
 def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> KernelDump:
     """Parse a kernel dump, checking every length against the file before reading it.
     A FIFO, device or directory is refused before a blocking open (it would hang)."""
-    from dumpfile.safe_output import open_regular
-
     path = os.fspath(path)
     try:
-        fd = open_regular(path)
+        # a FIFO (or device) would block open() or never end: refused before it is opened
+        f = safety.open_regular(path)
+        file_size = os.fstat(f.fileno()).st_size
     except DumpFormatError as e:
         raise KernelDumpError(f"{e} (not a kernel dump)") from None
-    try:
-        file_size = os.fstat(fd).st_size
-        f = os.fdopen(fd, "rb")
     except OSError as e:
-        os.close(fd)
         raise KernelDumpError(f"{path}: cannot open kernel dump: {e.strerror or e}") from e
     with f:
         if file_size < HEADER_LENGTH_BYTES:

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import h5py
 import numpy as np
 import torch
 
+from dumpfile import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.reader import OpRecord, ValueRecord
@@ -184,6 +186,9 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
         base = h5[ref] if ref else None
     except (ValueError, KeyError, TypeError):
         base = None
+    if isinstance(base, h5py.Dataset):
+        # a reference may reach a dataset no link names (DumpFile's check did not see it)
+        safety.check_dataset(base.id, rec.file.path, f"{rec.path} (its base)")
     if base is None:
         bpath = rec.attrs.get(S.ATTR_BASE, "")
         bpath = bpath.decode() if isinstance(bpath, bytes) else str(bpath)
