@@ -221,8 +221,7 @@ class RemoteDumpWriter:
             child.stop()
             return DumpWriteError(
                 f"{self.path}: dump writer process (pid {child.proc.pid}) stopped answering "
-                f"for {_watchdog_s():g} s; it was stopped and the file keeps the ops flushed "
-                "before")
+                f"for {_watchdog_s():g} s and was stopped")
         code = child.proc.poll() if child is not None else None
         if code is None and child is not None:
             try:
@@ -238,8 +237,7 @@ class RemoteDumpWriter:
             how = f"exited with status {code}"
         else:
             how = f"connection lost: {e}"
-        return DumpWriteError(f"{self.path}: dump writer process died ({how}); the file keeps "
-                              "the ops flushed before")
+        return DumpWriteError(f"{self.path}: dump writer process died ({how})")
 
     def release_ops(self, n: int) -> None:
         if n > 0:
@@ -269,11 +267,25 @@ class RemoteDumpWriter:
         except (OSError, EOFError) as e:
             err = self._lost(e, child)
             child.discard()
+            self.durable_ops = self._ops_in_file(child)
             raise err from e
         _return_child(child)
         _, self.bytes_written, self.durable_ops, err = reply
         if err:
             raise DumpWriteError(err)
+
+    def _ops_in_file(self, child: "_Child") -> int:
+        """The child is gone or going: the ops its last flush or close left in the file."""
+        try:
+            child.proc.wait(timeout=CLOSE_GRACE_S)
+        except Exception:  # noqa: BLE001 - still running: stop it (it closes the file)
+            child.stop()
+        try:
+            import h5py
+            with h5py.File(self.path, "r") as f:
+                return int(f.attrs.get(S.ROOT_NUM_OPS, 0))
+        except Exception:  # noqa: BLE001 - unreadable: none kept that we can vouch for
+            return 0
 
     def discard(self) -> None:
         """After a protocol failure: drop the child (it exits), never reuse it."""

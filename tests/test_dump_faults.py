@@ -95,6 +95,7 @@ def test_a_writer_process_that_stops_answering_is_a_clear_error(tmp_path):
     err = [ln for ln in r.stdout.splitlines() if ln.startswith("ERR")]
     assert len(err) == 1 and "stopped answering for 1.5 s" in err[0] and str(p) in err[0], r.stdout
     n = _plain_h5py(p)
+    assert f"the file keeps {n} ops" in err[0]
     assert n >= 60                              # the 60 ops before the stop, flushed
     ops = _ops_in_order(p)
     assert len(ops) == n and ops[59].op == "aten.tanh.default"
