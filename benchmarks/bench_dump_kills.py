@@ -3,8 +3,9 @@ the project's reader open (docs/FORMAT.md, "Durability": the table there comes f
 
     python benchmarks/bench_dump_kills.py [N per writer, default 20] [seed]
 
-Each run dumps tanh ops of a 64x64 tensor (~1000/s, default flush_interval) from a child
-process and kills it 0.2-3 s after its first op, some of them in the first flush's time.
+Each run dumps training steps of a small MLP (4 x Linear(256, 256) + GELU, batch 32,
+forward and backward: ~40 ops and ~100 datasets a step, default flush_interval) from a
+child process and kills it 0.2-3 s after its first op.
 """
 
 from __future__ import annotations
@@ -37,12 +38,17 @@ def one_run(d: Path, opts: str, delay: float) -> dict:
             f.unlink()
     code = textwrap.dedent(f"""
         import pathlib, time, torch, npu_dumper
-        x = torch.randn(64, 64)
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+        model = torch.nn.Sequential(*layers)
+        x = torch.randn(32, 256)
         with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, {opts}):
             pathlib.Path({str(marker)!r}).touch()
-            for i in range(10**7):
-                x = torch.tanh(x * 1.01)
-                time.sleep(0.0005)
+            for i in range(10**7):          # training steps: many datasets per second
+                model.zero_grad(set_to_none=True)
+                model(x).square().mean().backward()
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)))
     deadline = time.monotonic() + 60
