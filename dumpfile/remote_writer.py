@@ -17,18 +17,32 @@ reused across dump files):
     ("release", n)                                   (no reply)
     ("close", complete, extra_root_attrs)            -> ("closed", bytes_written, num_ops, err | None)
     ("ping",)                                        -> ("ok",)
-End of file on the connection (the caller died, e.g. SIGKILL) ends the child at once
-without touching the file: it stays as of its last flush, as after a crash with the
-writer thread.
+Deadlock freedom (docs/FORMAT.md, "Writer in a separate process"): during a dump only
+one thread of the caller (the metadata thread) ever sends, and one (the data thread)
+receives, so no lock is held across a blocking send. The child's replies are read by a
+thread that never waits on a send (it writes bytes and counts ops; the sending thread
+tells the child). Back-pressure runs one way: a slow child stops reading, the caller's
+send blocks, its queue fills and the user's thread waits in `submit`. A child that makes
+no progress for WATCHDOG_S seconds (socket send/receive time-outs) is reported as a
+one-line error, asked to close the file at its last flush (SIGTERM), and killed if it
+does not within a few seconds.
+
+End of file on the connection or SIGTERM (the caller died, e.g. SIGKILL; the kernel
+sends SIGTERM through PR_SET_PDEATHSIG) makes the child close the file as of the ops the
+caller had released (`complete` False) and exit: plain HDF5 tools open it, and HDF5's
+file lock is let go within one flush. The child ignores SIGINT: a Ctrl-C sent to the
+terminal's process group is the caller's to act on.
 
 Torch-free: the child imports only dumpfile, h5py and numpy.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -40,6 +54,30 @@ from . import schema as S
 from .errors import DumpWriteError, writer_error_message
 from .writer import pwrite_all
 
+# Seconds without progress on the socket after which the child counts as hung (a send
+# that moves no byte, a reply that does not come). Generous: a slow disk must slow the
+# dump down, not end it. NPU_DUMPER_WRITER_TIMEOUT overrides it (the tests use ~2 s).
+WATCHDOG_S = 120.0
+# Seconds the child gets to close the file after SIGTERM before it is killed.
+CLOSE_GRACE_S = 5.0
+
+
+def _watchdog_s() -> float:
+    try:
+        v = float(os.environ.get("NPU_DUMPER_WRITER_TIMEOUT", WATCHDOG_S))
+    except ValueError:
+        v = WATCHDOG_S
+    return v if v > 0 else WATCHDOG_S
+
+
+def _set_timeouts(sock: socket.socket, seconds: float) -> None:
+    """SO_SNDTIMEO / SO_RCVTIMEO: a blocking read or write on the socket fails with EAGAIN
+    after `seconds` without moving a byte (Linux applies them to read(2)/write(2), which
+    multiprocessing.connection uses)."""
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+
 
 # ---- caller side ------------------------------------------------------------------------
 class _Child:
@@ -50,6 +88,7 @@ class _Child:
             [sys.executable, "-m", "dumpfile.remote_writer", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),), close_fds=True)
         child_sock.close()
+        _set_timeouts(parent_sock, _watchdog_s())
         self.conn = Connection(parent_sock.detach())
         self.pid = os.getpid()
         self.start_s = time.perf_counter() - t0
@@ -59,7 +98,23 @@ class _Child:
 
     def discard(self) -> None:
         try:
-            self.conn.close()       # the child sees end of file and exits
+            self.conn.close()       # the child sees end of file, closes the file and exits
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """The child stopped answering: ask it to close the file (SIGTERM, acted on between
+        two HDF5 calls), kill it when it does not within CLOSE_GRACE_S, never reuse it."""
+        self.discard()
+        if self.pid != os.getpid() or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGCONT)     # (a stopped child must run to act on it)
+            self.proc.wait(timeout=CLOSE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         except OSError:
             pass
 
@@ -105,16 +160,18 @@ class RemoteDumpWriter:
     """The caller's handle on a DumpWriter in the child process (see module doc).
 
     Not a DumpWriter: it offers what the dumper's writer uses — `path`, `send` of op
-    records, `write_at` (local pwrite), `release_ops`, `close` — and no h5py objects.
+    records, `recv` of their replies, `write_at` (local pwrite), `release_ops`, `close` —
+    and no h5py objects (the dumper's ProcessWriter, written for it, calls nothing else).
+    Not locked: one thread sends and one receives (see the module doc); close() runs
+    after both have stopped.
     """
 
     def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
                  root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0):
         self.path = os.fspath(path)
         self.bytes_written = 0
-        self.num_ops = 0
+        self.durable_ops = 0        # ops the closed file keeps (the child's count)
         self.extra_root_attrs: dict[str, Any] = {}
-        self._send_lock = threading.Lock()
         self._child = _take_child()
         self._fd = -1
         self._ok = False
@@ -134,26 +191,37 @@ class RemoteDumpWriter:
             raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
         self._ok = True
 
-    # (the same names the writer thread calls on a DumpWriter)
     file = None
 
     def send(self, msg: tuple) -> None:
+        child = self._child
+        if child is None:
+            raise DumpWriteError(f"{self.path}: dump writer process already stopped")
         try:
-            with self._send_lock:
-                self._child.conn.send(msg)
+            child.conn.send(msg)
         except (OSError, EOFError) as e:
             raise self._lost(e) from e
 
     def recv(self) -> tuple:
+        child = self._child
+        if child is None:
+            raise DumpWriteError(f"{self.path}: dump writer process already stopped")
         try:
-            return self._child.conn.recv()
+            return child.conn.recv()
         except (OSError, EOFError) as e:
             raise self._lost(e) from e
 
     def _lost(self, e: BaseException, child: "_Child | None" = None) -> DumpWriteError:
-        """The child is gone (killed, out of memory): say so, with how it ended, rather
-        than the pipe's 'Connection reset by peer'."""
+        """The child is gone (killed, out of memory) or hung: say so, with how it ended,
+        rather than the pipe's 'Connection reset by peer'."""
         child = child if child is not None else self._child
+        if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.EWOULDBLOCK) \
+                and child is not None:
+            # the watchdog: no byte moved for the socket time-out
+            child.stop()
+            return DumpWriteError(
+                f"{self.path}: dump writer process (pid {child.proc.pid}) stopped answering "
+                f"for {_watchdog_s():g} s and was stopped")
         code = child.proc.poll() if child is not None else None
         if code is None and child is not None:
             try:
@@ -169,8 +237,7 @@ class RemoteDumpWriter:
             how = f"exited with status {code}"
         else:
             how = f"connection lost: {e}"
-        return DumpWriteError(f"{self.path}: dump writer process died ({how}); the file keeps "
-                              "the ops flushed before")
+        return DumpWriteError(f"{self.path}: dump writer process died ({how})")
 
     def release_ops(self, n: int) -> None:
         if n > 0:
@@ -178,15 +245,6 @@ class RemoteDumpWriter:
 
     def write_at(self, offset: int, data: Any) -> None:
         pwrite_all(self._fd, data, offset, self.path)
-
-    def flush(self) -> None:        # the child flushes on its own clock
-        pass
-
-    def release_reserve(self) -> None:
-        pass
-
-    def abort_op(self) -> None:
-        pass
 
     def _fail_close(self) -> None:
         try:
@@ -204,17 +262,30 @@ class RemoteDumpWriter:
             os.close(self._fd)
             self._fd = -1
         try:
-            with self._send_lock:
-                child.conn.send(("close", bool(complete), self.extra_root_attrs))
+            child.conn.send(("close", bool(complete), self.extra_root_attrs))
             reply = child.conn.recv()
         except (OSError, EOFError) as e:
             err = self._lost(e, child)
             child.discard()
+            self.durable_ops = self._ops_in_file(child)
             raise err from e
         _return_child(child)
-        _, self.bytes_written, self.num_ops, err = reply
+        _, self.bytes_written, self.durable_ops, err = reply
         if err:
             raise DumpWriteError(err)
+
+    def _ops_in_file(self, child: "_Child") -> int:
+        """The child is gone or going: the ops its last flush or close left in the file."""
+        try:
+            child.proc.wait(timeout=CLOSE_GRACE_S)
+        except Exception:  # noqa: BLE001 - still running: stop it (it closes the file)
+            child.stop()
+        try:
+            import h5py
+            with h5py.File(self.path, "r") as f:
+                return int(f.attrs.get(S.ROOT_NUM_OPS, 0))
+        except Exception:  # noqa: BLE001 - unreadable: none kept that we can vouch for
+            return 0
 
     def discard(self) -> None:
         """After a protocol failure: drop the child (it exits), never reuse it."""
@@ -238,7 +309,7 @@ class _Server:
         self.error: str | None = None
         self.flush_interval = 1.0
 
-    parent_gone = False     # set by the SIGTERM the kernel sends when the caller dies
+    parent_gone = False     # set by SIGTERM (the caller died, or its watchdog asks us to stop)
 
     def serve(self) -> None:
         conn = self.conn
@@ -246,7 +317,7 @@ class _Server:
             if self.parent_gone:
                 # Only here, between DumpWriter calls: stopping inside a flush (as a
                 # SIGKILL would) could leave HDF5's metadata half written.
-                os._exit(0)
+                self._caller_gone()
             try:
                 if self.w is not None and not conn.poll(self.flush_interval):
                     if not self.parent_gone:
@@ -254,12 +325,12 @@ class _Server:
                     continue
                 msg = conn.recv()
             except (EOFError, OSError):
-                os._exit(0)      # the caller is gone: leave the file as of its last flush
+                self._caller_gone()
             if self.parent_gone:
-                os._exit(0)
+                self._caller_gone()
             kind = msg[0]
             if kind == "op":
-                conn.send(self._op(msg[1]))
+                self._reply(self._op(msg[1]))
             elif kind == "release":
                 # bytes written: publish even after a failure (the final flush, after the
                 # disk-space reserve is given back, may still make them durable)
@@ -268,11 +339,44 @@ class _Server:
                     if self.error is None:
                         self._maybe_flush()     # as promptly as the thread writer
             elif kind == "open":
-                conn.send(self._open(*msg[1:]))
+                self._reply(self._open(*msg[1:]))
             elif kind == "close":
-                conn.send(self._close(*msg[1:]))
+                self._reply(self._close(*msg[1:]))
             elif kind == "ping":
-                conn.send(("ok",))
+                self._reply(("ok",))
+
+    def _reply(self, msg: tuple) -> None:
+        try:
+            self.conn.send(msg)
+        except (OSError, EOFError):     # the caller is gone
+            self._caller_gone()
+
+    def _caller_gone(self) -> None:
+        """Close the file as of the ops the caller released (never marked complete), so
+        that plain HDF5 tools open it and its lock is let go, then exit. Exiting without
+        closing left the metadata HDF5 had evicted since the last flush pointing past the
+        end of allocation the superblock records (4 and 9 files in 10 did not open)."""
+        try:
+            if self.w is not None:
+                self._drain()
+                self._close(False, {})
+        finally:
+            os._exit(0)
+
+    def _drain(self) -> None:
+        """The messages the caller sent before it died: SIGTERM comes at once, while its
+        last ops and releases may still wait in the socket (a kill lost up to a flush
+        interval of ops that way)."""
+        conn = self.conn
+        try:
+            while conn.poll(0):
+                msg = conn.recv()
+                if msg[0] == "op" and self.error is None:
+                    self._op(msg[1])
+                elif msg[0] == "release" and self.w is not None:
+                    self.w.release_ops(msg[1])
+        except (EOFError, OSError):
+            pass
 
     def _open(self, path, mode, root_attrs, flush_interval):
         self.error = None
@@ -285,18 +389,31 @@ class _Server:
             return ("err", writer_error_message(e, path))
         return ("ok",)
 
+    def _fail(self, e: BaseException) -> None:
+        """Every failure in the child: a failed write freezes the file as its last good
+        flush left it (DumpWriter.fail); anything else drops the half-written op. The
+        first one is reported at the next op and at the close."""
+        w = self.w
+        if isinstance(e, (OSError, RuntimeError, DumpWriteError)):
+            msg = str(w.fail(e))
+        else:
+            w.abort_op()
+            msg = writer_error_message(e, w.path)
+        if self.error is None:
+            self.error = msg
+
     def _maybe_flush(self) -> None:
         try:
             self.w.maybe_flush()
         except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-            self.error = writer_error_message(e, self.w.path)
+            self._fail(e)
 
     def _idle_flush(self) -> None:
         if self.error is None:
             try:
                 self.w.flush()
             except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-                self.error = writer_error_message(e, self.w.path)
+                self._fail(e)
 
     def _op(self, rec):
         w = self.w
@@ -315,9 +432,7 @@ class _Server:
                     w.set_order(parent, [n for n, _ in entries])
             w.end_op(deferred=True)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
-            self.error = writer_error_message(e, w.path)
-            w.release_reserve()
-            w.abort_op()
+            self._fail(e)
             return ("err", self.error)
         return ("ok", offsets)
 
@@ -365,9 +480,10 @@ class _Server:
         try:
             w.close(complete=bool(complete) and err is None)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
-            if complete and err is None:
+            if err is None:
                 err = writer_error_message(e, w.path)
-        return ("closed", w.bytes_written, w.num_ops, err)
+        # (the ops the file keeps: all of them after a good close, else the last flush's)
+        return ("closed", w.bytes_written, w.durable_ops, err)
 
 
 def _main() -> None:
@@ -380,6 +496,8 @@ def _main() -> None:
             server.parent_gone = True       # acted on between two messages (serve)
 
         signal.signal(signal.SIGTERM, _parent_gone)
+        # a Ctrl-C reaches the whole process group: the caller decides what it means
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
         if os.getppid() == 1:
             os._exit(0)

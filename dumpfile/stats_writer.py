@@ -15,7 +15,7 @@ from typing import Any
 from . import schema as S
 from .errors import DumpWriteError
 from .stats_table import OP_ATTR_DTYPE, STATS_ROW_DTYPE, append_rows, op_attr_row, table, value_row
-from .writer import _INDEX_DTYPE, DumpWriter, _first_line, _scalar_type_code, set_attrs
+from .writer import _INDEX_DTYPE, DumpWriter, _scalar_type_code, set_attrs
 
 
 def value_type_code(value: Any, schema_type: str | None) -> int:
@@ -118,7 +118,7 @@ class StatsDumpWriter(DumpWriter):
                     self._attrs_ds = table(self._f, S.OP_ATTRS_PATH, OP_ATTR_DTYPE)
                 append_rows(self._attrs_ds, self._pending_attrs, OP_ATTR_DTYPE)
         except (OSError, RuntimeError) as e:
-            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+            raise self.fail(e) from e
         if self._pending_rows or self._pending_index:
             self._unflushed = True
         self.bytes_written += len(self._pending_rows) * STATS_ROW_DTYPE.itemsize
@@ -128,9 +128,14 @@ class StatsDumpWriter(DumpWriter):
             try:
                 append_rows(self._index, self._pending_index, _INDEX_DTYPE)
             except (OSError, RuntimeError) as e:
-                raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+                raise self.fail(e) from e
             self._pending_index.clear()
 
+    def _tables(self) -> list:
+        return super()._tables() + [self._stats_ds, self._attrs_ds]
+
     def flush(self, *, final: bool = False) -> None:
+        if self._failed is not None:
+            raise self._failed
         self._write_rows()     # rows before index rows: an op in the index has its values
         super().flush(final=final)

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass, field
@@ -363,6 +364,14 @@ def _scalar_type_code(value: Any, schema_type: str | None) -> int:
 
 _libc_fallocate: Any = None
 
+# Fault injection for the durability tests (a slow disk, without root or strace): seconds
+# slept at every maybe_flush (once per op) by whatever writes the file, thread or child
+# process. Read when the module is imported.
+try:
+    _TEST_WRITE_DELAY_S = float(os.environ.get("DUMPFILE_TEST_WRITE_DELAY_S") or 0)
+except ValueError:
+    _TEST_WRITE_DELAY_S = 0.0
+
 
 def claim_blocks(fd: int, offset: int, nbytes: int) -> bool:
     """Allocate the file's blocks for [offset, offset + nbytes) now (Linux fallocate(2),
@@ -387,7 +396,11 @@ def claim_blocks(fd: int, offset: int, nbytes: int) -> bool:
     err = ctypes.get_errno()
     if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):
         return False
-    raise OSError(err, os.strerror(err))
+    raise SpaceClaimError(err, os.strerror(err))
+
+
+class SpaceClaimError(OSError):
+    """claim_blocks found no room: nothing was written, HDF5's state is intact."""
 
 
 def _clear_for_create(path: str) -> None:
@@ -422,8 +435,59 @@ def _clear_for_create(path: str) -> None:
         pass                        # (e.g. a read-only directory): HDF5 truncates it
 
 
+# HDF5's metadata cache, fixed at this size: dirty metadata is written at flushes only.
+# With the default (2 MB, grown on demand, 30% kept clean) HDF5 wrote dirty entries
+# between flushes to make room; on disk they then pointed at objects, or past the end of
+# allocation the superblock records, that only the next flush would write, and a file
+# killed or failed between two flushes did not open ("addr overflow", "Link iteration
+# failed"). Clean entries are still evicted, least recently used first; the entries made
+# dirty since the last flush are the most recently used.
+METADATA_CACHE_BYTES = 32 << 20
+
+
+def _keep_dirty_metadata(f: h5py.File) -> None:
+    try:
+        c = f.id.get_mdc_config()
+        c.set_initial_size = True
+        c.initial_size = c.max_size = METADATA_CACHE_BYTES
+        c.min_size = min(c.min_size, METADATA_CACHE_BYTES)
+        c.min_clean_fraction = 0.0
+        c.incr_mode = 0             # H5C_incr__off
+        c.flash_incr_mode = 0       # H5C_flash_incr__off
+        c.decr_mode = 0             # H5C_decr__off
+        f.id.set_mdc_config(c)
+    except Exception:  # noqa: BLE001 - an older HDF5: its defaults (files open after a clean close)
+        pass
+
+
+def _claimed_only(e: BaseException) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, SpaceClaimError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError with an errno in `e`'s chain (h5py and our pwrite wrap them)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 class DumpWriter:
     """One open dump file. Not thread-safe: one thread writes (the dumper's writer thread)."""
+
+    _failed: DumpWriteError | None = None   # (set per instance by fail())
+    _frozen = False     # (fail(): HDF5's descriptor points at /dev/null)
+    _flushed_rows: dict = {}    # table path -> rows at the last flush (_flush_headroom)
+    durable_ops = 0
 
     def __init__(self, path: str | os.PathLike, *, mode: str = S.MODE_DUMP,
                  root_attrs: dict[str, Any] | None = None, flush_interval: float = 1.0,
@@ -487,7 +551,10 @@ class DumpWriter:
         self.num_ops = int(f.attrs.get(S.ROOT_NUM_OPS, 0))
         self.bytes_written = 0
         self._last_flush = time.monotonic()
+        self._failed: DumpWriteError | None = None    # the first failed write (fail())
+        _keep_dirty_metadata(f)
         f.flush()
+        self.durable_ops = self.num_ops     # ops the last completed flush made durable
 
     # ---- ops -------------------------------------------------------------
     def begin_op(self, op: str, seqid: int, *, phase: str = S.PHASE_FORWARD, module: str = "",
@@ -948,7 +1015,13 @@ class DumpWriter:
 
     # ---- durability --------------------------------------------------------
     def maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= self.flush_interval:
+        if _TEST_WRITE_DELAY_S:
+            time.sleep(_TEST_WRITE_DELAY_S)
+        # Half the interval while ops arrive: with the dumper's writers keeping at most
+        # 0.4 of it unwritten (WriterThread.max_lag), every op recorded a whole
+        # flush_interval before a kill is in the file (docs/FORMAT.md, "Durability").
+        # Each flush writes what changed since the last, so twice as many cost little more.
+        if time.monotonic() - self._last_flush >= self.flush_interval * 0.5:
             self.flush()
 
     def flush(self, *, final: bool = False) -> None:
@@ -956,35 +1029,151 @@ class DumpWriter:
         another flush. `num_ops` on disk thus counts only ops a completed flush wrote: a
         SIGKILL inside a flush (writer="thread") can leave that flush's own structures half
         written (dumpfile.recovery reads around them), never an op count ahead of them.
-        `final` (at close, where `complete` follows): one flush."""
-        if self._pending_index:
-            pending = self._pending_index
-            n = self._index.shape[0]
-            rows = np.array([r[:5] for r in pending], dtype=_INDEX_DTYPE)
-            cat = [r[5] if len(r) > 5 else "" for r in pending] if self._cat_on else None
-            self._index.resize((n + len(rows),))
-            self._index[n:] = rows
-            pending.clear()
-            self._unflushed = True
-            if cat is not None:
-                try:
-                    self._write_catalog(n, cat)
-                except (OSError, RuntimeError, ValueError):
-                    # an accelerator only: stop keeping it (readers then walk the groups);
-                    # a disk-full condition is reported by the flush below
-                    self._cat_on = False
+        `final` (at close, where `complete` follows): one flush.
+
+        The disk space the flush will write to is claimed first (up to HDF5's end of
+        allocation): a full disk or a file-size limit then shows before HDF5 writes
+        anything, and the file stays as the last flush left it (see fail())."""
+        if self._failed is not None and (self._frozen or not final):
+            raise self._failed
         try:
+            if self._pending_index:
+                pending = self._pending_index
+                n = self._index.shape[0]
+                rows = np.array([r[:5] for r in pending], dtype=_INDEX_DTYPE)
+                cat = [r[5] if len(r) > 5 else "" for r in pending] if self._cat_on else None
+                self._index.resize((n + len(rows),))
+                self._index[n:] = rows
+                pending.clear()
+                self._unflushed = True
+                if cat is not None:
+                    try:
+                        self._write_catalog(n, cat)
+                    except (OSError, RuntimeError, ValueError):
+                        # an accelerator only: stop keeping it (readers then walk the groups);
+                        # a disk-full condition is reported by the flush below
+                        self._cat_on = False
+            self._claim_to_eoa()
             if self._unflushed and not final:
                 self._f.flush()
             self._unflushed = False
             rewrite_scalar_attr(self._f, S.ROOT_NUM_OPS, self.num_ops)
             self._f.flush()
         except (OSError, RuntimeError) as e:  # disk full surfaces here (h5py: RuntimeError)
-            # (the disk-space reserve is kept for the final flush at close, which publishes
-            # every op whose bytes were written: giving it back here, before a writer
-            # process has even heard which ops are complete, lost them)
-            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+            raise self.fail(e) from e
+        self.durable_ops = self.num_ops
+        self._note_flushed_rows()
         self._last_flush = time.monotonic()
+
+    def _claim_to_eoa(self) -> None:
+        """Allocate the file's blocks up to HDF5's end of allocation (what the coming flush
+        writes stays below it). Raises OSError (ENOSPC, EFBIG past a file-size limit)."""
+        try:
+            fd = self._f.id.get_vfd_handle()
+            eoa = self._f.id.get_filesize()     # max(end of file, end of allocation)
+        except Exception:  # noqa: BLE001 - not a plain POSIX file: nothing to claim
+            return
+        if not isinstance(fd, int) or fd < 0:
+            return
+        # and room past it: a flush also allocates (the chunks of the index and statistics
+        # tables that HDF5's chunk cache still holds); a stats flush that failed there had
+        # already written a superblock whose end of allocation the file never reached
+        want = eoa + self._flush_headroom()
+        size = os.fstat(fd).st_size
+        if want > size and self._claim_blocks:
+            if not claim_blocks(fd, size, want - size):
+                self._claim_blocks = False
+
+    def _tables(self) -> list:
+        """The chunked tables this writer appends to (their new chunks are allocated when
+        HDF5 flushes them)."""
+        return [self._index, self._catalog]
+
+    def _flush_headroom(self) -> int:
+        """Room a flush may allocate past the end of allocation: the table chunks begun
+        since the last flush, plus one (a fixed 2 MB filled a 3 MB disk at once)."""
+        n = 0
+        flushed = self._flushed_rows
+        for ds in self._tables():
+            if ds is not None and ds.chunks:
+                rows, per = ds.shape[0], ds.chunks[0]
+                new = -(-rows // per) - -(-flushed.get(ds.name, 0) // per)
+                n += (new + 1) * per * ds.dtype.itemsize
+        return n
+
+    def _note_flushed_rows(self) -> None:
+        self._flushed_rows = {ds.name: ds.shape[0] for ds in self._tables()
+                              if ds is not None and ds.chunks}
+
+    def _trim_headroom(self) -> None:
+        """Give back the space claimed past the end of allocation (_claim_to_eoa): HDF5
+        truncates a file it closes to that end only when it wrote past it itself."""
+        from .recovery import stored_eoa
+        eoa = stored_eoa(self.path)
+        try:
+            if eoa is not None and os.path.getsize(self.path) > eoa[1]:
+                os.truncate(self.path, eoa[1])
+        except OSError:
+            pass
+
+    # ---- write failures ---------------------------------------------------------------
+    def fail(self, e: BaseException) -> DumpWriteError:
+        """The first failed write (disk full, file-size limit, I/O error): stop writing
+        this file and keep it exactly as the last completed flush left it, then return
+        the one line to report (file, error, ops kept); later calls return the same.
+
+        HDF5's descriptor (and the pwrite one) is pointed at /dev/null: nothing HDF5
+        does afterwards (the close's flush, h5py's clean-up at interpreter exit) writes
+        to the file. Letting HDF5 go on after a failed write left files that plain h5py
+        did not open ("addr overflow", "truncated file"), each later call printed an
+        "Exception ignored", and the thread writer segfaulted at exit. What was written
+        since the last flush lies in space that flush's metadata does not reference.
+
+        When only claiming space failed (SpaceClaimError: nothing was written, HDF5's state
+        is intact), the file is not frozen yet: close() gives back the disk-space reserve
+        and makes one last flush, space claimed first, of the ops completed so far (on a
+        full 3 MB disk the first claim often failed before any op had been flushed)."""
+        if self._failed is not None:      # a second failure (e.g. the last flush's claim)
+            if not self._frozen:
+                self._freeze()
+            return self._failed
+        ose = _os_error(e)
+        code = ose.errno if ose is not None else None
+        if code is None:        # HDF5's own message: "... errno = 27, error message = ..."
+            m = re.search(r"errno = (\d+)", str(e))
+            code = int(m.group(1)) if m else None
+        what = f"[Errno {code}] {os.strerror(code)}" if code else _first_line(e)
+        if what.startswith(self.path + ": "):
+            what = what[len(self.path) + 2:]
+        self._failed = DumpWriteError(f"{self.path}: write failed ({what[:300]})")
+        if not _claimed_only(e):
+            self._freeze()
+        return self._failed
+
+    def _freeze(self) -> None:
+        self._frozen = True
+        null = -1
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            fds = [self._fd] if self._fd >= 0 else []
+            try:
+                fd = self._f.id.get_vfd_handle()
+                if isinstance(fd, int) and fd >= 0:
+                    fds.append(fd)
+            except Exception:  # noqa: BLE001 - not a POSIX file driver: nothing to point away
+                pass
+            for fd in fds:      # (dup2, not close: another thread may still pwrite to it)
+                os.dup2(null, fd)
+        except OSError:
+            pass
+        finally:
+            if null >= 0:
+                os.close(null)
+        self.release_reserve()
+
+    @property
+    def failed(self) -> DumpWriteError | None:
+        return self._failed
 
     def _write_catalog(self, n: int, rows: list[str]) -> None:
         """Catalog rows of index rows n, n+1, ... (in the same flush as those)."""
@@ -1039,21 +1228,32 @@ class DumpWriter:
         return self._f
 
     def close(self, complete: bool = True) -> None:
+        """Flush, mark `complete`, close. After a failed write (fail()) the file is left as
+        its last good flush wrote it, and this raises that failure's DumpWriteError."""
         if not self._f.id.valid:
             self.release_reserve()
             return
         if not complete:       # after a failure: give the space back first
             self.release_reserve()
         try:
-            self.flush(final=True)
-            rewrite_scalar_attr(self._f, S.ROOT_COMPLETE, bool(complete))
-        except (OSError, RuntimeError) as e:
-            raise DumpWriteError(f"{self.path}: write failed ({_first_line(e)})") from e
+            if not self._frozen:
+                if self._failed is not None:
+                    self.release_reserve()  # (room for the last flush, claimed first)
+                self.flush(final=True)
+                try:
+                    rewrite_scalar_attr(self._f, S.ROOT_COMPLETE, bool(complete))
+                    self._claim_to_eoa()
+                except (OSError, RuntimeError) as e:
+                    raise self.fail(e) from e
+            if self._failed is not None:
+                raise self._failed
         finally:
             try:
                 self._f.close()
             except (OSError, RuntimeError):
                 pass
+            if not self._frozen:
+                self._trim_headroom()
             self.release_reserve()
             if self._fd >= 0:
                 os.close(self._fd)

@@ -16,6 +16,7 @@ import datetime as _dt
 import difflib
 import inspect
 import os
+import signal
 import threading
 from typing import Any
 
@@ -141,6 +142,50 @@ def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
         if mesh not in meshes:
             meshes.append(mesh)
     return json.dumps({"wrappers": sorted(wrappers), "meshes": meshes}, separators=(",", ":"))
+
+
+class _SignalsNoted:
+    """While a dumper block closes its file: SIGINT and SIGTERM are noted instead of acted
+    on, so that no second Ctrl-C (a terminal sends it to the whole process group) breaks
+    the close half way; the first one also stops the writer's drain (`arm`). After the
+    close, a noted SIGTERM is sent again to the restored handler (`deliver`: the default
+    ends the process) and a SIGINT becomes KeyboardInterrupt (in __exit__). Only in the
+    main thread (where Python runs signal handlers); elsewhere nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signals: list[int] = []
+        self._old: dict[int, Any] = {}
+        self._on_first = None
+
+    def arm(self, on_first) -> None:
+        self._on_first = on_first
+        if self.signals:
+            on_first()
+
+    def _note(self, signum, frame) -> None:
+        self.signals.append(signum)
+        if self._on_first is not None and len(self.signals) == 1:
+            self._on_first()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                try:
+                    self._old[sig] = signal.signal(sig, self._note)
+                except (ValueError, OSError):
+                    pass
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+    def deliver(self) -> None:
+        if signal.SIGTERM in self.signals and self._old:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 # Set when writer="auto" could not start the writer process although the dump file could be
@@ -404,21 +449,46 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         global _active
         if not self.enabled or self._mode is None:
             return False
-        try:
-            self._mode.__exit__(exc_type, exc, tb)
-        finally:
+        with _SignalsNoted() as noted:
             try:
-                self._tracker.__exit__(exc_type, exc, tb)
-                self._writer.close()
-                for p in self.policies:
-                    p.end(self)
-                self._finish(clean=exc_type is None and not self._writer.failed)
+                self._mode.__exit__(exc_type, exc, tb)
             finally:
-                with _active_lock:
-                    _active = None
-        if exc_type is None:
-            self._writer.check()
+                try:
+                    self._tracker.__exit__(exc_type, exc, tb)
+                    self._drain(noted)
+                    for p in self.policies:
+                        p.end(self)
+                    self._finish(clean=exc_type is None and not self._writer.failed
+                                 and not noted.signals)
+                finally:
+                    with _active_lock:
+                        _active = None
+        noted.deliver()     # a SIGTERM noted above: the process now ends as it asked
+        if noted.signals and exc_type is None:
+            raise KeyboardInterrupt
+        if exc_type is None and self._writer.failed:
+            self._raise_failure()
         return False
+
+    def _drain(self, noted: "_SignalsNoted") -> None:
+        """Wait for the writer to write what is queued (at most ~0.4 x flush_interval of
+        its work: WriterThread.max_lag), also when a Ctrl-C ended the block. A Ctrl-C (or
+        SIGTERM) while it waits stops that: the ops not yet written are dropped and the
+        file is closed with the ops written so far (complete False). Signals are only
+        noted meanwhile (a second Ctrl-C cannot break the close) and acted on once the
+        file is closed."""
+        wt = self._writer
+        noted.arm(wt.abandon)
+        wt.close()
+
+    def _raise_failure(self) -> None:
+        """The writer's first failure, as one line: file, error, ops the file keeps."""
+        err = self._writer._error
+        kept = self.summary.get("ops_kept")
+        msg = writer_error_message(err, self.path)
+        if kept is not None:
+            msg += f"; recording stopped, the file keeps {kept} ops"
+        raise DumperError(msg) from err
 
     def _finish(self, clean: bool) -> None:
         wt = self._writer
@@ -445,16 +515,19 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             # e.g. disk full at the final flush: the same one-line DumperError the user's
             # thread gets for a failure during the block (after the summary is made)
             close_error = e
+            if wt._error is None:
+                wt._error = e
         self.summary = {
             "path": self.path, "mode": self.mode, "ops_seen": self._mode.seqid,
             "ops_recorded": self._mode.num_recorded, "datasets": wt.num_datasets,
             "links": wt.num_links, "views": wt.num_views, "bytes_written": w.bytes_written,
             "writer": "process" if isinstance(w, RemoteDumpWriter) else "thread",
+            # ops the closed file holds (fewer than recorded after a failure or a Ctrl-C)
+            "ops_kept": w.durable_ops,
         }
         # Each mode's own report (replay matches, overflows, kernel dumps) under its name.
         for policy in self.policies:
             report = getattr(policy, "summary", None)
             if report is not None:
                 self.summary[type(policy).__name__.removesuffix("Policy").lower()] = report
-        if close_error is not None and clean:
-            raise DumperError(writer_error_message(close_error, self.path)) from close_error
+

@@ -89,7 +89,14 @@ class ModuleTracker:
 
     # ---- backward attribution -----------------------------------------------------
     def note_outputs(self, outputs: list, module: str) -> None:
-        """Forward op just produced `outputs` inside `module`: tag their grad_fn later."""
+        """Forward op just produced `outputs` inside `module`: tag their grad_fn later.
+
+        Not outside any module (the tag would be "", what an untagged node reads as):
+        touching `t.grad_fn` gives the autograd node a Python object that it keeps, and a
+        chain of such nodes is freed recursively through Python (torch 2.13: a chain of
+        ~60k ops segfaulted when freed; plain PyTorch only when the user walks grad_fn)."""
+        if not module:
+            return
         for t in outputs:
             try:
                 self._untagged.append((weakref.ref(t), module))

@@ -7,14 +7,20 @@ captures and their storages live) and sends it to a dumpfile.remote_writer child
 which makes the DumpWriter calls on its own GIL. The child replies with the file
 offsets of the large tensors it reserved; the data thread writes their bytes with
 os.pwrite on this process's own descriptor (GIL-free, as in the thread writer), then
-tells the child, in op order, that the op is complete; only complete ops are
-published at the child's flushes. The file is the one WriterThread writes.
+counts the op complete, and the metadata thread tells the child (`release`), in op
+order; only complete ops are published at the child's flushes. The file is the one
+WriterThread writes.
+
+Only the metadata thread sends to the child and only the data thread reads its replies:
+the data thread never waits on a send, so a slow child (a slow disk) slows the dump
+down and cannot deadlock it (with the data thread sending releases under a lock the
+metadata thread held inside a blocking send, both sides ended up blocked in a send).
 """
 
 from __future__ import annotations
 
 from dumpfile import schema as S
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, DumpWriteError
 from dumpfile.remote_writer import RemoteDumpWriter
 from dumpfile.writer import DIRECT_WRITE_MIN_BYTES
 
@@ -51,6 +57,7 @@ class ProcessWriter(WriterThread):
             gpath = f"{base}/{group_name}"
             groups.append([(name, self._record(gpath, name, node)) for name, node in entries])
         attrs = {k: _plain(v) if not hasattr(v, "dtype") else v for k, v in job.attrs.items()}
+        self._release_written()     # ops the data thread completed meanwhile
         self.writer.send(("op", (job.op, int(job.seqid), job.phase, job.module, job.grad_fn,
                                  attrs, groups[0], groups[1])))
         job._sent = True
@@ -108,14 +115,29 @@ class ProcessWriter(WriterThread):
                 self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
         return rec
 
-    def _release_written(self) -> None:     # the data thread releases as ops complete
+    def _idle_flush(self) -> None:
+        self._release_written()     # the child flushes on its own clock
+
+    def _fail_file(self, e: BaseException) -> None:
+        # the child keeps the file: a failure it reported has frozen it there already
+        # (DumpWriter.fail); after one here (a lost child, a failed pwrite) the close tells
+        # it the dump is incomplete, and its last flush keeps every op released before
         pass
+
+    def _release_due(self) -> bool:
+        # wake the (idle) metadata thread as soon as the data thread completed an op: it
+        # alone sends, and the child publishes an op only once told
+        return self._error is None and self._data_ok > self._released
 
     def _finish_data(self) -> None:
         with self._cv:
             self._data_queue.append(None)
             self._cv.notify_all()
         self._data_thread.join()
+        try:
+            self._release_written()     # even after a failure: the ops before it are whole
+        except BaseException as e:  # noqa: BLE001 - surfaced via check()
+            self._fail(e)
 
     # ---- data thread ------------------------------------------------------------------------
     def _write_pieces(self, job, pieces: list, ok: bool) -> bool:
@@ -130,17 +152,9 @@ class ProcessWriter(WriterThread):
                                     f"{len(offsets)} tensors for {len(pieces)}")
             else:
                 ok = False
-                if reply[0] == "err" and self._error is None:
-                    self._error = DumpError(reply[1])
+                if reply[0] == "err":
+                    self._fail(DumpWriteError(reply[1]))
         if ok and not self._data_failed:
             for (cap, _, nbytes), offset in zip(pieces, offsets):
                 self._write_bytes(cap, offset, nbytes)
         return ok
-
-    def _op_published(self) -> None:
-        try:
-            self.writer.release_ops(1)
-        except BaseException as e:  # noqa: BLE001 - surfaced via check()
-            self._data_failed = True
-            if self._error is None:
-                self._error = e

@@ -4,7 +4,14 @@ The main thread only snapshots (aliases) and enqueues; this thread copies the da
 out, deduplicates (hard links for the same data, views for re-stridings of stored
 data), computes statistics in stats-only mode, writes through dumpfile.DumpWriter
 and flushes at least every `flush_interval` seconds even when no op arrives.
-The queue is bounded in bytes: the main thread waits when it is full (backpressure).
+The queue is bounded in bytes and in time: the main thread waits when it is full, or
+when the oldest op not yet written was recorded more than `max_lag` (0.4 x
+flush_interval) ago, or when the queued ops would take the writer longer than that at
+its measured pace (back-pressure, one way: the writer never waits on the main thread).
+The time bound keeps the flush promise under load: a writer starved of CPU, or writing
+to a slow disk, fell minutes behind, and a kill then lost everything recorded since
+(0-91 of ~190 ops read back after 2.5 s on a busy 2-core machine). It only moves the
+wait: a block whose writer is slower than the model waits at exit for the rest anyway.
 An exception here is kept and re-raised in the user's thread (`check()`).
 
 With `poll_interval` set (statistics-only dumps), the main thread does not wake this
@@ -35,7 +42,7 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
-from dumpfile.errors import DumpError, writer_error_message
+from dumpfile.errors import DumpError, DumpWriteError, writer_error_message
 from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
@@ -91,6 +98,14 @@ class WriterThread:
         self.dedup = dedup
         self.poll_interval = poll_interval
         self._queue: deque[OpJob | None] = deque()
+        # submit times of the ops not yet written, oldest first (the time bound)
+        self._submitted: deque[float] = deque()
+        self.max_lag = max(0.4 * flush_interval, 0.05)
+        # ...and no more ops queued than the writer writes in that time (the age of the
+        # oldest alone let a fast model queue ~300 ops in 0.2 s that a slow writer then
+        # took 6 s to write)
+        self._op_cost = 0.0
+        self._last_finish = 0.0
         self._cv = threading.Condition()
         self._pending_bytes = 0
         # a polling writer is still woken at once past this many pending bytes
@@ -98,6 +113,7 @@ class WriterThread:
         self._asleep = False         # waiting to be woken by the next op (under _cv)
         self._dirty = True           # written (or bytes completed) since the last idle flush
         self._error: BaseException | None = None
+        self._abandoned = False
         self._reported = False
         # dedup maps; keys hold the capture's storage pointer, write generation and version
         self._exact: dict[tuple, tuple[str, Any]] = {}
@@ -122,11 +138,17 @@ class WriterThread:
 
     # ---- main-thread side ----------------------------------------------------
     def submit(self, job: OpJob) -> None:
+        now = time.monotonic()
         with self._cv:
-            while (self._pending_bytes > self.max_pending_bytes
-                   and (self._queue or self._data_queue) and self._error is None):
-                self._cv.wait(0.5)
+            while self._error is None and (
+                    (self._pending_bytes > self.max_pending_bytes and (self._queue or self._data_queue))
+                    or (self._submitted and (now - self._submitted[0] > self.max_lag
+                                             or len(self._submitted) * self._op_cost > self.max_lag))):
+                self._cv.notify_all()       # (a polling writer may be asleep)
+                self._cv.wait(0.05)
+                now = time.monotonic()
             self._queue.append(job)
+            self._submitted.append(now)
             self._pending_bytes += job.nbytes
             if self.poll_interval is None or self._asleep or self._pending_bytes > self._wake_bytes:
                 self._cv.notify_all()
@@ -142,6 +164,15 @@ class WriterThread:
     def failed(self) -> bool:
         return self._error is not None
 
+    def abandon(self) -> None:
+        """Stop writing (a Ctrl-C at block exit): the ops still queued are dropped, the one
+        being written is finished; the close then keeps every op written before. Safe from
+        a signal handler: it only sets state the writer's threads look at."""
+        if self._error is None:
+            self._error = DumpError(f"{self.writer.path}: interrupted; the ops not yet written "
+                                    "were dropped")
+        self._abandoned = True
+
     def close(self) -> None:
         """Write everything queued, then stop the thread."""
         with self._cv:
@@ -156,6 +187,8 @@ class WriterThread:
             idle_since = time.monotonic()
             polls = 0
             while not self._queue:
+                if self._release_due():
+                    return False
                 left = self.flush_interval - (time.monotonic() - idle_since)
                 if left <= 0 and self._dirty:
                     return False
@@ -179,10 +212,9 @@ class WriterThread:
                 self._dirty = False
                 if self._error is None:
                     try:
-                        self._release_written()
-                        w.flush()
+                        self._idle_flush()
                     except BaseException as e:  # noqa: BLE001 - surfaced via check()
-                        self._error = e
+                        self._fail(e)
                 continue
             if job is None:
                 self._finish_data()
@@ -195,9 +227,7 @@ class WriterThread:
                     self._write_job(job)
                     ok = True
             except BaseException as e:  # noqa: BLE001 - surfaced via check()
-                self._error = e
-                self.writer.release_reserve()
-                self.writer.abort_op()
+                self._fail(e)
             finally:
                 if self._data_thread is not None:
                     with self._cv:
@@ -207,6 +237,37 @@ class WriterThread:
                     self._finish_job(job)
                 self._pieces = []
 
+    def _idle_flush(self) -> None:
+        self._release_written()
+        self.writer.flush()
+
+    def _fail(self, e: BaseException) -> None:
+        """Every failure of this writer, from either thread, comes here. The first one
+        stops recording (DumpMode records nothing more, the user's step goes on) and is
+        reported once, at block exit (check()). A failed write (OSError, h5py's
+        RuntimeError, DumpWriteError) also freezes the file as its last good flush left
+        it (DumpWriter.fail: nothing more is written to it); anything else drops the
+        half-written op and the close keeps every op written before."""
+        with self._cv:
+            first = self._error is None
+            if first:
+                self._error = e
+            self._cv.notify_all()      # (a user thread waiting in submit)
+        if first:
+            self._fail_file(e)
+
+    def _fail_file(self, e: BaseException) -> None:
+        w = self.writer
+        if isinstance(e, (OSError, RuntimeError, DumpWriteError)):
+            self._error = w.fail(e)
+        else:
+            w.abort_op()
+
+    def _release_due(self) -> bool:
+        """Whether completed ops should be published now, without waiting for the idle
+        flush (the process writer: the child hears of them only from this thread)."""
+        return False
+
     def _finish_job(self, job: OpJob) -> None:
         for cap in job.captures:
             cap.done = True
@@ -214,6 +275,13 @@ class WriterThread:
             self.registry.discard(cap)
         with self._cv:
             self._pending_bytes -= job.nbytes
+            if self._submitted:
+                # the writer's time per op (from when it could start this one: not before
+                # it was submitted, nor before the previous one was done), smoothed
+                now = time.monotonic()
+                cost = now - max(self._submitted.popleft(), self._last_finish)
+                self._op_cost += 0.2 * (cost - self._op_cost)
+                self._last_finish = now
             self._cv.notify_all()
 
     def _release_written(self) -> None:
@@ -251,14 +319,12 @@ class WriterThread:
                 ok = self._write_pieces(job, pieces, ok)
             except BaseException as e:  # noqa: BLE001 - surfaced via check()
                 self._data_failed = True
-                if self._error is None:
-                    self._error = e
+                self._fail(e)
             finally:
                 # counted in order; the first op that failed (metadata or bytes) ends publishing
                 if self._counting and ok and not self._data_failed:
                     self._data_ok += 1
                     self._dirty = True       # (_finish_job below wakes the idle metadata thread)
-                    self._op_published()
                 else:
                     self._counting = False
                 self._finish_job(job)
@@ -269,10 +335,6 @@ class WriterThread:
             for cap, offset, nbytes in pieces:
                 self._write_bytes(cap, offset, nbytes)
         return ok
-
-    def _op_published(self) -> None:
-        """An op's bytes are all written, in op order. This writer publishes index rows in
-        batches from the metadata thread (_release_written); a subclass may do it here."""
 
     def _write_bytes(self, cap: TensorCapture, offset: int, nbytes: int) -> None:
         with cap.lock:     # copy-on-write (materialize) waits for us, or we see its clone
