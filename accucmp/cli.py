@@ -189,6 +189,7 @@ def compare(
     max_bytes: MaxBytes = MAX_BYTES,
     noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
     noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
+    bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash (its bits) equals the golden's; names the first op whose output bits differ and whether its inputs already did.")] = False,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
 
@@ -221,7 +222,8 @@ def compare(
                                 jobs=jobs, chunk_elements=chunk_elements,
                                 golden_fp64=str(golden_fp64) if golden_fp64 else None,
                                 thresholds=thresholds, top=top, force=force,
-                                adjust=_noise_floor_adjuster(noise_floor, noise_factor))
+                                adjust=_adjusters(_noise_floor_adjuster(noise_floor, noise_factor),
+                                                  _bitwise_adjuster(bitwise, my_dump, golden_dump)))
         _require_ops(result, my_dump, golden_dump, select)
         meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
@@ -251,6 +253,32 @@ def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
     if counts.get("pass", 0) == 0 and rows:
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _adjusters(*steps):
+    """One adjust step made of the given ones (None: not asked for), in order."""
+    steps = [s for s in steps if s is not None]
+    if not steps:
+        return None
+
+    def run(table):
+        for step in steps:
+            table = step(table)
+        return table
+    return run
+
+
+def _bitwise_adjuster(bitwise: bool, my_dump: Path, golden_dump: Path):
+    """--bitwise: rows judged by their content hashes (accucmp/bitwise.py); both dumps must
+    have them, checked before any tensor is compared."""
+    if not bitwise:
+        return None
+    from .bitwise import apply_bitwise, require_hashes
+
+    for p in (my_dump, golden_dump):
+        _require_file(p)
+        require_hashes(str(p))
+    return apply_bitwise
 
 
 def _noise_floor_adjuster(noise_floor: Path | None, factor: float):

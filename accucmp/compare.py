@@ -38,7 +38,7 @@ TAIL_COLUMNS = [
     "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
     "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
     "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches",
+    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -177,6 +177,9 @@ class _Comparer:
             ys = g.stats() if g.is_stats else _stats_of(self._chunks(g, g_n))
             res, extras = compare_stats(xs, ys, self.algorithms)
             self._put(row, res, extras)
+            if S.STATS_HASH_FIELD in xs and S.STATS_HASH_FIELD in ys:
+                # content hashes of both sides (1.7 statistics dumps): bit identity, exact
+                row["BitIdentical"] = xs[S.STATS_HASH_FIELD] == ys[S.STATS_HASH_FIELD]
             row["CompareStatus"] = STATUS_STATS
             return
         if t_n != g_n:

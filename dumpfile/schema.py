@@ -29,7 +29,9 @@ FORMAT_NAME = "npu_dumper.h5"
 # 1.6: tensor attribute `dtensor` (a DTensor's layout, its local shard stored); root
 #      attributes `step` and `parallel_layout`; `uninitialized` also marks destination-only
 #      inputs (`out=` arguments, collective output buffers)
-FORMAT_VERSION = "1.6"
+# 1.7: statistics-only dumps: column `hash` in the stats table (XXH3-64 of each tensor's
+#      bytes, npu_dumper.tensor_hash) and root attribute `content_hash` naming the algorithm.
+FORMAT_VERSION = "1.7"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -235,6 +237,8 @@ FORMAT_NAMES = {0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 29:
 
 # ---- statistics-only tensors ------------------------------------------------
 STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan_count", "inf_count", "numel")
+STATS_HASH_FIELD = "hash"          # 1.7: stats table column (uint64), see ROOT_CONTENT_HASH
+ROOT_CONTENT_HASH = "content_hash"  # 1.7: the hash algorithm of the stats table's `hash` ("xxh3_64")
 
 # ---- index dataset ----------------------------------------------------------
 # Compound rows; the op group of row r is f"/{op}/{seqid}".

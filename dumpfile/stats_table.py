@@ -37,6 +37,8 @@ STATS_ROW_DTYPE = np.dtype(
     [("seqid", np.int64), ("io", np.int8), ("name", _STR), ("Type", np.int16), ("dtype", _STR),
      ("shape", _SHAPE), ("DataType", np.int16), ("DeviceType", np.int16), ("uninitialized", np.bool_)]
     + [(f, np.float64) for f in S.STATS_FIELDS]
+    # 1.7: XXH3-64 of the tensor's bytes (npu_dumper.tensor_hash; 0 for non-tensor rows)
+    + [(S.STATS_HASH_FIELD, np.uint64)]
     + [("value", _STR)])
 OP_ATTR_DTYPE = np.dtype([("seqid", np.int64), ("name", _STR), ("value", _STR)])
 
@@ -56,10 +58,10 @@ def _shape_array(shape) -> np.ndarray:
 
 
 def tensor_row(seqid: int, io: int, name: str, dtype: str, shape, device_type: int,
-               stats, uninitialized: bool = False) -> tuple:
-    """A Type 41 row: statistics (schema.STATS_FIELDS order) of one tensor."""
+               stats, uninitialized: bool = False, content_hash: int = 0) -> tuple:
+    """A Type 41 row: statistics (schema.STATS_FIELDS order) and content hash of one tensor."""
     return (seqid, io, name, S.TYPE_TENSOR_STATS, dtype, _shape_array(shape), S.data_type_code(dtype),
-            device_type, uninitialized, *stats, "")
+            device_type, uninitialized, *stats, content_hash, "")
 
 
 def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tuple:
@@ -67,7 +69,7 @@ def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tup
     if isinstance(value, complex):
         value = [value.real, value.imag]
     return (seqid, io, name, type_code, "", _EMPTY_SHAPE, 0, S.DEVICE_TYPE_UNKNOWN, False,
-            *_NAN_STATS, json.dumps(value))
+            *_NAN_STATS, 0, json.dumps(value))
 
 
 def op_attr_row(seqid: int, name: str, value: Any) -> tuple:
@@ -166,4 +168,10 @@ def row_attrs(row) -> dict[str, Any]:
 
 
 def row_stats(row) -> dict[str, float]:
-    return {f: float(row[f]) for f in S.STATS_FIELDS}
+    """The statistics of a Type 41 row; with the content hash under "hash" (an int) when the
+    file has the column (1.7+) and the row is not uninitialized memory."""
+    out: dict = {f: float(row[f]) for f in S.STATS_FIELDS}
+    names = row.dtype.names or ()
+    if S.STATS_HASH_FIELD in names and not bool(row["uninitialized"]):
+        out[S.STATS_HASH_FIELD] = int(row[S.STATS_HASH_FIELD])
+    return out

@@ -33,6 +33,7 @@ from .errors import DumperError
 from .mode import DumpMode, OpFilter
 from .module_tracking import ModuleTracker
 from .policy import Policy
+from .tensor_hash import HASH_ALGORITHM
 from .stats_writer import StatsWriterThread
 from .writer_process import ProcessWriter
 from .writer_thread import WriterThread
@@ -364,6 +365,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_STEP: self.step,
             S.ROOT_DUMP_MODE: self.dump_mode,
             S.ROOT_STATS_ONLY: bool(self.stats_only),
+            S.ROOT_CONTENT_HASH: HASH_ALGORITHM if self.stats_only else None,
             S.ROOT_LOAD_FILE: self.load_file_path,
             # what was selected, so compare can pass the other dump's ops through it too
             S.ROOT_OP_FILTER: None if self.filter.trivial else self.filter.to_json(),

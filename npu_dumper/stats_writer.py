@@ -17,6 +17,7 @@ from dumpfile.stats_writer import value_rows
 from dumpfile.writer import set_attrs
 
 from .capture import ListOf, Named, TensorCapture, Value
+from .tensor_hash import content_hash
 from .tensor_stats import fast_tensor_stats, in_memory_order
 from .writer_thread import OpJob, WriterThread
 
@@ -62,8 +63,9 @@ class StatsWriterThread(WriterThread):
             if self.device_written is None:
                 set_attrs(self.writer.file, {S.ROOT_DEVICE: node.device, S.ROOT_DEVICE_TYPE: code})
                 self.device_written = node.device
+            stats, digest = self._stats(node)
             rows.append(tensor_row(seqid, io, name, node.dtype, node.shape, code,
-                                   self._stats(node), node.uninitialized))
+                                   stats, node.uninitialized, digest))
         elif isinstance(node, Value):
             rows.extend(value_rows(seqid, io, name, node.value, node.schema_type or None))
         elif isinstance(node, Named):
@@ -76,10 +78,12 @@ class StatsWriterThread(WriterThread):
         else:  # pragma: no cover - capture only builds the kinds above
             rows.extend(value_rows(seqid, io, name, str(node)))
 
-    def _stats(self, cap: TensorCapture) -> list[float]:
+    def _stats(self, cap: TensorCapture) -> tuple[list[float], int]:
+        """(statistics, content hash) of a captured tensor."""
         key = None
         if self.dedup and cap.ptr and cap.owner is not None:
-            # statistics do not depend on element order: W and W.t() share them
+            # statistics do not depend on element order and hashes are of storage order:
+            # W and W.t() share them
             key = (cap.ptr, cap.gen, cap.version, cap.dtype,
                    tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
             hit = self._exact.get(key)
@@ -87,7 +91,8 @@ class StatsWriterThread(WriterThread):
                 self.num_links += 1
                 return hit[0]
         with cap.lock:
-            stats = fast_tensor_stats(in_memory_order(cap.tensor), self._scratch)
+            t = cap.tensor
+            stats = fast_tensor_stats(in_memory_order(t), self._scratch), content_hash(t)
             cap.done = True
             cap.tensor = None
         self.num_datasets += 1
