@@ -36,6 +36,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 
 MX_BLOCK = 32
@@ -229,7 +230,12 @@ COLUMNS = ("op", "seqid", "module", "phase", "io", "name", "dtype_in", "shape", 
            "format", "nonzero", "nonfinite", "underflow_share", "subnormal_share",
            "overflow_share", "overflow_kind", "rms_rel_error", "amax", "amin_nonzero",
            "scale_log2", "mx_blocks", "mx_lost_share", "mx_worst_block_lost_share",
-           "mx_worst_block_range_binades")
+           "mx_worst_block_range_binades", "source", "overflow_share_max")
+SOURCE_VALUES = "values"
+SOURCE_HISTOGRAM = "log2 histogram"
+# E[1/f^2] for a mantissa f spread log-uniformly over [1, 2): (1/2 - 1/8) / ln 2. The mean
+# squared relative rounding error of a binade is quantum^2 / 12 times E[1/x^2].
+_INV_SQ_MANTISSA = 0.375 / math.log(2)
 
 
 def analyze_tensor(chunks: Iterable[np.ndarray], shape: tuple[int, ...], formats: list[str]) -> list[dict]:
@@ -267,12 +273,79 @@ def analyze_tensor(chunks: Iterable[np.ndarray], shape: tuple[int, ...], formats
                "amin_nonzero": st.amin if math.isfinite(st.amin) else 0.0,
                "scale_log2": "" if k is None else k,
                "mx_blocks": "", "mx_lost_share": "", "mx_worst_block_lost_share": "",
-               "mx_worst_block_range_binades": ""}
+               "mx_worst_block_range_binades": "", "source": SOURCE_VALUES,
+               "overflow_share_max": a.overflow / denom}
         if f in MX_NAMES:
             row.update(mx_blocks=a.blocks, mx_lost_share=a.underflow / denom,
                        mx_worst_block_lost_share=a.worst_block_lost,
                        mx_worst_block_range_binades=a.worst_block_range)
         rows.append(row)
+    return rows
+
+
+def analyze_histogram(hist: np.ndarray, amax: float, nonfinite: int, formats: list[str]) -> list[dict]:
+    """Rows (one per plain format) for one tensor of a statistics dump from its histogram of
+    floor(log2|x|) (int64 pairs [e, count, ...], npu_dumper.tensor_hist) and its largest
+    magnitude. What a histogram can tell (docs/WHATIF.md, "Statistics-only dumps"):
+
+    underflow   exact but for values exactly at the rounding tie 2^k (k = the exponent of half
+                the smallest subnormal), which round to zero and are counted as not;
+    subnormal   an upper bound: the values of the subnormal binades, including the top sliver
+                of the last one that rounds up to the smallest normal;
+    overflow    exact when the tensor's max |x| is below the format's overflow threshold (then
+                0) or every value of the threshold's binade overflows; otherwise a range:
+                `overflow_share` counts the binades above, `overflow_share_max` includes the
+                threshold's binade;
+    rms_rel_error  an estimate: per binade, quantum^2/12 x E[1/x^2] with mantissas spread
+                log-uniformly; an underflow counts 1, an overflow to inf is left out, a
+                saturated value counts 1 - max/|x| at its binade's middle.
+    MXFP8 needs the values of each 32-block: not predicted from a histogram (no row)."""
+    e = np.asarray(hist[0::2], dtype=np.int64)
+    n = np.asarray(hist[1::2], dtype=np.int64)
+    nonzero = int(n.sum())
+    amin = math.ldexp(1.0, int(e.min())) if nonzero else math.inf
+    rows = []
+    for f in formats:
+        fmt = FORMATS.get(f)
+        if fmt is None:
+            continue
+        k_zero = fmt.emin - fmt.man_bits - 1          # half the smallest subnormal
+        thr = fmt.overflow_threshold
+        e_thr = math.frexp(thr)[1] - 1
+        under = int(n[e < k_zero].sum())
+        sub = int(n[(e >= k_zero) & (e < fmt.emin)].sum())
+        over_lo = int(n[e > e_thr].sum())
+        over_hi = int(n[e >= e_thr].sum())
+        if amax < thr:
+            over_lo = over_hi = 0
+        elif over_lo == 0 and over_hi > 0:
+            over_lo = 1                               # the maximum itself overflows
+        keep = (e >= k_zero) & (e <= e_thr)
+        ke, kn = e[keep], n[keep].astype(np.float64)
+        q_exp = np.maximum(ke, fmt.emin) - fmt.man_bits
+        rel2 = np.minimum(np.ldexp(1.0, 2 * (q_exp - ke)) * _INV_SQ_MANTISSA / 12.0, 1.0)
+        sq = float(np.dot(rel2, kn)) + under
+        n_rel = float(kn.sum()) + under
+        if fmt.saturates:
+            # a saturated value is still a value (as in analyze_tensor): error 1 - max/|x|,
+            # |x| taken at its binade's geometric middle 2^e * sqrt(2)
+            above = e > e_thr
+            if above.any():
+                rel = 1.0 - fmt.max_finite / (np.ldexp(1.0, e[above]) * math.sqrt(2.0))
+                sq += float(np.dot(rel * rel, n[above]))
+                n_rel += float(n[above].sum())
+        denom = max(nonzero, 1)
+        k = best_scale_log2(amax, amin, fmt)
+        rows.append({"format": f, "nonzero": nonzero, "nonfinite": nonfinite,
+                     "underflow_share": under / denom, "subnormal_share": sub / denom,
+                     "overflow_share": over_lo / denom,
+                     "overflow_kind": "saturate" if fmt.saturates else "inf",
+                     "rms_rel_error": math.sqrt(sq / n_rel) if n_rel else 0.0,
+                     "amax": amax, "amin_nonzero": amin if math.isfinite(amin) else 0.0,
+                     "scale_log2": "" if k is None else k,
+                     "mx_blocks": "", "mx_lost_share": "", "mx_worst_block_lost_share": "",
+                     "mx_worst_block_range_binades": "", "source": SOURCE_HISTOGRAM,
+                     "overflow_share_max": over_hi / denom})
     return rows
 
 
@@ -334,18 +407,28 @@ def run_whatif(dump_path: str | os.PathLike, formats: list[str], out_dir: str | 
     out_dir = Path(out_dir)
     rows: list[dict] = []
     with DumpFile(dump_path) as dump:
-        if dump.stats_only:
+        if dump.stats_only and not dump.attrs.get(S.ROOT_STATS_HISTOGRAM):
             raise DumpFormatError(
-                f"{dump_path}: a statistics-only dump holds no tensor values; whatif needs a full dump "
-                "(dump with mode 'all'/'output' and stats off)")
+                f"{dump_path}: a statistics-only dump without log2 histograms holds no distribution of "
+                "magnitudes; dump with stats_only=True, stats_histogram=True (or a full dump)")
+        if dump.stats_only and all(f in MX_NAMES for f in formats):
+            raise DumpFormatError(f"{dump_path}: mxfp8 needs the values of each 32-value block; "
+                                  "a statistics dump's histograms cannot predict it (use a full dump)")
         for op, io, name, rec in iter_tensors(dump):
             if pattern and not (pattern.search(op.op) or pattern.search(op.module or "")):
-                continue
-            if rec.is_stats:
                 continue
             base = {"op": op.op, "seqid": op.seqid, "module": op.module, "phase": tensor_phase(op, io, name),
                     "io": io, "name": name, "dtype_in": rec.dtype, "shape": "x".join(map(str, rec.shape)),
                     "numel": rec.numel}
+            if rec.is_stats:
+                st = rec.stats()
+                hist = rec.attrs.get(S.STATS_HIST_FIELD)
+                if hist is None:
+                    continue
+                amax = max(abs(st["min"]), abs(st["max"])) if st["numel"] > st["nan_count"] + st["inf_count"] else 0.0
+                for r in analyze_histogram(hist, amax, int(st["nan_count"] + st["inf_count"]), formats):
+                    rows.append(base | r)
+                continue
             for r in analyze_tensor(rec.iter_chunks(chunk_elements), rec.shape, formats):
                 rows.append(base | r)
     out_dir.mkdir(parents=True, exist_ok=True)

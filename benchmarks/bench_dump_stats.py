@@ -4,8 +4,9 @@ Same workload as bench_dump.py (6 x Linear(1024,1024)+GELU, LayerNorm, batch 64,
 MSE, forward+backward, CPU, 1 thread, SGD step between steps outside the dump). Plain and
 stats-only steps alternate for many rounds (the medians resist other work on a shared
 machine). Prints the ratio, the model thread's CPU time per step (plain vs dumped: the
-dumper's own cost on that thread) and the writer thread's CPU time per step. A third
-kind runs the statistics dump with its content hashes (format 1.7, npu_dumper.tensor_hash)
+dumper's own cost on that thread) and the writer thread's CPU time per step. Two more
+kinds: with log2 histograms (stats_histogram=True, for accucmp whatif), and the statistics
+dump with its content hashes (format 1.7, npu_dumper.tensor_hash)
 replaced by a constant, so the hashes' own cost shows side by side (issue 21: with hashes
 <= 1.3x plain).
 
@@ -51,7 +52,7 @@ def main() -> None:
             writer_cpu.append(time.thread_time() - c0)
 
     writer_thread.WriterThread._run = timed_run
-    kinds = ("plain", "stats", "no_hash")
+    kinds = ("plain", "stats", "no_hash", "histogram")
     wall: dict[str, list[float]] = {k: [] for k in kinds}
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
     real_hash = stats_writer.content_hash
@@ -59,13 +60,14 @@ def main() -> None:
         path = os.path.join(tmp, "s.h5")
         for _ in range(args.rounds):
             for kind in kinds:
-                stats_writer.content_hash = real_hash if kind == "stats" else (lambda t: 0)
+                stats_writer.content_hash = (lambda t: 0) if kind == "no_hash" else real_hash
                 opt.zero_grad(set_to_none=True)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 if kind == "plain":
                     one_step(model, x, y)
                 else:
-                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True):
+                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True,
+                                           stats_histogram=kind == "histogram"):
                         one_step(model, x, y)
                 wall[kind].append(time.perf_counter() - t0)
                 cpu[kind].append(time.thread_time() - c0)
@@ -74,13 +76,15 @@ def main() -> None:
     def med(v: list[float]) -> float:
         return statistics.median(v[5:]) * 1e3     # the first rounds warm up
 
-    plain, stats, no_hash = med(wall["plain"]), med(wall["stats"]), med(wall["no_hash"])
+    plain, stats, no_hash, hist = (med(wall[k]) for k in kinds)
     print(f"[threads=1] plain      {plain:7.1f} ms/step  (model thread CPU {med(cpu['plain']):.1f} ms)")
     print(f"[threads=1] stats-only {stats:7.1f} ms/step  ratio {stats / plain:.2f}x  "
           f"(model thread CPU {med(cpu['stats']):.1f} ms, +{med(cpu['stats']) - med(cpu['plain']):.1f}; "
           f"writer thread CPU {med(writer_cpu):.1f} ms)")
     print(f"[threads=1] stats-only without content hashes {no_hash:7.1f} ms/step  ratio {no_hash / plain:.2f}x "
           f"(hashes add {stats / no_hash:.2f}x)")
+    print(f"[threads=1] stats-only with log2 histograms (stats_histogram=True) {hist:7.1f} ms/step  "
+          f"ratio {hist / plain:.2f}x")
     print("target: stats-only <= 1.2x (issue 2, with hashes now: issue 21 asks <= 1.3x)")
 
 

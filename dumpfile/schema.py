@@ -30,7 +30,9 @@ FORMAT_NAME = "npu_dumper.h5"
 #      attributes `step` and `parallel_layout`; `uninitialized` also marks destination-only
 #      inputs (`out=` arguments, collective output buffers)
 # 1.7: statistics-only dumps: column `hash` in the stats table (XXH3-64 of each tensor's
-#      bytes, npu_dumper.tensor_hash) and root attribute `content_hash` naming the algorithm.
+#      bytes, npu_dumper.tensor_hash) and root attribute `content_hash` naming the algorithm;
+#      column `log2_hist` (histogram of log2|x|, npu_dumper.tensor_hist) filled when the
+#      dumper ran with stats_histogram=True (root attribute `log2_histogram`).
 FORMAT_VERSION = "1.7"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
@@ -239,6 +241,8 @@ FORMAT_NAMES = {0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 29:
 STATS_FIELDS = ("min", "max", "mean", "std", "norm", "nan_count", "inf_count", "numel")
 STATS_HASH_FIELD = "hash"          # 1.7: stats table column (uint64), see ROOT_CONTENT_HASH
 ROOT_CONTENT_HASH = "content_hash"  # 1.7: the hash algorithm of the stats table's `hash` ("xxh3_64")
+STATS_HIST_FIELD = "log2_hist"     # 1.7: stats table column: int64 pairs [e, count, ...] of floor(log2|x|)
+ROOT_STATS_HISTOGRAM = "log2_histogram"  # 1.7: True when the stats table's log2_hist is filled
 
 # ---- index dataset ----------------------------------------------------------
 # Compound rows; the op group of row r is f"/{op}/{seqid}".

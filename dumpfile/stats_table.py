@@ -39,6 +39,8 @@ STATS_ROW_DTYPE = np.dtype(
     + [(f, np.float64) for f in S.STATS_FIELDS]
     # 1.7: XXH3-64 of the tensor's bytes (npu_dumper.tensor_hash; 0 for non-tensor rows)
     + [(S.STATS_HASH_FIELD, np.uint64)]
+    # 1.7: histogram of log2|x| (npu_dumper.tensor_hist), empty unless stats_histogram=True
+    + [(S.STATS_HIST_FIELD, _SHAPE)]
     + [("value", _STR)])
 OP_ATTR_DTYPE = np.dtype([("seqid", np.int64), ("name", _STR), ("value", _STR)])
 
@@ -58,10 +60,12 @@ def _shape_array(shape) -> np.ndarray:
 
 
 def tensor_row(seqid: int, io: int, name: str, dtype: str, shape, device_type: int,
-               stats, uninitialized: bool = False, content_hash: int = 0) -> tuple:
-    """A Type 41 row: statistics (schema.STATS_FIELDS order) and content hash of one tensor."""
+               stats, uninitialized: bool = False, content_hash: int = 0,
+               log2_hist: np.ndarray = _EMPTY_SHAPE) -> tuple:
+    """A Type 41 row: statistics (schema.STATS_FIELDS order), content hash and (optional)
+    log2 histogram of one tensor."""
     return (seqid, io, name, S.TYPE_TENSOR_STATS, dtype, _shape_array(shape), S.data_type_code(dtype),
-            device_type, uninitialized, *stats, content_hash, "")
+            device_type, uninitialized, *stats, content_hash, log2_hist, "")
 
 
 def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tuple:
@@ -69,7 +73,7 @@ def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tup
     if isinstance(value, complex):
         value = [value.real, value.imag]
     return (seqid, io, name, type_code, "", _EMPTY_SHAPE, 0, S.DEVICE_TYPE_UNKNOWN, False,
-            *_NAN_STATS, 0, json.dumps(value))
+            *_NAN_STATS, 0, _EMPTY_SHAPE, json.dumps(value))
 
 
 def op_attr_row(seqid: int, name: str, value: Any) -> tuple:
@@ -164,6 +168,8 @@ def row_attrs(row) -> dict[str, Any]:
                       S.ATTR_DTYPE: _s(row["dtype"]), S.ATTR_STATS_FIELDS: ",".join(S.STATS_FIELDS)})
         if bool(row["uninitialized"]):
             attrs[S.ATTR_UNINITIALIZED] = True
+        if S.STATS_HIST_FIELD in (row.dtype.names or ()) and len(row[S.STATS_HIST_FIELD]):
+            attrs[S.STATS_HIST_FIELD] = np.asarray(row[S.STATS_HIST_FIELD], dtype=np.int64)
     return attrs
 
 

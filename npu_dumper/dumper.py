@@ -213,7 +213,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
                  dedup: bool = True, writer: str = "auto", step: int | None = None,
-                 **unknown: Any):
+                 stats_histogram: bool = False, **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
             name = sorted(unknown)[0]
@@ -231,6 +231,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
         self.stats_only = stats_only
+        # statistics dumps: also a histogram of log2|x| per tensor (accucmp whatif on them)
+        self.stats_histogram = bool(stats_histogram)
+        if self.stats_histogram and not stats_only:
+            raise DumperError("stats_histogram=True needs stats_only=True (a full dump holds the values)")
         self.overflow_dtype = overflow_dtype
         self.overflow_limit = overflow_limit
         self.overflow_raise = overflow_raise
@@ -366,6 +370,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_DUMP_MODE: self.dump_mode,
             S.ROOT_STATS_ONLY: bool(self.stats_only),
             S.ROOT_CONTENT_HASH: HASH_ALGORITHM if self.stats_only else None,
+            S.ROOT_STATS_HISTOGRAM: True if self.stats_histogram else None,
             S.ROOT_LOAD_FILE: self.load_file_path,
             # what was selected, so compare can pass the other dump's ops through it too
             S.ROOT_OP_FILTER: None if self.filter.trivial else self.filter.to_json(),
@@ -384,8 +389,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             thread_cls = ProcessWriter
         else:
             thread_cls = WriterThread
+        extra = {"histograms": True} if self.stats_histogram else {}
         self._writer = thread_cls(w, registry, max_pending_bytes=self.max_pending_bytes,
-                                  flush_interval=self.flush_interval, dedup=self.dedup)
+                                  flush_interval=self.flush_interval, dedup=self.dedup, **extra)
         self._tracker = ModuleTracker().__enter__()
         self._mode = DumpMode(writer=self._writer, registry=registry, policies=self.policies,
                               op_filter=self.filter, tracker=self._tracker,

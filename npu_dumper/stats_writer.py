@@ -18,6 +18,7 @@ from dumpfile.writer import set_attrs
 
 from .capture import ListOf, Named, TensorCapture, Value
 from .tensor_hash import content_hash
+from .tensor_hist import _EMPTY as _NO_HIST, log2_histogram
 from .tensor_stats import fast_tensor_stats, in_memory_order
 from .writer_thread import OpJob, WriterThread
 
@@ -28,8 +29,9 @@ POLL_SECONDS = 0.002
 
 
 class StatsWriterThread(WriterThread):
-    def __init__(self, writer, registry, **kw):
+    def __init__(self, writer, registry, *, histograms: bool = False, **kw):
         kw["stats_only"] = True
+        self.histograms = histograms
         kw.setdefault("poll_interval", POLL_SECONDS)
         super().__init__(writer, registry, **kw)
         self._device_codes: dict[str, int] = {}
@@ -63,9 +65,9 @@ class StatsWriterThread(WriterThread):
             if self.device_written is None:
                 set_attrs(self.writer.file, {S.ROOT_DEVICE: node.device, S.ROOT_DEVICE_TYPE: code})
                 self.device_written = node.device
-            stats, digest = self._stats(node)
+            stats, digest, hist = self._stats(node)
             rows.append(tensor_row(seqid, io, name, node.dtype, node.shape, code,
-                                   stats, node.uninitialized, digest))
+                                   stats, node.uninitialized, digest, hist))
         elif isinstance(node, Value):
             rows.extend(value_rows(seqid, io, name, node.value, node.schema_type or None))
         elif isinstance(node, Named):
@@ -78,8 +80,8 @@ class StatsWriterThread(WriterThread):
         else:  # pragma: no cover - capture only builds the kinds above
             rows.extend(value_rows(seqid, io, name, str(node)))
 
-    def _stats(self, cap: TensorCapture) -> tuple[list[float], int]:
-        """(statistics, content hash) of a captured tensor."""
+    def _stats(self, cap: TensorCapture) -> tuple[list[float], int, Any]:
+        """(statistics, content hash, log2 histogram or empty) of a captured tensor."""
         key = None
         if self.dedup and cap.ptr and cap.owner is not None:
             # statistics do not depend on element order and hashes are of storage order:
@@ -92,7 +94,8 @@ class StatsWriterThread(WriterThread):
                 return hit[0]
         with cap.lock:
             t = cap.tensor
-            stats = fast_tensor_stats(in_memory_order(t), self._scratch), content_hash(t)
+            stats = (fast_tensor_stats(in_memory_order(t), self._scratch), content_hash(t),
+                     log2_histogram(t) if self.histograms else _NO_HIST)
             cap.done = True
             cap.tensor = None
         self.num_datasets += 1

@@ -13,6 +13,10 @@ import torch
 
 from accucmp import whatif as W
 from tests._cli_helpers import Op, write_dump
+from typer.testing import CliRunner
+
+import npu_dumper
+from accucmp.cli import app
 
 TORCH = {name: getattr(torch, f.torch_name) for name, f in W.FORMATS.items()}
 
@@ -180,3 +184,72 @@ def test_whatif_does_not_import_torch(tmp_path):
             "except SystemExit as e:\n    assert not e.code, e.code\nassert 'torch' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code, dump, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# ---- statistics-only dumps: histograms of log2|x| (stats_histogram=True) ------------------
+def _frexp_hist(t):
+    a = (t.abs() if t.is_complex() else t).double()
+    a = a[torch.isfinite(a) & (a != 0)].abs()
+    e = (torch.frexp(a).exponent - 1).numpy()
+    u, c = np.unique(e, return_counts=True)
+    out = np.empty(2 * len(u), dtype=np.int64)
+    out[0::2], out[1::2] = u, c
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64])
+def test_log2_histogram_counts_every_finite_nonzero_exponent(dtype):
+    from npu_dumper.tensor_hist import log2_histogram
+
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(3)) * torch.logspace(-44, 37, 2000)
+    x[::97] = 0.0
+    x[5], x[7], x[9] = float("nan"), float("inf"), -float("inf")
+    x[11] = 1e-45                                         # a float32 subnormal
+    t = torch.complex(x, 0.5 * x).to(dtype) if dtype.is_complex else x.to(dtype)
+    assert np.array_equal(log2_histogram(t), _frexp_hist(t))
+    assert np.array_equal(log2_histogram(t.reshape(40, 50).t()), _frexp_hist(t))   # any layout
+    assert log2_histogram(torch.arange(5)).size == 0
+
+
+def _step(path, **kw):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    x = torch.randn(32, 64) * 3e3                      # fp16 overflows in the activations
+    with npu_dumper.dumper(use_dump=True, dump_path=str(path), **kw):
+        (m(x) * 1e-4).square().mean().backward()       # small gradients: underflow in fp8/fp16
+
+
+def test_whatif_of_a_statistics_dump_agrees_with_the_values(tmp_path):
+    from accucmp.whatif import SOURCE_HISTOGRAM, run_whatif
+
+    _step(tmp_path / "full.h5")
+    _step(tmp_path / "stats.h5", stats_only=True, stats_histogram=True)
+    formats = ["bf16", "fp16", "fp8_e4m3", "fp8_e5m2"]
+    _, full = run_whatif(tmp_path / "full.h5", formats, tmp_path / "a")
+    _, hist = run_whatif(tmp_path / "stats.h5", formats, tmp_path / "b")
+    key = lambda r: (r["op"], r["seqid"], r["io"], r["name"], r["format"])   # noqa: E731
+    by_key = {key(r): r for r in hist}
+    assert len(full) == len(hist) > 100 and set(by_key) == {key(r) for r in full}
+    overflowing = underflowing = 0
+    for v in full:
+        h = by_key[key(v)]
+        assert h["source"] == SOURCE_HISTOGRAM and h["nonzero"] == v["nonzero"]
+        assert h["underflow_share"] == v["underflow_share"]                       # exact
+        assert h["overflow_share"] <= v["overflow_share"] <= h["overflow_share_max"]
+        assert h["subnormal_share"] >= v["subnormal_share"]                       # upper bound
+        assert h["subnormal_share"] - v["subnormal_share"] <= 0.1   # the round-up sliver of one binade
+        if v["rms_rel_error"] > 0:
+            assert 0.4 < h["rms_rel_error"] / v["rms_rel_error"] < 2.5            # an estimate
+        overflowing += v["overflow_share"] > 0
+        underflowing += v["underflow_share"] > 0
+    assert overflowing and underflowing                  # the step reaches both edges
+
+
+def test_whatif_of_a_statistics_dump_without_histograms_is_one_line(tmp_path):
+    _step(tmp_path / "stats.h5", stats_only=True)
+    r = CliRunner().invoke(app, ["whatif", str(tmp_path / "stats.h5"), "-out", str(tmp_path / "o")])
+    assert r.exit_code == 2
+    assert len(r.output.strip().splitlines()) == 1 and "stats_histogram=True" in r.output
+    with pytest.raises(npu_dumper.DumperError, match="stats_only"):
+        npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "x.h5"), stats_histogram=True)
