@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import xxhash
 
-from .tensor_stats import in_memory_order
+from .tensor_stats import storage_ordered
 
 HASH_ALGORITHM = "xxh3_64"
 
@@ -26,17 +26,7 @@ HASH_ALGORITHM = "xxh3_64"
 def content_hash(t: torch.Tensor) -> int:
     """XXH3-64 of `t`'s element bytes in storage order (see the module docstring), as an
     unsigned 64-bit int."""
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.layout != torch.strided:
-        t = t.to_dense()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = in_memory_order(t)
-    if not t.is_contiguous():
-        t = t.contiguous()
+    t = storage_ordered(t)
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
     flat = t.reshape(-1)

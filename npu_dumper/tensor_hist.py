@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .tensor_stats import in_memory_order
+from .tensor_stats import storage_ordered
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 # dtype -> (same-width integer view, mantissa bits, exponent field mask, exponent bias)
@@ -34,19 +34,13 @@ _FIELDS = {
 def log2_histogram(t: torch.Tensor) -> np.ndarray:
     """int64 pairs [e, count, ...] of floor(log2|x|) over the finite nonzero elements of `t`
     (complex: of |x|); empty for integer/bool/empty tensors."""
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.layout != torch.strided:
-        t = t.to_dense()
     if t.is_complex():
         t = t.abs()
     if not t.is_floating_point() or t.numel() == 0:
         return _EMPTY
     if t.dtype not in _FIELDS:
         t = t.float()                       # float8 formats: exact in float32
-    t = in_memory_order(t)                  # element order does not matter to a histogram
-    if not t.is_contiguous():
-        t = t.contiguous()
+    t = storage_ordered(t)                  # element order does not matter to a histogram
     ity, mbits, mask, bias = _FIELDS[t.dtype]
     flat = t.reshape(-1)
     field = torch.bitwise_and(torch.bitwise_right_shift(flat.view(ity), mbits), mask)

@@ -32,6 +32,22 @@ def in_memory_order(t: torch.Tensor) -> torch.Tensor:
     return p if p.is_contiguous() else t
 
 
+def storage_ordered(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a contiguous, dense CPU tensor with conj/neg bits resolved, its elements in
+    storage order (in_memory_order): what byte-level digests (content hash, exponent
+    histogram) read. A copy only where the tensor is not already so."""
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = in_memory_order(t)
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def sum_of_squares(x: torch.Tensor) -> float:
     """sum(x * x) of a finite float32/float64 CPU tensor, as a Python float."""
     n = x.numel()

@@ -63,11 +63,11 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, between_flushes: 
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    _wait_unlocked(p, 10.0)
+    wait_unlocked(p, 10.0)
     return p
 
 
-def _wait_unlocked(p: Path, timeout_s: float) -> None:
+def wait_unlocked(p: Path, timeout_s: float = 10.0) -> None:
     """A writer process outlives the killed dumper for a moment (it stops between two
     messages) and holds HDF5's file lock until then."""
     deadline = time.monotonic() + timeout_s
@@ -86,7 +86,7 @@ def killed_dump_tail(p: Path, *, min_flushed: int = 20, wait_unlocked_s: float =
 
     wait_unlocked_s: a writer process outlives its parent for a moment and holds HDF5's
     file lock until then; wait that long for it to let go."""
-    _wait_unlocked(p, wait_unlocked_s)
+    wait_unlocked(p, wait_unlocked_s)
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
         flushed = int(f.attrs["num_ops"])

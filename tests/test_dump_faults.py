@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from dumpfile import DumpFile
+from tests._kill_helpers import wait_unlocked
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITERS = {          # name -> dumper options
@@ -194,23 +195,12 @@ def test_signals_during_the_exit_flush_end_promptly_with_a_readable_file(tmp_pat
         assert proc.returncode == -signal.SIGTERM, err
     else:
         assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
-    _wait_unlocked(p)
+    wait_unlocked(p)
     n = _plain_h5py(p)
     with h5py.File(p, "r") as f:
         assert not f.attrs["complete"]
     ops = _ops_in_order(p)
     assert len(ops) == n and 0 < n < 2000
-
-
-def _wait_unlocked(p: Path, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            h5py.File(p, "r").close()
-            return
-        except BlockingIOError:
-            assert time.monotonic() < deadline, "the writer process kept the file locked"
-            time.sleep(0.05)
 
 
 # ---- the flush promise under a slow writer -------------------------------------------------
@@ -244,7 +234,7 @@ def test_ops_recorded_well_before_a_kill_are_in_the_file_with_a_slow_writer(tmp_
         killed_at = time.monotonic()
         proc.kill()
         proc.wait()
-    _wait_unlocked(p)
+    wait_unlocked(p)
     rows = [ln.split() for ln in log.read_text().splitlines() if len(ln.split()) == 2]
     before = [int(n) for n, t in rows if float(t) <= killed_at - 1.5]
     assert before, "no op recorded 1.5 s before the kill"

@@ -152,6 +152,40 @@ def test_suspects_from_compare_csv(tmp_path):
         suspects_from_compare(p)
 
 
+def _buggy_matmul_inside(module, fault):
+    """A dispatch mode that applies `fault` to the bf16 addmm/mm outputs computed inside
+    `module`'s forward: a kernel bug planted in one place of a model we did not write."""
+    inside = [False]
+    module.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
+    module.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+
+    class BuggyBf16Matmul(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if inside[0] and func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm) \
+                    and out.dtype == torch.bfloat16:
+                out = fault(out)
+            return out
+    return BuggyBf16Matmul
+
+
+class _InProcess:
+    """bisect's runner protocol in-process: the loss of `step()` under the planted bug and the
+    suspects' upcast (the same search, without the subprocess protocol's interpreter start-up)."""
+
+    def __init__(self, bug, step):
+        self.bug, self.step = bug, step
+        self.runs = self.evaluations = 0
+
+    def loss(self, suspects):
+        from npu_dumper.upcast import parse_spec, spec_json
+
+        self.runs += 1
+        self.evaluations += 1
+        with self.bug(), upcast(**parse_spec(spec_json(suspects))), torch.no_grad():
+            return self.step()
+
+
 def test_bisect_in_process_on_torch_transformer_encoder():
     """A model this project did not write (torch.nn.TransformerEncoder), bf16, with a buggy
     bf16 matmul in one of its 16 leaf modules: the search names that module in fewer set
@@ -167,32 +201,14 @@ def test_bisect_in_process_on_torch_transformer_encoder():
     target = torch.randn(6, 3, 32)
     golden = torch.nn.functional.mse_loss(model(x), target).item()
     model = model.to(torch.bfloat16)
-    faulty = model.get_submodule("layers.1.linear1")
-    inside = [False]
-    faulty.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
-    faulty.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+    BuggyBf16Matmul = _buggy_matmul_inside(model.get_submodule("layers.1.linear1"), lambda out: out + 0.5)
 
-    class BuggyBf16Matmul(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if inside[0] and func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm) \
-                    and out.dtype == torch.bfloat16:
-                out = out + 0.5
-            return out
-
-    class InProcess:
-        runs = evaluations = 0
-
-        def loss(self, suspects):
-            self.runs += 1
-            self.evaluations += 1
-            with BuggyBf16Matmul(), upcast(**parse_spec(spec_json(suspects))), torch.no_grad():
-                y = model(x.to(torch.bfloat16))
-            return torch.nn.functional.mse_loss(y.float(), target).item()
+    runner = _InProcess(BuggyBf16Matmul, lambda: torch.nn.functional.mse_loss(
+        model(x.to(torch.bfloat16)).float(), target).item())
 
     leaves = [n for n, m in model.named_modules() if n and not list(m.children())]
     assert len(leaves) == 16 and "layers.1.linear1" in leaves
-    res = bisect(InProcess(), [Suspect("module", n) for n in leaves], golden, rtol=2e-3)
+    res = bisect(runner, [Suspect("module", n) for n in leaves], golden, rtol=2e-3)
     assert [s.name for s in res.culprits] == ["layers.1.linear1"]
     assert res.evaluations < 1 + len(leaves), res.evaluations
 
@@ -226,30 +242,12 @@ def test_bisect_in_process_on_hugging_face_gpt2():
         golden = model(ids, labels=ids).loss.item()
     model = model.to(torch.bfloat16)
     culprit = "transformer.h.1.mlp.c_fc"   # a 3x fault there moves the loss 1.4%
-    faulty = model.get_submodule(culprit)
-    inside = [False]
-    faulty.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True))
-    faulty.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))
+    BuggyBf16Matmul = _buggy_matmul_inside(model.get_submodule(culprit), lambda out: out * 3)
 
-    class BuggyBf16Matmul(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if inside[0] and func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm) \
-                    and out.dtype == torch.bfloat16:
-                out = out * 3
-            return out
-
-    class InProcess:
-        runs = evaluations = 0
-
-        def loss(self, suspects):
-            self.runs += 1
-            self.evaluations += 1
-            with BuggyBf16Matmul(), upcast(**parse_spec(spec_json(suspects))), torch.no_grad():
-                return model(ids, labels=ids).loss.float().item()
+    runner = _InProcess(BuggyBf16Matmul, lambda: model(ids, labels=ids).loss.float().item())
 
     leaves = [n for n, m in model.named_modules() if n and not list(m.children())]
     assert culprit in leaves and len(leaves) >= 20
-    res = bisect(InProcess(), [Suspect("module", n) for n in leaves], golden, rtol=3e-3)   # bf16's own: 6e-4
+    res = bisect(runner, [Suspect("module", n) for n in leaves], golden, rtol=3e-3)   # bf16's own: 6e-4
     assert [s.name for s in res.culprits] == [culprit]
     assert res.evaluations < 1 + len(leaves), res.evaluations
