@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .dynamo_skip import no_dynamo_import
 from .errors import DumperError
 from .hints import note_compute_dtype, pop_compute_dtype
+from .opschema import named_args, op_info
 
 aten = torch.ops.aten
 
@@ -205,14 +206,14 @@ class _EmulateNPUMode(TorchDispatchMode):
 
 
 def _written_tensors(func, args, kwargs) -> set[int]:
-    """ids of the tensors the op writes (schema alias_info.is_write: in-place self, out=)."""
+    """ids of the tensors the op's schema marks written (in-place self, out=)."""
+    info = op_info(func)
     written: set[int] = set()
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.name in kwargs else (
-            args[i] if i < len(args) and not arg.kwarg_only else None)
-        written.update(id(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    if not info.schema_written:
+        return written
+    for name, _, value in named_args(info, args, kwargs):
+        if name in info.schema_written:
+            written.update(id(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
     return written
 
 

@@ -44,7 +44,8 @@ from dumpfile.reader import DumpFile, OpRecord, ValueRecord, corrupt_dump_error
 
 from .errors import DumperError
 from .opmap import OpMap, get_op_map
-from .capture import COLLECTIVE_REASON, _is_dtensor, named_returns, op_info
+from .capture import _is_dtensor
+from .opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from .policy import OpEvent, Policy
 from .recorded import NotReplayable, _base_storage, draws_random, non_overlapping, resolve_op, tensor_from_record
 from .replay_index import read_catalog, read_group
@@ -215,7 +216,6 @@ class ReplayPolicy(Policy):
         self._by_packet: dict[str, list[_Recorded]] = defaultdict(list)
         self._calls: Counter = Counter()
         self._before_write = None
-        self._written_args: dict[Any, frozenset] = {}
         self.cache_bytes = 1 << 30          # recorded tensors kept for reuse (insertion-order eviction)
         self._cache: dict[Any, torch.Tensor] = {}
         self._by_path: dict[str, torch.Tensor] = {}              # dataset path -> cached tensor
@@ -354,8 +354,9 @@ class ReplayPolicy(Policy):
         self.summary.live_ops += 1
         k = self._calls[ev.name]
         self._calls[ev.name] += 1
-        live = _named_live_args(ev.func, ev.args, ev.kwargs)
-        if op_info(ev.func).collective:
+        info = op_info(ev.func)
+        live = arg_dict(info, ev.args, ev.kwargs)
+        if info.collective:
             # run live, unrecorded: substituting this rank's recorded inputs cannot give the
             # recorded result unless every rank replays in step; listed with the reason
             self._unmatched(ev, COLLECTIVE_REASON)
@@ -478,7 +479,8 @@ class ReplayPolicy(Policy):
     # ---- substitution --------------------------------------------------------------
     def _substitute(self, ev: OpEvent, entry: _Recorded, live: dict[str, Any]) -> tuple[tuple, dict]:
         renames = self.op_map.renames
-        written = self._written(ev.func)
+        info = op_info(ev.func)
+        written = info.written      # includes hidden writes (batch-norm stats)
         replaced: dict[str, Any] = {}
         for name, value in live.items():
             rec = _find(entry.inputs, name, renames)
@@ -490,7 +492,7 @@ class ReplayPolicy(Policy):
                 raise _NoFit(str(e)) from None
         args = list(ev.args)
         kwargs = dict(ev.kwargs)
-        positions = _positions(ev.func)
+        positions = info.positions
         for name, value in replaced.items():
             i = positions.get(name)
             if i is not None and i < len(args):
@@ -674,18 +676,6 @@ class ReplayPolicy(Policy):
         except (NotReplayable, RuntimeError, ValueError, KeyError):
             return None
 
-    def _written(self, func: Any) -> frozenset:
-        w = self._written_args.get(func)
-        if w is None:
-            try:
-                from .capture import op_info        # includes hidden writes (batch-norm stats)
-                w = op_info(func).written
-            except ImportError:
-                w = frozenset(a.name for a in func._schema.arguments
-                              if a.alias_info is not None and a.alias_info.is_write)
-            self._written_args[func] = w
-        return w
-
 
 class _NoFit(Exception):
     pass
@@ -812,28 +802,6 @@ def _describes_live_tensors(dtype_name: str, live: dict[str, Any]) -> bool:
 def _packet(name: str) -> str:
     parts = name.split(".")
     return ".".join(parts[:2]) if len(parts) >= 3 else name
-
-
-_POSITIONS: dict[Any, dict[str, int]] = {}
-
-
-def _positions(func: Any) -> dict[str, int]:
-    p = _POSITIONS.get(func)
-    if p is None:
-        p = _POSITIONS[func] = {a.name: i for i, a in enumerate(func._schema.arguments) if not a.kwarg_only}
-    return p
-
-
-def _named_live_args(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    schema_args = func._schema.arguments
-    n = len(args)
-    for i, a in enumerate(schema_args):
-        if i < n and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-    return out
 
 
 __all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
