@@ -32,7 +32,7 @@ from .capture import CaptureRegistry
 from .errors import DumperError
 from .mode import DumpMode, OpFilter
 from .module_tracking import ModuleTracker
-from .policy import Policy
+from .policy import Policy, make_policy
 from .tensor_hash import HASH_ALGORITHM
 from .stats_writer import StatsWriterThread
 from .writer_process import ProcessWriter
@@ -293,7 +293,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         """Ops recorded (written or queued for writing) so far."""
         return self._mode.num_recorded if self._mode is not None else 0
 
-    # ---- policies (lazy imports: their modules belong to other packages) -------------
+    # ---- policies (lazy imports: only the modes in use are loaded) ----------------------
     def _make_policies(self) -> list[Policy]:
         policies: list[Policy] = []
         if self.load_file_path:
@@ -306,9 +306,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             policies.append(OverflowPolicy(dtype=self.overflow_dtype, limit=self.overflow_limit,
                                            raise_on_overflow=self.overflow_raise))
         if self.load_with_acl_dump:
-            from ir2tbe.acl_policy import AclDumpPolicy
-            # AclDumpPolicy(*, acl_config=): kernel-level dump around each replayed op
-            policies.append(AclDumpPolicy(acl_config=self.acl_config))
+            # ir2tbe's AclDumpPolicy: kernel-level dump around each replayed op
+            policies.append(make_policy("load_with_acl_dump", self))
         return policies or [Policy()]
 
     def _validate(self) -> None:
