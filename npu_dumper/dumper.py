@@ -297,11 +297,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     def _make_policies(self) -> list[Policy]:
         policies: list[Policy] = []
         if self.load_file_path:
-            from .replay import ReplayPolicy
+            from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
             policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map))
         if self.mode == S.MODE_OVERFLOW:
-            from .overflow import OverflowPolicy
+            from .replay.overflow import OverflowPolicy
             # OverflowPolicy(*, dtype=, limit=, raise_on_overflow=): record only overflowing ops
             policies.append(OverflowPolicy(dtype=self.overflow_dtype, limit=self.overflow_limit,
                                            raise_on_overflow=self.overflow_raise))

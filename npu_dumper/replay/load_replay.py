@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 import threading
-import types
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,13 +40,13 @@ from dumpfile.errors import DumpError
 from dumpfile.lowlevel import contiguous_offset
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord, corrupt_dump_error
 
-from .errors import DumperError
-from .opmap import OpMap, get_op_map
-from .capture import _is_dtensor
-from .opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
-from .policy import OpEvent, Policy
+from ..errors import DumperError
+from ..opmap import OpMap, get_op_map
+from ..capture import _is_dtensor
+from ..opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
+from ..policy import OpEvent, Policy
 from .recorded import NotReplayable, _base_storage, draws_random, non_overlapping, resolve_op, tensor_from_record
-from .replay_index import read_catalog, read_group
+from .index import read_catalog, read_group
 
 _SUMMARY_NAMES = 5
 
@@ -805,16 +803,3 @@ def _packet(name: str) -> str:
 
 
 __all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
-
-
-class _CallableModule(types.ModuleType):
-    """`npu_dumper.replay(dump_h5, out_h5, ...)` is golden replay (the issue's spelling),
-    while `npu_dumper.replay` stays this module (ReplayPolicy): whichever of the two the
-    package attribute ends up bound to, calling it works."""
-
-    def __call__(self, dump_h5, out_h5, *args, **kwargs):
-        from .golden import replay as golden_replay
-        return golden_replay(dump_h5, out_h5, *args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -47,10 +47,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .dynamo_skip import no_dynamo_import
-from .errors import DumperError
-from .hints import note_compute_dtype, pop_compute_dtype
-from .opschema import named_args, op_info
+from ..dynamo_skip import no_dynamo_import
+from ..errors import DumperError
+from ..hints import note_compute_dtype, pop_compute_dtype
+from ..opschema import named_args, op_info
 
 aten = torch.ops.aten
 

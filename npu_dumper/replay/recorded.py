@@ -1,6 +1,6 @@
 """Rebuild a call from a recorded op: the OpOverload, and its args read back as torch values.
 
-Used by golden replay (npu_dumper.golden), load-replay (npu_dumper.replay) and
+Used by golden replay (npu_dumper.replay.golden), load-replay (npu_dumper.replay) and
 `ir2tbe run`. The entry point is `load_call(op_record)`, which never raises for an op
 it cannot rebuild: it returns a RecordedCall whose `why_not` says why (random op,
 missing input, a device-naming argument, statistics-only dump, unknown op ...).
@@ -23,7 +23,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.reader import OpRecord, ValueRecord
 
-from .opschema import op_info
+from ..opschema import op_info
 
 # torch dtype name -> torch dtype, for every dtype the format stores
 _TORCH_DTYPES = {name: getattr(torch, name) for name in S.DATA_TYPE_CODES if hasattr(torch, name)}
