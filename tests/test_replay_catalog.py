@@ -20,9 +20,10 @@ from dumpfile import schema as S
 from dumpfile import writer as W
 from dumpfile.reader import DumpFile
 from dumpfile.writer import DumpWriter, TensorMeta
-from npu_dumper.replay import load_replay as R
+from npu_dumper.replay import matching as R     # (where load-replay calls read_group)
 from npu_dumper.replay.load_replay import ReplayPolicy
 from npu_dumper.replay.index import _NO_VALUE, read_catalog, read_group
+from npu_dumper.replay.matching import recorded_key
 
 from ._kill_helpers import sigkill_mid_dump
 
@@ -68,7 +69,7 @@ def _check(cat, walk, idents: _Idents, kinds: set) -> None:
         else:
             assert type(c) is type(v) and c == v, (where, k)
     assert (cat.shape, cat.dtype, cat.is_tensor, cat.is_list) == (walk.shape, walk.dtype, walk.is_tensor, walk.is_list)
-    assert repr(R._recorded_key(cat)) == repr(R._recorded_key(walk)), where   # (NaN != NaN)
+    assert repr(recorded_key(cat)) == repr(recorded_key(walk)), where   # (NaN != NaN)
     if cat.is_tensor:
         assert cat.value is _NO_VALUE
         assert (cat.file_offset, cat.stored_nbytes, cat.stored_shape) == \

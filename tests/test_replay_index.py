@@ -11,7 +11,8 @@ import torch
 import npu_dumper
 from dumpfile import schema as S
 from dumpfile.reader import DumpFile
-from npu_dumper.replay.load_replay import ReplayPolicy, _recorded_key
+from npu_dumper.replay.load_replay import ReplayPolicy
+from npu_dumper.replay.matching import recorded_key as _recorded_key
 from npu_dumper.replay.index import read_group
 
 
@@ -88,7 +89,7 @@ def test_mapped_recorded_tensors_are_bit_exact_and_leave_the_load_file_untouched
     policy = ReplayPolicy(ref, verbose=False, prefetch_ops=0)
     policy.begin()
     try:
-        assert policy._map is not None
+        assert policy._tensors._map is not None
         w = next(r for e in policy._order for r in e.inputs.values()
                  if r.is_tensor and r.numel == 300 * 300 and r.type == S.TYPE_TENSOR
                  and getattr(r, "file_offset", None) is not None)
