@@ -41,10 +41,6 @@ class KernelRecord:
     inputs: list[torch.Tensor] = field(default_factory=list)   # snapshots taken before it ran
     outputs: list[torch.Tensor] = field(default_factory=list)
 
-    @property
-    def namespace(self) -> str:
-        return self.name.split(".", 1)[0]
-
 
 @dataclass
 class KernelMapping:

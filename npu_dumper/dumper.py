@@ -52,15 +52,6 @@ def _dist_rank() -> tuple[int | None, int | None]:
     return None, None
 
 
-def _npu_available() -> bool:
-    """torch_npu is optional: guarded import, nothing fails without it."""
-    try:
-        import torch_npu  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
 def _path_option(name: str, value: Any) -> str | None:
     """A path option as str (bytes and os.PathLike accepted); DumperError for anything else."""
     if value is None or value == "" or value == b"":
@@ -223,11 +214,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             raise DumperError(f"step must be an int >= 0, got {step!r}")
         # one block per training step: the step goes into the file name and root attributes
         self.step = step
-        self.use_dump = use_dump
         self.dump_path = _path_option("dump_path", dump_path)
-        self.use_load = use_load
         self.load_file_path = _path_option("load_file_path", load_file_path)
-        self.check_overflow = check_overflow
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
         self.stats_only = stats_only
@@ -254,7 +242,6 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.writer = writer
         self.record_views = record_views
         self.record_stack = record_stack
-        self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
         if dump_mode is not None and dump_mode not in S.DUMP_MODES:
             raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
         self.filter = OpFilter(include, exclude, modules, phases)
@@ -509,13 +496,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                 set_attrs(f, extra)
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
-        close_error = None
         try:
             w.close(complete=clean)
         except DumpError as e:
             # e.g. disk full at the final flush: the same one-line DumperError the user's
             # thread gets for a failure during the block (after the summary is made)
-            close_error = e
             if wt._error is None:
                 wt._error = e
         self.summary = {
