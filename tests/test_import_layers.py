@@ -99,3 +99,19 @@ def test_acl_dump_policy_found_through_the_registry():
         "p = make_policy('load_with_acl_dump', types.SimpleNamespace(acl_config='x/acl.json'))\n"
         "assert type(p).__module__ == 'ir2tbe.acl_policy', type(p)\n"))
     assert "ir2tbe" in loaded
+
+
+def test_old_replay_paths_are_the_moved_modules():
+    """npu_dumper/replay/ gathered the replay modes; scripts importing the old paths get
+    the same module objects (so a monkeypatch through either path reaches the code)."""
+    import importlib
+
+    import npu_dumper
+    for old, new in (("golden", "golden"), ("recorded", "recorded"), ("emulation", "emulation"),
+                     ("overflow", "overflow"), ("replay_index", "index")):
+        moved = importlib.import_module(f"npu_dumper.replay.{new}")
+        assert importlib.import_module(f"npu_dumper.{old}") is moved
+        assert getattr(npu_dumper, old) is moved
+    from npu_dumper.emulation import emulate_npu
+    assert emulate_npu is npu_dumper.emulate_npu
+    assert callable(npu_dumper.replay) and npu_dumper.replay.ReplayPolicy.__module__ == "npu_dumper.replay.load_replay"
