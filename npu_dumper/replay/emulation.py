@@ -121,9 +121,10 @@ def is_cube_op(func) -> bool:
 # ---- nesting checks -------------------------------------------------------------
 
 def _is_recording_mode(mode) -> bool:
-    # The dumper's mode lives in npu_dumper.mode (helper A); a mode may also declare
-    # itself with `records_ops = True`.
-    return getattr(mode, "records_ops", False) or type(mode).__module__ == "npu_dumper.mode"
+    """The dumper's DumpMode, or another mode that declares `records_ops = True`.
+    (By class, not by module name: a move of the mode fails here loudly.)"""
+    from ..mode import DumpMode
+    return getattr(mode, "records_ops", False) or isinstance(mode, DumpMode)
 
 
 def _refuse_inside_dumper(what: str) -> None:
