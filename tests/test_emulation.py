@@ -179,3 +179,11 @@ def test_parse_fault():
     assert parse_fault("aten.gelu") == {"op": "aten.gelu"}
     with pytest.raises(FaultSpecError):
         parse_fault("aten.gelu:abc")
+
+
+def test_emulation_inside_the_real_dumper_is_refused(tmp_path):
+    import npu_dumper
+    with npu_dumper.dumper(dump_path=str(tmp_path / "d.h5"), writer="thread"):
+        with pytest.raises(EmulationOrderError, match="outside"):
+            with emulate_npu():
+                pass
