@@ -20,6 +20,9 @@ the live tensor instead, so the in-place semantics hold. Outputs are stored unde
 running op's name and the recorded seqid, with attrs replayed=True, source_seqid.
 Unmatched ops run on their live inputs and are not stored. Replacing arguments at the
 dispatch level is below autograd, so the graph and gradients are untouched.
+
+(One module for the policy's life cycle, entry checks, prefetch thread and per-op
+substitution, which share its state; matching.py and source.py hold the rest.)
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from ..opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..policy import OpEvent, Policy
 from .recorded import NotReplayable, draws_random, non_overlapping, resolve_op
 from .index import read_catalog
-from .matching import RecordedCall, find_input, mismatch, op_packet
+from .matching import Candidate, find_input, mismatch, op_packet
 from .source import RecordedTensors
 
 _SUMMARY_NAMES = 5
@@ -102,15 +105,15 @@ class ReplayPolicy(Policy):
         self._inputs_stored = True      # the session's dump_mode stores inputs (set in begin)
         self.summary = ReplaySummary()
         self._file: DumpFile | None = None
-        self._by_name: dict[str, list[RecordedCall]] = {}
-        self._by_packet: dict[str, list[RecordedCall]] = defaultdict(list)
+        self._by_name: dict[str, list[Candidate]] = {}
+        self._by_packet: dict[str, list[Candidate]] = defaultdict(list)
         self._calls: Counter = Counter()
         self._before_write = None
         self._tensors = RecordedTensors()    # the recorded tensors, read once and cached
         self.prefetch_ops = prefetch_ops        # how far ahead of the live stream, in ops ...
         self.prefetch_bytes = prefetch_bytes    # ... and in bytes read ahead
         self._ahead: list[tuple[int, int]] = []   # (entry index, bytes) read ahead, prefetch thread only
-        self._order: list[RecordedCall] = []
+        self._order: list[Candidate] = []
         self._cv = threading.Condition()
         self._consumed = 0
         self._stop = False
@@ -146,7 +149,7 @@ class ReplayPolicy(Policy):
             self._file.close()
             raise ReplayError(f"{path}: the dump holds no ops")
         for i, rec in enumerate(ops):
-            entry = RecordedCall(rec, index=i)
+            entry = Candidate(rec, index=i)
             self._order.append(entry)
             self._by_name.setdefault(rec.op, []).append(entry)
             self._by_packet[op_packet(rec.op)].append(entry)
@@ -302,7 +305,7 @@ class ReplayPolicy(Policy):
             print(str(self.summary), flush=True)
 
     # ---- matching ------------------------------------------------------------------
-    def _match(self, name: str, k: int, live: dict[str, Any]) -> tuple[RecordedCall | None, str]:
+    def _match(self, name: str, k: int, live: dict[str, Any]) -> tuple[Candidate | None, str]:
         same = self._by_name.get(name, ())
         renames = self.op_map.renames
         why = ""
@@ -328,7 +331,7 @@ class ReplayPolicy(Policy):
         self.summary.unmatched_why.setdefault(ev.name, why)
 
     # ---- substitution --------------------------------------------------------------
-    def _substitute(self, ev: OpEvent, entry: RecordedCall, live: dict[str, Any]) -> tuple[tuple, dict]:
+    def _substitute(self, ev: OpEvent, entry: Candidate, live: dict[str, Any]) -> tuple[tuple, dict]:
         renames = self.op_map.renames
         info = op_info(ev.func)
         written = info.written      # includes hidden writes (batch-norm stats)

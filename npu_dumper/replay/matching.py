@@ -83,9 +83,10 @@ def recorded_key(rec: ValueRecord) -> Any:
 
 
 @dataclass
-class RecordedCall:
-    """A recorded op, its inputs read once (by the prefetch thread, or on demand), with the
-    matching key of every argument: the main thread then makes no h5py call for it."""
+class Candidate:
+    """A recorded op that a live call may take: its inputs read once (by the prefetch
+    thread, or on demand) with the matching key of every argument, so the main thread
+    makes no h5py call for it."""
 
     record: OpRecord
     index: int = 0
@@ -133,7 +134,7 @@ def find_input(inputs: dict[str, ValueRecord], name: str, renames: dict[str, tup
     return rec
 
 
-def mismatch(entry: RecordedCall, live: dict[str, Any], renames: dict) -> str:
+def mismatch(entry: Candidate, live: dict[str, Any], renames: dict) -> str:
     """'' when every argument present on both sides agrees, else the first difference."""
     inputs = entry.inputs
     for name, value in live.items():
