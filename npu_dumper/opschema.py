@@ -197,6 +197,8 @@ class OpInfo:
     # arguments the schema marks written (`Tensor(a!)`): autograd bumps their version after
     # the op (hidden writes it does not know of)
     schema_written: frozenset[str] = frozenset()
+    # opaque_args | out_args: inputs recorded `uninitialized` (computed once, not per op)
+    not_data: frozenset[str] = frozenset()
     # -- beyond what the dump mode reads (not compared, not hashed) --
     # positional argument name -> index (keyword-only arguments are absent)
     positions: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
@@ -251,6 +253,9 @@ def op_info(func) -> OpInfo:
         if n in seen:
             names[i] = f"{n}{i}"
         seen[n] = i
+    opaque_args = frozenset(OPAQUE_ARGS.get(packet, ()))
+    out_args = frozenset({a.name for a in args if getattr(a, "is_out", False)}
+                         | set(OUT_BUFFERS.get(packet, ())))
     info = OpInfo(
         arg_names=tuple(a.name for a in args),
         arg_types=tuple(_schema_type(a.type) for a in args),
@@ -261,12 +266,12 @@ def op_info(func) -> OpInfo:
         uninitialized=packet in UNINITIALIZED_OUTPUTS,
         is_view=bool(func.is_view),
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
-        opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
+        opaque_args=opaque_args,
         collective=ns in COLLECTIVE_NAMESPACES,
         waits_tensor=ns in FUNCTIONAL_COLLECTIVE_NAMESPACES and schema.name.split("::")[1] != "wait_tensor"
         and any("Tensor" in str(r.type) for r in rets),
-        out_args=frozenset({a.name for a in args if getattr(a, "is_out", False)}
-                           | set(OUT_BUFFERS.get(packet, ()))),
+        out_args=out_args,
+        not_data=opaque_args | out_args,
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),

@@ -65,6 +65,7 @@ def test_schema_facts():
     add_out = opschema.op_info(aten.add.out)
     assert add_out.out_args == {"out"} and add_out.written == {"out"}
     assert opschema.op_info(aten.add_.Tensor).return_names == ("self",)
+    assert add_out.not_data == {"out"}                             # recorded `uninitialized`
     assert opschema.op_info(aten.view.default).is_view
     assert not opschema.op_info(aten.add.Tensor).is_view
     assert opschema.op_info(aten.native_dropout.default).is_random
