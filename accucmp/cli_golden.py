@@ -46,7 +46,7 @@ def golden_command(
             raise DumpFormatError(f"{output}: golden output would overwrite the dump it replays")
         check_target(output, force=force)       # before minutes of replay, not after
         try:
-            from npu_dumper.golden import replay
+            from npu_dumper.replay.golden import replay
 
             # written to a temporary file beside OUTPUT, put in place when complete:
             # never through a link at OUTPUT, never over a file without --force

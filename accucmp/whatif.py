@@ -79,7 +79,6 @@ ALL_NAMES = tuple(FORMATS) + MX_NAMES
 ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "e4m3": "fp8_e4m3",
            "float8_e4m3fn": "fp8_e4m3", "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
            "mxfp8_e4m3": "mxfp8"}
-E4M3_BINADES = math.log2(MX_ELEMENT.max_finite / MX_ELEMENT.min_subnormal)
 
 
 def parse_dtypes(value: str) -> list[str]:

@@ -22,7 +22,7 @@ import time
 import torch
 
 import npu_dumper
-from npu_dumper.golden import replay as golden_replay
+from npu_dumper.replay.golden import replay as golden_replay
 
 from bench_dump import make_model, one_step, page_cache_probe
 

@@ -13,9 +13,6 @@ import json
 import re
 from typing import Any
 
-KEYS = ("include", "exclude", "modules", "phases")
-
-
 def matches(pattern: str, name: str) -> bool:
     """Glob or regex against the full overload name, the packet name and the bare name."""
     parts = name.split(".")

@@ -174,7 +174,6 @@ class RemoteDumpWriter:
         self.extra_root_attrs: dict[str, Any] = {}
         self._child = _take_child()
         self._fd = -1
-        self._ok = False
         try:
             self._child.conn.send(("open", self.path, mode, dict(root_attrs or {}), flush_interval))
             reply = self._child.conn.recv()
@@ -189,7 +188,6 @@ class RemoteDumpWriter:
         except OSError as e:
             self._fail_close()
             raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
-        self._ok = True
 
     file = None
 

@@ -299,7 +299,3 @@ def device_type_code(device: str) -> int:
 
 def op_group_path(op: str, seqid: int) -> str:
     return f"/{op}/{int(seqid)}"
-
-
-def is_floating(dtype_name: str) -> bool:
-    return dtype_name in FLOATING_DTYPES

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from npu_dumper.errors import DumperError
-from npu_dumper.policy import OpEvent, Policy
+from npu_dumper.policy import OpEvent, Policy, register_policy
 
 from .acl_config import AclConfig, AclConfigError, check_acl_dump_env, load_acl_config
 
@@ -135,3 +135,7 @@ class AclDumpPolicy(Policy):
         except Exception as e:  # torch_npu missing or its dump API changed: keep our own kernel dump
             self.failures.append(f"torch_npu ACL dump not started: {type(e).__name__}: {e}")
             self._npu = None
+
+
+# torch.utils.dumper(load_with_acl_dump=True, acl_config=...) adds this policy
+register_policy("load_with_acl_dump", lambda session: AclDumpPolicy(acl_config=session.acl_config))

@@ -130,7 +130,7 @@ def _map(op, dump, device, seqid) -> None:
 
     try:
         from dumpfile.reader import DumpFile
-        from npu_dumper.recorded import load_call
+        from npu_dumper.replay.recorded import load_call
 
         from .kernels import lower_to_kernels
         from .runner import op_matches

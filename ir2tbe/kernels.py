@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from npu_dumper.dynamo_skip import no_dynamo_import
+from npu_dumper.opschema import op_info
 
 # Ops never decomposed: their decompositions draw random numbers differently from the
 # native kernel, so the kernels' data would not be the op's data.
@@ -39,10 +40,6 @@ class KernelRecord:
     decomposed_from: tuple[str, ...]  # chain of ops whose decompositions led here, outermost first
     inputs: list[torch.Tensor] = field(default_factory=list)   # snapshots taken before it ran
     outputs: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def namespace(self) -> str:
-        return self.name.split(".", 1)[0]
 
 
 @dataclass
@@ -61,7 +58,7 @@ class KernelMapping:
 
 
 def _has_write_args(func) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+    return bool(op_info(func).schema_written)
 
 
 def _snapshot(x):
@@ -97,7 +94,7 @@ class _KernelRecordingMode(TorchDispatchMode):
             result = self._try_decomposition(func, decomp, args, kwargs)
             if result is not NotImplemented:
                 return result
-        if func.is_view:
+        if op_info(func).is_view:
             out = func(*args, **kwargs)
             # A true view moves no data: not a kernel. An op whose schema may alias but
             # did copy here (aten.to.dtype converting bf16 -> fp32) is a kernel.
@@ -197,7 +194,7 @@ def _set_rng_state(state) -> None:
 
 
 def default_should_decompose(func) -> bool:
-    return not any(tag in func.tags for tag in _NEVER_DECOMPOSE_TAGS)
+    return not any(tag in op_info(func).tags for tag in _NEVER_DECOMPOSE_TAGS)
 
 
 def lower_to_kernels(func, args: tuple = (), kwargs: dict | None = None, *,

@@ -1,7 +1,7 @@
 """Replay every op of an (extracted) dump from its recorded inputs through the kernel recorder.
 
 This is `ir2tbe run output.h5 --acl-config acl.json`: the IR-to-TBE mapping with no
-model at all. Inputs are rebuilt by npu_dumper.recorded.load_call (shared with
+model at all. Inputs are rebuilt by npu_dumper.replay.recorded.load_call (shared with
 load-replay and golden replay); ops it cannot rebuild are listed with the reason.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dumpfile.reader import DumpFile
-from npu_dumper.recorded import load_call
+from npu_dumper.replay.recorded import load_call
 
 from .acl_config import AclConfig, check_acl_dump_env
 from .acl_dump import KernelDumpWriter, WrittenKernel

@@ -6,6 +6,8 @@ Importing it installs `torch.utils.dumper` (= npu_dumper.dumper) and
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.utils
 
@@ -13,11 +15,21 @@ from .dumper import dumper
 from .errors import DumperError
 from .load import load
 from .tensors import from_record, to_record
-from .emulation import emulate_npu, inject_fault
+from .replay.emulation import emulate_npu, inject_fault
 from .upcast import upcast, upcast_from_env
-# The replay module is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs
-# the golden replay (npu_dumper.golden.replay), the name the issue and docs use.
+# The replay package is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs
+# the golden replay (npu_dumper.replay.golden.replay), the name the issue and docs use.
 from . import replay
+from .replay import emulation as _emulation, golden as _golden, index as _index, \
+    overflow as _overflow, recorded as _recorded
+
+# The replay modes lived at npu_dumper.<name> before npu_dumper/replay/ gathered them:
+# scripts (and accucmp.demo) that import the old paths get the same module objects.
+for _old, _module in (("emulation", _emulation), ("golden", _golden), ("replay_index", _index),
+                      ("overflow", _overflow), ("recorded", _recorded)):
+    sys.modules.setdefault(f"{__name__}.{_old}", _module)
+    globals().setdefault(_old, _module)
+del _old, _module
 
 
 def get_op_map(*args, **kwargs):

@@ -32,7 +32,7 @@ from .capture import CaptureRegistry
 from .errors import DumperError
 from .mode import DumpMode, OpFilter
 from .module_tracking import ModuleTracker
-from .policy import Policy
+from .policy import Policy, make_policy
 from .tensor_hash import HASH_ALGORITHM
 from .stats_writer import StatsWriterThread
 from .writer_process import ProcessWriter
@@ -50,15 +50,6 @@ def _dist_rank() -> tuple[int | None, int | None]:
     except Exception:  # noqa: BLE001 - a broken distributed setup must not stop a dump
         pass
     return None, None
-
-
-def _npu_available() -> bool:
-    """torch_npu is optional: guarded import, nothing fails without it."""
-    try:
-        import torch_npu  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
 
 
 def _path_option(name: str, value: Any) -> str | None:
@@ -223,11 +214,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             raise DumperError(f"step must be an int >= 0, got {step!r}")
         # one block per training step: the step goes into the file name and root attributes
         self.step = step
-        self.use_dump = use_dump
         self.dump_path = _path_option("dump_path", dump_path)
-        self.use_load = use_load
         self.load_file_path = _path_option("load_file_path", load_file_path)
-        self.check_overflow = check_overflow
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
         self.stats_only = stats_only
@@ -258,7 +246,6 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.writer = writer
         self.record_views = record_views
         self.record_stack = record_stack
-        self.options = dict(include=include, exclude=exclude, modules=modules, phases=phases)
         if dump_mode is not None and dump_mode not in S.DUMP_MODES:
             raise DumperError(f"dump_mode must be one of {S.DUMP_MODES}, got {dump_mode!r}")
         self.filter = OpFilter(include, exclude, modules, phases)
@@ -297,22 +284,21 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         """Ops recorded (written or queued for writing) so far."""
         return self._mode.num_recorded if self._mode is not None else 0
 
-    # ---- policies (lazy imports: their modules belong to other packages) -------------
+    # ---- policies (lazy imports: only the modes in use are loaded) ----------------------
     def _make_policies(self) -> list[Policy]:
         policies: list[Policy] = []
         if self.load_file_path:
-            from .replay import ReplayPolicy
+            from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
             policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map))
         if self.mode == S.MODE_OVERFLOW:
-            from .overflow import OverflowPolicy
+            from .replay.overflow import OverflowPolicy
             # OverflowPolicy(*, dtype=, limit=, raise_on_overflow=): record only overflowing ops
             policies.append(OverflowPolicy(dtype=self.overflow_dtype, limit=self.overflow_limit,
                                            raise_on_overflow=self.overflow_raise))
         if self.load_with_acl_dump:
-            from ir2tbe.acl_policy import AclDumpPolicy
-            # AclDumpPolicy(*, acl_config=): kernel-level dump around each replayed op
-            policies.append(AclDumpPolicy(acl_config=self.acl_config))
+            # ir2tbe's AclDumpPolicy: kernel-level dump around each replayed op
+            policies.append(make_policy("load_with_acl_dump", self))
         return policies or [Policy()]
 
     def _validate(self) -> None:
@@ -516,13 +502,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                 set_attrs(f, extra)
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
-        close_error = None
         try:
             w.close(complete=clean)
         except DumpError as e:
             # e.g. disk full at the final flush: the same one-line DumperError the user's
             # thread gets for a failure during the block (after the summary is made)
-            close_error = e
             if wt._error is None:
                 wt._error = e
         self.summary = {

@@ -20,8 +20,9 @@ raising npu_dumper.errors.DumperError subclasses), `end(session)` at exit (summa
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -66,3 +67,29 @@ class Policy:
 
     def end(self, session: Any) -> None:
         pass
+
+
+# ---- policies that packages above npu_dumper provide ----------------------------------
+# dumper option -> factory(dumper) -> Policy. ir2tbe's ACL kernel dump registers itself
+# here when it is imported, so npu_dumper imports nothing of ir2tbe (the packages stay a
+# layered graph: ir2tbe -> npu_dumper -> dumpfile). A user who only enters
+# torch.utils.dumper(load_with_acl_dump=True) has not imported the provider: its module is
+# named here as data (as a packaging entry point would name it) and imported on first use.
+_FACTORIES: dict[str, Callable[[Any], Policy]] = {}
+PROVIDERS: dict[str, str] = {"load_with_acl_dump": "ir2tbe.acl_policy"}
+
+
+def register_policy(option: str, factory: Callable[[Any], Policy]) -> None:
+    """Make dumper option `option` add `factory(dumper)` to the session's policies."""
+    _FACTORIES[option] = factory
+
+
+def make_policy(option: str, session: Any) -> Policy:
+    """The policy registered for `option`, importing its provider module if needed."""
+    factory = _FACTORIES.get(option)
+    if factory is None and option in PROVIDERS:
+        importlib.import_module(PROVIDERS[option])      # registers itself
+        factory = _FACTORIES.get(option)
+    if factory is None:
+        raise LookupError(f"no policy registered for dumper option {option!r}")
+    return factory(session)

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .dynamo_skip import no_dynamo_import
-from .emulation import _written_tensors
+from .replay.emulation import _written_tensors
 from .errors import DumperError
 from .module_tracking import ModuleTracker, backward_module
 

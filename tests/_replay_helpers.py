@@ -6,7 +6,7 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.writer import DumpWriter, TensorMeta
-from npu_dumper.recorded import tensor_to_storage
+from npu_dumper.replay.recorded import tensor_to_storage
 
 
 def write_arg(writer, parent, name, value, schema_type=None):

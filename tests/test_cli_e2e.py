@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 npu_dumper = pytest.importorskip("npu_dumper")
-emulation = pytest.importorskip("npu_dumper.emulation")
+emulation = pytest.importorskip("npu_dumper.replay.emulation")
 
 from accucmp.cli import app  # noqa: E402
 from dumpfile import DumpFile  # noqa: E402

@@ -21,8 +21,8 @@ from accucmp.demo import pick_fault_site
 from accucmp.verdict import apply_verdict, first_failure
 from dumpfile.reader import DumpFile
 from npu_dumper import dumper
-from npu_dumper.emulation import emulate_npu, inject_fault, is_cube_op
-from npu_dumper.recorded import resolve_op
+from npu_dumper.replay.emulation import emulate_npu, inject_fault, is_cube_op
+from npu_dumper.replay.recorded import resolve_op
 
 MODELS = sample_models.names()
 SIZE = sample_models.TINY

@@ -1,4 +1,4 @@
-"""npu_dumper.emulation: emulate_npu (cube ops in float16) and inject_fault."""
+"""npu_dumper.replay.emulation: emulate_npu (cube ops in float16) and inject_fault."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample_models
 from npu_dumper import hints
-from npu_dumper.emulation import (
+from npu_dumper.replay.emulation import (
     CUBE_OPS, EmulationOrderError, FaultSpecError, emulate_npu, inject_fault, is_cube_op,
     parse_fault,
 )
@@ -179,3 +179,11 @@ def test_parse_fault():
     assert parse_fault("aten.gelu") == {"op": "aten.gelu"}
     with pytest.raises(FaultSpecError):
         parse_fault("aten.gelu:abc")
+
+
+def test_emulation_inside_the_real_dumper_is_refused(tmp_path):
+    import npu_dumper
+    with npu_dumper.dumper(dump_path=str(tmp_path / "d.h5"), writer="thread"):
+        with pytest.raises(EmulationOrderError, match="outside"):
+            with emulate_npu():
+                pass

@@ -1,6 +1,6 @@
 """The dump's catalog (/_npu_dumper/catalog, format 1.2): load-replay reads every op's
 input records from it instead of walking the groups. Its records must be the walked ones
-(npu_dumper.replay_index.read_group), and replay must fall back to the walk, with the same
+(npu_dumper.replay.index.read_group), and replay must fall back to the walk, with the same
 results, wherever the catalog is missing, out of step with the index, or partial."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from dumpfile import schema as S
 from dumpfile import writer as W
 from dumpfile.reader import DumpFile
 from dumpfile.writer import DumpWriter, TensorMeta
-from npu_dumper import replay as R
-from npu_dumper.replay import ReplayPolicy
-from npu_dumper.replay_index import _NO_VALUE, read_catalog, read_group
+from npu_dumper.replay import matching as R     # (where load-replay calls read_group)
+from npu_dumper.replay.load_replay import ReplayPolicy
+from npu_dumper.replay.index import _NO_VALUE, read_catalog, read_group
+from npu_dumper.replay.matching import recorded_key
 
 from ._kill_helpers import sigkill_mid_dump
 
@@ -68,7 +69,7 @@ def _check(cat, walk, idents: _Idents, kinds: set) -> None:
         else:
             assert type(c) is type(v) and c == v, (where, k)
     assert (cat.shape, cat.dtype, cat.is_tensor, cat.is_list) == (walk.shape, walk.dtype, walk.is_tensor, walk.is_list)
-    assert repr(R._recorded_key(cat)) == repr(R._recorded_key(walk)), where   # (NaN != NaN)
+    assert repr(recorded_key(cat)) == repr(recorded_key(walk)), where   # (NaN != NaN)
     if cat.is_tensor:
         assert cat.value is _NO_VALUE
         assert (cat.file_offset, cat.stored_nbytes, cat.stored_shape) == \

@@ -1,4 +1,4 @@
-"""Load-replay's low-level index (npu_dumper.replay_index) reads what DumpFile reads, and
+"""Load-replay's low-level index (npu_dumper.replay.index) reads what DumpFile reads, and
 replay's zero-copy tensors (mapped from the load file) never write into it."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch
 import npu_dumper
 from dumpfile import schema as S
 from dumpfile.reader import DumpFile
-from npu_dumper.replay import ReplayPolicy, _recorded_key
-from npu_dumper.replay_index import read_group
+from npu_dumper.replay.load_replay import ReplayPolicy
+from npu_dumper.replay.matching import recorded_key as _recorded_key
+from npu_dumper.replay.index import read_group
 
 
 class _Net(torch.nn.Module):
@@ -88,7 +89,7 @@ def test_mapped_recorded_tensors_are_bit_exact_and_leave_the_load_file_untouched
     policy = ReplayPolicy(ref, verbose=False, prefetch_ops=0)
     policy.begin()
     try:
-        assert policy._map is not None
+        assert policy._tensors._map is not None
         w = next(r for e in policy._order for r in e.inputs.values()
                  if r.is_tensor and r.numel == 300 * 300 and r.type == S.TYPE_TENSOR
                  and getattr(r, "file_offset", None) is not None)
@@ -103,7 +104,7 @@ def test_mapped_recorded_tensors_are_bit_exact_and_leave_the_load_file_untouched
 
 
 def test_live_input_is_kept_only_when_its_bits_equal_the_recording():
-    from npu_dumper.replay import _bitwise_equal
+    from npu_dumper.replay.load_replay import _bitwise_equal
 
     a = torch.randn(64, 32)
     assert _bitwise_equal(a, a.clone())

@@ -1,4 +1,4 @@
-"""Load-replay (npu_dumper.replay.ReplayPolicy through torch.utils.dumper)."""
+"""Load-replay (npu_dumper.replay.load_replay.ReplayPolicy through torch.utils.dumper)."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ def test_a_load_file_damaged_in_its_index_is_refused_at_entry(tmp_path):
 
 
 def test_a_load_file_unreadable_mid_run_stops_the_replay_naming_it(tmp_path, monkeypatch):
-    from npu_dumper import replay as R
+    from npu_dumper.replay import load_replay as R
     good = tmp_path / "g.h5"
     lin = _tiny_dump(good)
 

@@ -1,4 +1,4 @@
-"""Overflow check (npu_dumper.overflow.OverflowPolicy through torch.utils.dumper)."""
+"""Overflow check (npu_dumper.replay.overflow.OverflowPolicy through torch.utils.dumper)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import npu_dumper  # noqa: F401
 from dumpfile import DumpFile
 from npu_dumper.errors import DumperError
-from npu_dumper.overflow import OverflowDetected, OverflowPolicy
+from npu_dumper.replay.overflow import OverflowDetected, OverflowPolicy
 
 
 class _Net(torch.nn.Module):

@@ -14,7 +14,7 @@ from accucmp.compare import compare_dumps
 from accucmp.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
-from npu_dumper.recorded import draws_random, load_call
+from npu_dumper.replay.recorded import draws_random, load_call
 
 
 class DropoutAttention(nn.Module):

@@ -1,4 +1,4 @@
-"""npu_dumper.recorded: rebuilding calls from recorded ops, and golden replay."""
+"""npu_dumper.replay.recorded: rebuilding calls from recorded ops, and golden replay."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from dumpfile import DumpFile, golden_info
-from npu_dumper.golden import replay
-from npu_dumper.recorded import load_call, resolve_op, tensor_to_storage, with_strides
+from npu_dumper.replay.golden import replay
+from npu_dumper.replay.recorded import load_call, resolve_op, tensor_to_storage, with_strides
 
 from ._replay_helpers import record
 
@@ -248,7 +248,7 @@ def test_golden_replay_of_sparse_gradients(tmp_path):
 
 
 def test_golden_lists_an_op_whose_result_cannot_be_stored(tmp_path, monkeypatch):
-    import npu_dumper.golden as golden
+    import npu_dumper.replay.golden as golden
     x = torch.arange(6.0).reshape(2, 3)
     record(tmp_path / "i.h5", [(aten.exp.default, (x,), {}), (aten.neg.default, (x,), {})])
     real = golden.tensor_to_storage

@@ -20,7 +20,7 @@ import pytest
 
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from npu_dumper import inject_fault
-from npu_dumper.golden import replay as golden_replay
+from npu_dumper.replay.golden import replay as golden_replay
 from accucmp.compare import compare_dumps
 from accucmp.verdict import apply_verdict, first_failure
 

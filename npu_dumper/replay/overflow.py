@@ -29,8 +29,9 @@ from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
 
-from .errors import DumperError
-from .policy import OpEvent, Policy
+from ..errors import DumperError
+from ..opschema import named_args, op_info
+from ..policy import OpEvent, Policy
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -176,32 +177,17 @@ class OverflowPolicy(Policy):
         return None
 
 
-def _written_names(func: Any) -> frozenset:
-    try:
-        from .capture import op_info
-        return op_info(func).written
-    except ImportError:  # pragma: no cover - the dump mode ships with this package
-        return frozenset(a.name for a in func._schema.arguments
-                         if a.alias_info is not None and a.alias_info.is_write)
-
-
 def _split_args(ev: OpEvent) -> tuple[list, list]:
-    written = _written_names(ev.func)
+    """(values of the arguments the op writes, incl. hidden writes; the other values)."""
+    info = op_info(ev.func)
     w, u = [], []
-    n = len(ev.args)
-    for i, a in enumerate(ev.func._schema.arguments):
-        if i < n and not a.kwarg_only:
-            v = ev.args[i]
-        elif a.name in ev.kwargs:
-            v = ev.kwargs[a.name]
-        else:
-            continue
-        (w if a.name in written else u).append(v)
+    for name, _, v in named_args(info, ev.args, ev.kwargs):
+        (w if name in info.written else u).append(v)
     return w, u
 
 
 def _written_values(ev: OpEvent) -> list:
-    return _split_args(ev)[0] if _written_names(ev.func) else []
+    return _split_args(ev)[0] if op_info(ev.func).written else []
 
 
 def _unwritten_values(ev: OpEvent) -> list:

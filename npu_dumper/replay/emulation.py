@@ -47,9 +47,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .dynamo_skip import no_dynamo_import
-from .errors import DumperError
-from .hints import note_compute_dtype, pop_compute_dtype
+from ..dynamo_skip import no_dynamo_import
+from ..errors import DumperError
+from ..hints import note_compute_dtype, pop_compute_dtype
+from ..opschema import named_args, op_info
 
 aten = torch.ops.aten
 
@@ -120,9 +121,10 @@ def is_cube_op(func) -> bool:
 # ---- nesting checks -------------------------------------------------------------
 
 def _is_recording_mode(mode) -> bool:
-    # The dumper's mode lives in npu_dumper.mode (helper A); a mode may also declare
-    # itself with `records_ops = True`.
-    return getattr(mode, "records_ops", False) or type(mode).__module__ == "npu_dumper.mode"
+    """The dumper's DumpMode, or another mode that declares `records_ops = True`.
+    (By class, not by module name: a move of the mode fails here loudly.)"""
+    from ..mode import DumpMode
+    return getattr(mode, "records_ops", False) or isinstance(mode, DumpMode)
 
 
 def _refuse_inside_dumper(what: str) -> None:
@@ -205,14 +207,14 @@ class _EmulateNPUMode(TorchDispatchMode):
 
 
 def _written_tensors(func, args, kwargs) -> set[int]:
-    """ids of the tensors the op writes (schema alias_info.is_write: in-place self, out=)."""
+    """ids of the tensors the op's schema marks written (in-place self, out=)."""
+    info = op_info(func)
     written: set[int] = set()
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.name in kwargs else (
-            args[i] if i < len(args) and not arg.kwarg_only else None)
-        written.update(id(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    if not info.schema_written:
+        return written
+    for name, _, value in named_args(info, args, kwargs):
+        if name in info.schema_written:
+            written.update(id(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
     return written
 
 

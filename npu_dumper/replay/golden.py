@@ -30,8 +30,8 @@ from dumpfile.errors import DumpError
 from dumpfile.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
-from .capture import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
-from .errors import DumperError
+from ..opschema import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
+from ..errors import DumperError
 from .recorded import load_call, tensor_to_storage
 
 # Group attributes carried over from the recorded op (the rest describe the recording).

@@ -1,6 +1,6 @@
 """Rebuild a call from a recorded op: the OpOverload, and its args read back as torch values.
 
-Used by golden replay (npu_dumper.golden), load-replay (npu_dumper.replay) and
+Used by golden replay (npu_dumper.replay.golden), load-replay (npu_dumper.replay) and
 `ir2tbe run`. The entry point is `load_call(op_record)`, which never raises for an op
 it cannot rebuild: it returns a RecordedCall whose `why_not` says why (random op,
 missing input, a device-naming argument, statistics-only dump, unknown op ...).
@@ -22,6 +22,8 @@ from dumpfile import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.reader import OpRecord, ValueRecord
+
+from ..opschema import op_info
 
 # torch dtype name -> torch dtype, for every dtype the format stores
 _TORCH_DTYPES = {name: getattr(torch, name) for name in S.DATA_TYPE_CODES if hasattr(torch, name)}
@@ -85,7 +87,7 @@ def resolve_op(name: str) -> Any:
 
 
 def is_random(func: Any) -> bool:
-    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+    return op_info(func).is_random
 
 
 # Seeded ops that draw nothing for some arguments: attention and dropout with a zero
@@ -98,11 +100,12 @@ def draws_random(func: Any, named_args: dict[str, Any]) -> bool:
     reproduced from its inputs alone)."""
     if not is_random(func):
         return False
-    for arg in func._schema.arguments:
-        if arg.name not in _NO_DRAW_WHEN:
+    info = op_info(func)
+    for i, name in enumerate(info.arg_names):
+        if name not in _NO_DRAW_WHEN:
             continue
-        value = named_args.get(arg.name, arg.default_value if arg.has_default_value() else None)
-        if isinstance(value, (bool, int, float)) and value == _NO_DRAW_WHEN[arg.name]:
+        value = named_args.get(name, info.defaults[i])
+        if isinstance(value, (bool, int, float)) and value == _NO_DRAW_WHEN[name]:
             return False
     return True
 
@@ -366,34 +369,31 @@ def _place(func: Any, inputs: dict[str, ValueRecord], renames: dict[str, tuple[s
     kwargs: dict[str, Any] = {}
     named: dict[str, Any] = {}
     positional_open = True
-    for arg in func._schema.arguments:
-        rec = inputs.get(arg.name)
+    info = op_info(func)
+    for i, name in enumerate(info.arg_names):
+        rec = inputs.get(name)
         if rec is None:
-            for alt in renames.get(arg.name, ()):
+            for alt in renames.get(name, ()):
                 rec = inputs.get(alt)
                 if rec is not None:
                     break
         if rec is None:
-            if arg.has_default_value():
+            if info.has_default[i]:
                 positional_open = False       # later args must go by name
                 continue
-            if _is_optional(arg):
+            if info.optional[i]:
                 value = None                  # an optional stored as "absent"
             else:
-                raise NotReplayable(f"input '{arg.name}' is not in the dump")
+                raise NotReplayable(f"input '{name}' is not in the dump")
         else:
             value = convert(rec)
-        named[arg.name] = value
-        if positional_open and not arg.kwarg_only:
+        named[name] = value
+        if positional_open and not info.kwarg_only[i]:
             args.append(value)
         else:
             positional_open = False
-            kwargs[arg.name] = value
+            kwargs[name] = value
     return tuple(args), kwargs, named
-
-
-def _is_optional(arg: Any) -> bool:
-    return isinstance(arg.type, torch.OptionalType)
 
 
 # ---- outputs -------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""Replaying a recorded dump: one core, several modes.
+
+The core (reading a recording and rebuilding its values and calls as torch objects):
+  recorded.py     a recorded value -> torch tensor (exact dtype, strides, views of one
+                  base); a recorded op -> a callable OpOverload with its arguments
+                  (load_call); which ops draw random numbers
+  index.py        the recording's metadata read fast (the catalog dataset, or one
+                  low-level pass): what load-replay matches against without h5py calls
+                  on the model's thread
+
+The modes:
+  load_replay.py  ReplayPolicy: live ops take the recorded inputs of the op they match
+                  (torch.utils.dumper(load_file_path=...))
+  golden.py       golden replay: every recorded op recomputed offline from its own inputs
+                  (fp64 by default), written as a new dump (`accucmp golden`)
+  overflow.py     OverflowPolicy: record only the ops where inf/nan starts
+                  (check_overflow=True, with or without a load file)
+  emulation.py    emulate_npu / inject_fault: Ascend-like cube numerics and injected
+                  errors, entered around a replay or a live run
+
+Calling the package runs golden replay, `npu_dumper.replay(dump_h5, out_h5, ...)`,
+the spelling README and docs/REPLAY.md use: `npu_dumper.replay` must be both this
+package (for `import npu_dumper.replay.load_replay`) and that function, and Python binds
+a package's submodule over any function of the same name on import, so the package
+itself is made callable.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from .load_replay import ReplayError, ReplayPolicy, ReplaySummary, resolve_op
+
+__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, dump_h5, out_h5, *args, **kwargs):
+        from .golden import replay as golden_replay
+        return golden_replay(dump_h5, out_h5, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
