@@ -500,7 +500,9 @@ class TensorCapture:
         """Copy the data now (before an op overwrites it), unless the writer already wrote it."""
         with self.lock:
             if not self.done:
-                self.tensor = self.tensor.clone()
+                t = self.tensor
+                if t is not None:       # (None: the writer is letting it go, nothing to keep)
+                    self.tensor = t.clone()
 
 
 @dataclass

@@ -64,6 +64,7 @@ class OpJob:
     outputs: list
     nbytes: int = 0
     captures: list = field(default_factory=list)
+    batched: bool = False   # (statistics writer: its tensors were looked at for a batch)
 
 
 def _is_dense(shape: tuple, stride: tuple) -> bool:
@@ -270,8 +271,13 @@ class WriterThread:
 
     def _finish_job(self, job: OpJob) -> None:
         for cap in job.captures:
-            cap.done = True
-            cap.tensor = None
+            if not cap.done:
+                # (a deduplicated capture, never written: copy-on-write may be copying it)
+                with cap.lock:
+                    cap.done = True
+                    cap.tensor = None
+            else:
+                cap.tensor = None
             self.registry.discard(cap)
         with self._cv:
             self._pending_bytes -= job.nbytes
