@@ -4,7 +4,10 @@ A dump's wall time is the model's thread (the dispatch mode: argument walk, capt
 module path, enqueue) plus whatever the writer cannot hide. This isolates the first: the
 dispatch mode runs exactly as in a dump, but its writer is a sink that drops each job
 (captures released as the real writer releases them), so the difference to the plain
-step is the mode's own per-op cost. Then the same steps run under cProfile.
+step is the mode's own per-op cost (process CPU time: the sink adds no thread, and CPU time
+is what other load on a shared machine disturbs least). For scale, the same steps under an
+empty TorchDispatchMode (it only calls each op) give the floor any dispatch-mode tool pays.
+Then the same steps run under cProfile.
 
     python benchmarks/profile_dump.py [--steps N] [--top K] [--no-profile] [MODEL ...]
 
@@ -31,6 +34,19 @@ from npu_dumper.capture import CaptureRegistry  # noqa: E402
 from npu_dumper.mode import DumpMode, OpFilter  # noqa: E402
 from npu_dumper.module_tracking import ModuleTracker  # noqa: E402
 from npu_dumper.policy import Policy  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class EmptyMode(TorchDispatchMode):
+    """Calls every op, nothing else: the cost of being a Python dispatch mode at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 class SinkWriter:
@@ -78,18 +94,26 @@ def main() -> None:
         step = got
         step()
         mode_step(step)                                   # warm-up: op tables
-        plain, moded = [], []
+        plain, moded, empty = [], [], []
         ops = 0
-        for _ in range(args.steps):                       # interleaved: drift hits both alike
-            t0 = time.perf_counter()
+        clock = time.process_time
+        for _ in range(args.steps):                       # interleaved: drift hits all alike
+            t0 = clock()
             step()
-            plain.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            plain.append(clock() - t0)
+            t0 = clock()
             ops = mode_step(step)
-            moded.append(time.perf_counter() - t0)
-        p, m = statistics.median(plain), statistics.median(moded)
-        print(f"{name}: {ops} ops, plain {p * 1e3:.2f} ms, mode+sink {m * 1e3:.2f} ms, "
-              f"per op in the model's thread {(m - p) / max(ops, 1) * 1e3:.4f} ms", flush=True)
+            moded.append(clock() - t0)
+            em = EmptyMode()
+            t0 = clock()
+            with em:
+                step()
+            empty.append(clock() - t0)
+        p, m, e = (statistics.median(v) for v in (plain, moded, empty))
+        print(f"{name}: {ops} ops recorded ({em.ops} dispatched), CPU ms per step: plain {p * 1e3:.2f}, "
+              f"empty mode {e * 1e3:.2f}, dump mode + sink {m * 1e3:.2f}; per recorded op in the "
+              f"model's thread {(m - p) / max(ops, 1) * 1e3:.4f} ms (empty mode: "
+              f"{(e - p) / max(ops, 1) * 1e3:.4f} ms)", flush=True)
         if args.no_profile:
             continue
         prof = cProfile.Profile()
