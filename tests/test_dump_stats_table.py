@@ -287,3 +287,24 @@ def test_statistics_dump_batches_small_tensors_and_keeps_op_time_values(tmp_path
             got_y = o.outputs()["result"].stats()
             assert [got_x[k] for k in S.STATS_FIELDS] == wx
             assert [got_y[k] for k in S.STATS_FIELDS] == wy
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_ls_of_a_table_file_from_its_columns_equals_the_per_op_records(tmp_path, monkeypatch, stats):
+    from accucmp import listing
+    spec = sample_models.get("lstm_lm")
+    model, batch = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
+    p = str(tmp_path / "s.h5")
+    with npu_dumper.dumper(use_dump=True, dump_path=p, stats_only=True):
+        spec.train_step(model, batch)
+        torch.cat([torch.ones(2), torch.zeros(3)])
+        torch.ones(2) * complex(1, 2)
+    fast, info = listing.list_ops(p, stats=stats)
+    with DumpFile(p) as f:
+        assert len(listing._table_lines(f, stats)) == info["ops"]      # (the fast path ran)
+    monkeypatch.setattr(listing, "_table_lines", lambda f, stats: None)
+    slow, _ = listing.list_ops(p, stats=stats)
+    assert fast == slow and info["ops"] > 20
+    assert any("/" in v.name for ln in slow for v in ln.values)           # list children
+    assert any(v.value for ln in slow for v in ln.values)
+    assert stats == any(v.stats for ln in slow for v in ln.values)
