@@ -60,11 +60,12 @@ class StatsWriterThread(WriterThread):
         return None
 
     def _batch(self, job: OpJob) -> None:
-        """Statistics of the small tensors of `job` and of the jobs queued behind it, in one
-        fused reduction per dtype, kept in _ready for _stats. Each capture is copied under
-        its lock (copy-on-write waits for that, as for the per-tensor path) and released
-        (`done`) at once; a capture whose data an earlier one of the same key (dedup) or a
-        live dedup entry already gives is left to _stats."""
+        """Statistics of the small tensors of `job` and of the jobs queued behind it, one
+        stacked reduction per (dtype, size), kept in _ready for _stats. Each capture is
+        copied under its lock (copy-on-write waits for that, as for the per-tensor path)
+        and released (`done`) at once; a capture whose statistics an earlier capture of the
+        same key (dedup) or a live dedup entry gives is left to _stats, which processes
+        captures in the same order."""
         with self._cv:
             jobs = [job]
             for j in self._queue:
