@@ -271,13 +271,10 @@ class WriterThread:
 
     def _finish_job(self, job: OpJob) -> None:
         for cap in job.captures:
-            if not cap.done:
-                # (a deduplicated capture, never written: copy-on-write may be copying it)
-                with cap.lock:
-                    cap.done = True
-                    cap.tensor = None
-            else:
-                cap.tensor = None
+            # (unlocked: a deduplicated capture is let go here while copy-on-write may be
+            # copying it; TensorCapture.materialize then finds no tensor and copies nothing)
+            cap.done = True
+            cap.tensor = None
             self.registry.discard(cap)
         with self._cv:
             self._pending_bytes -= job.nbytes
