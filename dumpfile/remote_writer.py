@@ -92,6 +92,7 @@ class _Child:
         self.conn = Connection(parent_sock.detach())
         self.pid = os.getpid()
         self.start_s = time.perf_counter() - t0
+        self.hung: str | None = None     # the watchdog's message, once it stopped the child
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None and not self.conn.closed
@@ -216,10 +217,13 @@ class RemoteDumpWriter:
         if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.EWOULDBLOCK) \
                 and child is not None:
             # the watchdog: no byte moved for the socket time-out
+            child.hung = (f"{self.path}: dump writer process (pid {child.proc.pid}) stopped "
+                          f"answering for {_watchdog_s():g} s and was stopped")
             child.stop()
-            return DumpWriteError(
-                f"{self.path}: dump writer process (pid {child.proc.pid}) stopped answering "
-                f"for {_watchdog_s():g} s and was stopped")
+            return DumpWriteError(child.hung)
+        if child is not None and getattr(child, "hung", None):
+            # the other writer thread, on the connection the watchdog just closed: the same cause
+            return DumpWriteError(child.hung)
         code = child.proc.poll() if child is not None else None
         if code is None and child is not None:
             try:

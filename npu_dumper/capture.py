@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from dumpfile import schema as S
 
-from .tensors import UNSTORED_DTYPES, dtype_name
+from .tensors import _DTYPE_NAME, UNSTORED_DTYPES, dtype_name
 
 # ---- per-op policy as data ---------------------------------------------------
 # Ops that write inputs their schema does not mark as written (training-mode batch norm
@@ -197,6 +197,8 @@ class OpInfo:
     # arguments the schema marks written (`Tensor(a!)`): autograd bumps their version after
     # the op (hidden writes it does not know of)
     schema_written: frozenset[str] = frozenset()
+    # opaque_args | out_args: inputs recorded `uninitialized` (computed once, not per op)
+    not_data: frozenset[str] = frozenset()
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -239,6 +241,9 @@ def op_info(func) -> OpInfo:
         if n in seen:
             names[i] = f"{n}{i}"
         seen[n] = i
+    opaque_args = frozenset(OPAQUE_ARGS.get(packet, ()))
+    out_args = frozenset({a.name for a in args if getattr(a, "is_out", False)}
+                         | set(OUT_BUFFERS.get(packet, ())))
     info = OpInfo(
         arg_names=tuple(a.name for a in args),
         arg_types=tuple(_schema_type(a.type) for a in args),
@@ -249,12 +254,12 @@ def op_info(func) -> OpInfo:
         uninitialized=packet in UNINITIALIZED_OUTPUTS,
         is_view=bool(func.is_view),
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
-        opaque_args=frozenset(OPAQUE_ARGS.get(packet, ())),
+        opaque_args=opaque_args,
         collective=ns in COLLECTIVE_NAMESPACES,
         waits_tensor=ns in FUNCTIONAL_COLLECTIVE_NAMESPACES and schema.name.split("::")[1] != "wait_tensor"
         and any("Tensor" in str(r.type) for r in rets),
-        out_args=frozenset({a.name for a in args if getattr(a, "is_out", False)}
-                           | set(OUT_BUFFERS.get(packet, ()))),
+        out_args=out_args,
+        not_data=opaque_args | out_args,
         work_returns=tuple(i for i, r in enumerate(rets) if str(r.type).endswith("c10d.Work")),
         written_outputs=(tuple(a.name for a in args if a.name in written)
                          if not any("Tensor" in str(r.type) for r in rets) else ()),
@@ -293,6 +298,7 @@ _DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # devices whose tensors are exactly (storage, offset, shape, stride, dtype)
 _REBUILT_DEVICES = frozenset({"cpu", "cuda"})
+_STRIDED = torch.strided
 _DK_NEG = torch._C.DispatchKey.Negative
 _DK_CONJ = torch._C.DispatchKey.Conjugate
 
@@ -426,7 +432,7 @@ class TensorCapture:
         if names is None:       # str(device) and device.type cost ~0.3 us each, per tensor
             names = _DEVICE_NAMES[device] = (str(device), device.type)
         numel = t.numel()
-        strided = t.layout == torch.strided and names[1] != "meta"
+        strided = t.layout is _STRIDED and names[1] != "meta"
         storage = t.untyped_storage() if strided and numel else None
         try:
             self.ptr = storage.data_ptr() if storage is not None else 0
@@ -454,8 +460,8 @@ class TensorCapture:
             self.version = t._version + version_bump
         except RuntimeError:
             self.version = 0
-        self._torch_dtype = t.dtype
-        self.dtype = dtype_name(t.dtype)
+        self._torch_dtype = dt = t.dtype
+        self.dtype = _DTYPE_NAME.get(dt) or dtype_name(dt)
         self.shape = tuple(t.shape)
         self.stride = tuple(t.stride()) if strided else ()
         self.offset = t.storage_offset() if strided else 0
@@ -500,7 +506,9 @@ class TensorCapture:
         """Copy the data now (before an op overwrites it), unless the writer already wrote it."""
         with self.lock:
             if not self.done:
-                self.tensor = self.tensor.clone()
+                t = self.tensor
+                if t is not None:       # (None: the writer is letting it go, nothing to keep)
+                    self.tensor = t.clone()
 
 
 @dataclass

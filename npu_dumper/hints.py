@@ -12,15 +12,22 @@ from __future__ import annotations
 import threading
 
 _local = threading.local()
+# Whether any note was ever made in this process: the dumper pops after every op, and a
+# thread-local read costs more than the rest of a plain dump's per-op bookkeeping together
+_noted = False
 
 
 def note_compute_dtype(dtype_name: str) -> None:
     """Say that the op now running computed in `dtype_name` (e.g. "float16")."""
+    global _noted
+    _noted = True
     _local.compute_dtype = dtype_name
 
 
 def pop_compute_dtype() -> str | None:
     """The dtype noted since the last call, or None; clears it."""
+    if not _noted:
+        return None
     value = getattr(_local, "compute_dtype", None)
     _local.compute_dtype = None
     return value

@@ -97,7 +97,9 @@ class DumpMode(TorchDispatchMode):
         self.first_device: str | None = None
         self.dtensor_layouts: set[str] = set()   # `dtensor` attributes seen (parallel_layout)
         self._names: dict[Any, str] = {}
-        self._ops: dict[Any, tuple] = {}     # func -> (OpInfo, name): one lookup per op
+        # id(func) -> (func, OpInfo, name): one lookup per op (OpOverload.__hash__ is Python;
+        # the entry holds func, so its id is not reused while the table lives)
+        self._ops: dict[int, tuple] = {}
         self._filter_trivial = op_filter.trivial
         # Only the hooks a policy overrides are called (the plain dump's Policy() has none).
         self._runners = _overriding(self.policies, "run_op")
@@ -172,11 +174,10 @@ class DumpMode(TorchDispatchMode):
         return Value(f"<{type(v).__name__}>", schema_type)
 
     def _write_targets(self, info, args, kwargs) -> list[torch.Tensor]:
-        out = []
+        out: list[torch.Tensor] = []
         for name, _, v in named_args(info, args, kwargs):
             if name in info.written:
-                flat, _ = tree_flatten(v)
-                out.extend(x for x in flat if isinstance(x, torch.Tensor))
+                _tensors_in(v, out)
         return out
 
     def _name(self, func) -> str:
@@ -195,10 +196,10 @@ class DumpMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
             return out
-        op = self._ops.get(func)
+        op = self._ops.get(id(func))
         if op is None:
-            op = self._ops[func] = (op_info(func), self._name(func))
-        info, name = op
+            op = self._ops[id(func)] = (func, op_info(func), self._name(func))
+        _, info, name = op
         if info.is_view and not self.record_views:
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
@@ -251,7 +252,7 @@ class DumpMode(TorchDispatchMode):
         if self.record_inputs:
             # destination-only arguments (out=, collective output buffers) hold no data
             # the op reads: marked uninitialized, like opaque workspaces
-            not_data = info.opaque_args | info.out_args
+            not_data = info.not_data
             for an, st, v in named_args(info, args, kwargs):
                 inputs.append((an, self._node(v, st, caps, clone=an in written,
                                               uninit=an in not_data)))
@@ -312,7 +313,7 @@ class DumpMode(TorchDispatchMode):
                                                        bump=1 if an in bumped else 0)))
         if phase == S.PHASE_FORWARD or recompute:     # (a re-run's graph may be backpropagated)
             self._note_forward_outputs(out, module)
-        record = all(p.should_record(ev) for p in self._deciders)
+        record = not self._deciders or all(p.should_record(ev) for p in self._deciders)
         if record and writer is not None:
             self._submit(ev, inputs, outputs, caps)
         else:
@@ -336,12 +337,14 @@ class DumpMode(TorchDispatchMode):
 
     def _submit(self, ev: OpEvent, inputs: list, outputs: list, caps: list) -> None:
         """Hand one op's record to the writer."""
-        attrs = dict(ev.group_attrs)
+        attrs = dict(ev.group_attrs) if ev.group_attrs else {}
         if ev.stack:
             attrs[S.OP_STACK] = ev.stack
+        nbytes = 0
+        for c in caps:
+            nbytes += c.nbytes
         self.writer.submit(OpJob(ev.store_op, ev.store_seqid, ev.phase, ev.module, ev.grad_fn,
-                                 attrs, inputs, outputs, captures=caps,
-                                 nbytes=sum(c.nbytes for c in caps)))
+                                 attrs, inputs, outputs, captures=caps, nbytes=nbytes))
         self.num_recorded += 1
 
     def _note_forward_outputs(self, out, module: str) -> None:
@@ -350,8 +353,18 @@ class DumpMode(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self.tracker.note_outputs([out], module)
         elif isinstance(out, (tuple, list)):
-            flat, _ = tree_flatten(out)
-            self.tracker.note_outputs([t for t in flat if isinstance(t, torch.Tensor)], module)
+            self.tracker.note_outputs(_tensors_in(out, []), module)
+
+
+def _tensors_in(v: Any, out: list) -> list:
+    """The tensors in an argument or result: a tensor, or lists/tuples of them (schema
+    types Tensor, Tensor?, Tensor[], Tensor?[], tuples of returns), appended to `out`."""
+    if isinstance(v, torch.Tensor):
+        out.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _tensors_in(x, out)
+    return out
 
 
 def _wait_for_collective(out: Any, work_returns: tuple[int, ...]) -> None:

@@ -19,13 +19,17 @@ from dumpfile.writer import set_attrs
 from .capture import ListOf, Named, TensorCapture, Value
 from .tensor_hash import content_hash
 from .tensor_hist import _EMPTY as _NO_HIST, log2_histogram
-from .tensor_stats import fast_tensor_stats, in_memory_order
+from .tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
 from .writer_thread import OpJob, WriterThread
 
 
 # A statistics-only job is a few small reductions: the writer looks at the queue this
 # often instead of being woken per op (see writer_thread: a wake-up costs the model's thread)
 POLL_SECONDS = 0.002
+# Statistics of the small tensors of this op and of the ops queued behind it are computed
+# together (tensor_stats.rows_stats): at most this many ops and elements per batch
+BATCH_OPS = 64
+BATCH_ELEMENTS = 1 << 20
 
 
 class StatsWriterThread(WriterThread):
@@ -36,6 +40,8 @@ class StatsWriterThread(WriterThread):
         super().__init__(writer, registry, **kw)
         self._device_codes: dict[str, int] = {}
         self._scratch: dict = {}
+        self._ready: dict = {}       # capture -> statistics computed in a batch, not yet used
+        self.num_batched = 0         # tensors whose statistics came from a batch
         # the root's device attributes, written here at the first tensor (while the model
         # computes) instead of at block exit; the exit rewrites them only if they differ
         self.device_written: str | None = None
@@ -49,7 +55,82 @@ class StatsWriterThread(WriterThread):
             self._error = e
         super()._run()
 
+    def _key(self, cap: TensorCapture):
+        if self.dedup and cap.ptr and cap.owner is not None:
+            # statistics do not depend on element order and hashes are of storage order:
+            # W and W.t() share them
+            return (cap.ptr, cap.gen, cap.version, cap.dtype,
+                    tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
+        return None
+
+    def _batch(self, job: OpJob) -> None:
+        """Statistics of the small tensors of `job` and of the jobs queued behind it, one
+        stacked reduction per (dtype, size), kept in _ready for _stats. Each capture is
+        copied under its lock (copy-on-write waits for that, as for the per-tensor path)
+        and released (`done`) at once; a capture whose statistics an earlier capture of the
+        same key (dedup) or a live dedup entry gives is left to _stats, which processes
+        captures in the same order."""
+        with self._cv:
+            jobs = [job]
+            for j in self._queue:
+                if j is None or len(jobs) >= BATCH_OPS:
+                    break
+                jobs.append(j)
+        caps, keys, elements = [], set(), 0
+        for j in jobs:
+            j.batched = True
+            for cap in j.captures:
+                if cap.done or cap in self._ready:
+                    continue
+                key = self._key(cap)
+                if key is not None:
+                    hit = self._exact.get(key)
+                    if (hit is not None and hit[1]() is not None) or key in keys:
+                        continue
+                    keys.add(key)
+                caps.append(cap)
+        if len(caps) < 2:
+            return
+        locked, tensors = [], []
+        try:
+            for cap in caps:
+                cap.lock.acquire()
+                locked.append(cap)
+                t = cap.tensor
+                if t is None or not batchable(t) or elements + t.numel() > BATCH_ELEMENTS:
+                    cap.lock.release()
+                    locked.pop()
+                    continue
+                elements += t.numel()
+                tensors.append(t)
+            if len(locked) < 2:
+                return
+            self.num_batched += len(locked)
+            groups = stack_for_stats(tensors)       # the copies: the snapshot
+            # hashes (and histograms) read the bytes: before the captures are let go
+            digests = [self._digests(t) for t in tensors]
+            for cap in locked:
+                cap.done = True
+                cap.tensor = None
+        finally:
+            for cap in locked:
+                cap.lock.release()
+        for m, idx in groups:
+            for i, stats in zip(idx, rows_stats(m)):
+                self._ready[locked[i]] = (stats, *digests[i])
+
+    def _digests(self, t) -> tuple[int, Any]:
+        """(content hash, log2 histogram or empty) of a tensor (format 1.7 columns)."""
+        return content_hash(t), (log2_histogram(t) if self.histograms else _NO_HIST)
+
+    def _finish_job(self, job: OpJob) -> None:
+        for cap in job.captures:
+            self._ready.pop(cap, None)
+        super()._finish_job(job)
+
     def _write_job(self, job: OpJob) -> None:
+        if not job.batched:
+            self._batch(job)
         rows: list[tuple] = []
         for io, entries in ((IO_INPUT, job.inputs), (IO_OUTPUT, job.outputs)):
             for name, node in entries:
@@ -82,22 +163,19 @@ class StatsWriterThread(WriterThread):
 
     def _stats(self, cap: TensorCapture) -> tuple[list[float], int, Any]:
         """(statistics, content hash, log2 histogram or empty) of a captured tensor."""
-        key = None
-        if self.dedup and cap.ptr and cap.owner is not None:
-            # statistics do not depend on element order and hashes are of storage order:
-            # W and W.t() share them
-            key = (cap.ptr, cap.gen, cap.version, cap.dtype,
-                   tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
+        key = self._key(cap)
+        if key is not None:
             hit = self._exact.get(key)
             if hit is not None and hit[1]() is not None:
                 self.num_links += 1
                 return hit[0]
-        with cap.lock:
-            t = cap.tensor
-            stats = (fast_tensor_stats(in_memory_order(t), self._scratch), content_hash(t),
-                     log2_histogram(t) if self.histograms else _NO_HIST)
-            cap.done = True
-            cap.tensor = None
+        stats = self._ready.pop(cap, None)
+        if stats is None:
+            with cap.lock:
+                t = cap.tensor
+                stats = (fast_tensor_stats(in_memory_order(t), self._scratch), *self._digests(t))
+                cap.done = True
+                cap.tensor = None
         self.num_datasets += 1
         if key is not None:
             self._exact[key] = (stats, cap.owner)

@@ -155,3 +155,67 @@ def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[floa
     if not (var >= mean * mean and math.isfinite(var)):
         return tensor_stats(t)
     return [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
+
+
+# ---- many small tensors at once ---------------------------------------------------------
+# A model of many small ops hands the statistics writer hundreds of tensors of a few
+# thousand elements per step; each one's reductions above are five torch calls (and five
+# GIL hand-overs with the model's thread). Small finite float32/float64 tensors of the same
+# dtype and size (a layer's activations, gradients and their repeats: few distinct sizes
+# per model) are instead stacked into one matrix and reduced along its rows: six torch
+# calls per group. A row reduction of a contiguous matrix runs the same inner loop as the
+# reduction of one contiguous tensor, so the numbers are bit-identical to
+# fast_tensor_stats (and so to tensor_stats; tests/test_dump_stats_table.py checks sizes
+# and thread counts). Rows with NaN/Inf, or whose spread is tiny against their mean, are
+# recomputed from their copy by the reference. (One flat buffer reduced per segment was
+# tried first: segment_reduce's min/max is a scalar loop, its float64 sums are not the
+# reference's, and building segment ids for a scatter cost more than the calls saved.)
+BATCH_BELOW = ROWS_FROM
+
+
+def batchable(t: torch.Tensor) -> bool:
+    """Whether `t` goes through the batched path (small float32/float64 dense CPU tensor)."""
+    return (t.dtype in _FAST_DTYPES and 2 <= t.numel() < BATCH_BELOW and t.device.type == "cpu"
+            and t.layout == torch.strided)
+
+
+def stack_for_stats(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[int]]]:
+    """Copies of batchable tensors, one matrix per (dtype, size): [(rows, indices)]. The
+    copy is the snapshot: the caller holds the tensors' capture locks only for this."""
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.numel()), []).append(i)
+    return [(torch.stack([in_memory_order(tensors[i]).reshape(-1) for i in idx]), idx)
+            for idx in groups.values()]
+
+
+def rows_stats(m: torch.Tensor) -> list[list[float]]:
+    """fast_tensor_stats of each row of the contiguous matrix `m` (rows of >= 2 elements,
+    fewer than ROWS_FROM), bit-identical: see the note above."""
+    n = m.shape[1]
+    rows = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).tolist()
+    out = []
+    for i, (fmn, fmx, total, sumsq) in enumerate(rows):
+        stats = None
+        if math.isfinite(fmn) and math.isfinite(fmx):
+            mean = total / n
+            var = (sumsq - n * mean * mean) / (n - 1)
+            if var >= mean * mean and math.isfinite(var):      # the reference's first tier
+                stats = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0,
+                         float(n)]
+        out.append(stats if stats is not None else tensor_stats(m[i]))
+    return out
+
+
+def batch_tensor_stats(tensors: list[torch.Tensor]) -> list[list[float]]:
+    """Statistics of many tensors: batchable ones stacked per (dtype, size), the rest one by one."""
+    out: list = [None] * len(tensors)
+    small = [i for i, t in enumerate(tensors) if batchable(t)]
+    taken = set(small)
+    for i, t in enumerate(tensors):
+        if i not in taken:
+            out[i] = fast_tensor_stats(in_memory_order(t))
+    for m, idx in stack_for_stats([tensors[i] for i in small]):
+        for j, stats in zip(idx, rows_stats(m)):
+            out[small[j]] = stats
+    return out

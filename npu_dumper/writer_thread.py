@@ -64,6 +64,7 @@ class OpJob:
     outputs: list
     nbytes: int = 0
     captures: list = field(default_factory=list)
+    batched: bool = False   # (statistics writer: its tensors were looked at for a batch)
 
 
 def _is_dense(shape: tuple, stride: tuple) -> bool:
@@ -270,6 +271,8 @@ class WriterThread:
 
     def _finish_job(self, job: OpJob) -> None:
         for cap in job.captures:
+            # (unlocked: a deduplicated capture is let go here while copy-on-write may be
+            # copying it; TensorCapture.materialize then finds no tensor and copies nothing)
             cap.done = True
             cap.tensor = None
             self.registry.discard(cap)

@@ -236,3 +236,42 @@ def test_ls_plain_keeps_one_row_per_op_when_a_name_holds_a_tab_or_newline(tmp_pa
     rows = [ln.split("\t") for ln in r.output.splitlines()[2:]]
     assert [len(row) for row in rows] == [6, 6]
     assert rows[0][3] == "blocks.a\\tb" and rows[1][3] == "line\\nbreak"
+
+
+def test_ls_from_the_catalog_shows_what_the_groups_hold(tmp_path, monkeypatch):
+    # a real dump (lists, views, hard links, None, int lists, dtypes, a complex value only
+    # in the file): the listing read from the catalog equals the one walked from the groups
+    import torch
+    import npu_dumper
+    import sample_models
+    from accucmp import listing
+
+    spec = sample_models.get("lstm_lm")
+    model, batch = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
+    p = str(tmp_path / "m.h5")
+    with npu_dumper.dumper(use_dump=True, dump_path=p, record_views=True):
+        spec.train_step(model, batch)
+        torch.ones(2) * complex(1, 2)
+        torch.cat([torch.ones(2), torch.zeros(3)])
+    calls = []
+    real_walk, real_rows = listing._light_values, listing._catalog_rows
+    monkeypatch.setattr(listing, "_light_values", lambda f, path: calls.append(path) or real_walk(f, path))
+    via_catalog, info = listing.list_ops(p)
+    # only the op whose value JSON cannot hold (the complex scalar) walks its groups
+    assert len(calls) == 1 and calls[0].startswith("/aten.mul.Tensor/"), calls
+    calls.clear()
+    monkeypatch.setattr(listing, "_catalog_rows", lambda f: None)
+    walked, _ = listing.list_ops(p)
+    assert len(calls) == info["ops"] > 30
+    assert via_catalog == walked
+    kinds = {v.kind for ln in walked for v in ln.values}
+    assert {"Tensor", "Tensor(view)"} <= kinds and len(kinds) > 4, kinds
+    assert any("/" in v.name for ln in walked for v in ln.values)          # list children
+    # a catalog that is not one row per index row is not used
+    calls.clear()
+    monkeypatch.setattr(listing, "_catalog_rows", real_rows)
+    with h5py.File(p, "r+") as h:
+        cat = h[S.CATALOG_PATH]
+        cat.resize((cat.shape[0] - 1,))
+    again, _ = listing.list_ops(p)
+    assert again == walked and len(calls) == info["ops"]

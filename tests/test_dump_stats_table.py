@@ -233,3 +233,78 @@ def test_root_device_attributes_of_statistics_dumps(mlp_dumps, tmp_path):
         pass
     with h5py.File(tmp_path / "empty.h5", "r") as f:
         assert f.attrs[S.ROOT_DEVICE] == "cpu" and f.attrs[S.ROOT_DEVICE_TYPE] == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_statistics_are_bit_identical_to_the_reference(threads):
+    # many small tensors of repeated sizes (a layer's activations and gradients), some
+    # transposed, NaN/Inf, constant, tiny spread, float64, and ones the batch leaves out
+    from npu_dumper.tensor_stats import ROWS_FROM, batch_tensor_stats, batchable, tensor_stats
+    g = torch.Generator().manual_seed(0)
+    ts = []
+    for n in (2, 3, 7, 24, 96, 1000, 4097, 12288, ROWS_FROM - 1):
+        for _ in range(3):
+            ts.append(torch.randn(n, generator=g) * 3 + 0.5)
+    ts += [torch.randn(40, 50, generator=g).t(), torch.randn(50, 40, generator=g),
+           torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([1.0, float("inf"), 3.0]),
+           torch.full((100,), 7.5), torch.randn(1000, dtype=torch.float64) * 1e-3 + 5,
+           torch.randn(1000, dtype=torch.float64), torch.randn(1000, dtype=torch.float64),
+           torch.tensor([2.5]), torch.arange(10), torch.randn(3, 4).to(torch.bfloat16),
+           torch.randn(ROWS_FROM + 5, generator=g)]
+    assert sum(batchable(t) for t in ts) > 30 and not all(batchable(t) for t in ts)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = batch_tensor_stats(ts)
+    finally:
+        torch.set_num_threads(old)
+    for t, row in zip(ts, got):
+        want = tensor_stats(t)
+        assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(row, want)), (t.shape, row, want)
+
+
+def test_statistics_dump_batches_small_tensors_and_keeps_op_time_values(tmp_path):
+    # ops queued behind each other are batched; an in-place write right after an op must
+    # not change the statistics recorded for it (copy-on-write waits for the batch's copy)
+    from torch.utils._python_dispatch import _disable_current_modes
+    from npu_dumper.tensor_stats import tensor_stats
+    p = tmp_path / "b.h5"
+    x = torch.randn(64, 8)
+    seen = []
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True) as d:
+        for i in range(200):
+            y = x * (i + 1)
+            with _disable_current_modes():      # (not recorded)
+                seen.append((x.clone(), y))
+            x.add_(1.0)             # writes the input just recorded
+    assert d._writer.num_batched > 50
+    want = [(tensor_stats(a), tensor_stats(b)) for a, b in seen]
+    with DumpFile(p) as f:
+        muls = [o for o in f.ops() if o.op == "aten.mul.Tensor"]
+        assert len(muls) == 200
+        for o, (wx, wy) in zip(muls, want):
+            got_x = o.inputs()["self"].stats()
+            got_y = o.outputs()["result"].stats()
+            assert [got_x[k] for k in S.STATS_FIELDS] == wx
+            assert [got_y[k] for k in S.STATS_FIELDS] == wy
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_ls_of_a_table_file_from_its_columns_equals_the_per_op_records(tmp_path, monkeypatch, stats):
+    from accucmp import listing
+    spec = sample_models.get("lstm_lm")
+    model, batch = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
+    p = str(tmp_path / "s.h5")
+    with npu_dumper.dumper(use_dump=True, dump_path=p, stats_only=True):
+        spec.train_step(model, batch)
+        torch.cat([torch.ones(2), torch.zeros(3)])
+        torch.ones(2) * complex(1, 2)
+    fast, info = listing.list_ops(p, stats=stats)
+    with DumpFile(p) as f:
+        assert len(listing._table_lines(f, stats)) == info["ops"]      # (the fast path ran)
+    monkeypatch.setattr(listing, "_table_lines", lambda f, stats: None)
+    slow, _ = listing.list_ops(p, stats=stats)
+    assert fast == slow and info["ops"] > 20
+    assert any("/" in v.name for ln in slow for v in ln.values)           # list children
+    assert any(v.value for ln in slow for v in ln.values)
+    assert stats == any(v.stats for ln in slow for v in ln.values)

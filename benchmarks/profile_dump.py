@@ -1,0 +1,128 @@
+"""The dumper's cost in the model's own thread, per op, and where it goes (cProfile).
+
+A dump's wall time is the model's thread (the dispatch mode: argument walk, captures,
+module path, enqueue) plus whatever the writer cannot hide. This isolates the first: the
+dispatch mode runs exactly as in a dump, but its writer is a sink that drops each job
+(captures released as the real writer releases them), so the difference to the plain
+step is the mode's own per-op cost (process CPU time: the sink adds no thread, and CPU time
+is what other load on a shared machine disturbs least). For scale, the same steps under an
+empty TorchDispatchMode (it only calls each op) give the floor any dispatch-mode tool pays.
+Then the same steps run under cProfile.
+
+    python benchmarks/profile_dump.py [--steps N] [--top K] [--no-profile] [MODEL ...]
+
+Models: the sample models (bench_models.py) and `gpt2` (a tiny Hugging Face GPT-2 from its
+config, when transformers is importable). One thread (torch.set_num_threads(1)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_models import get_model  # noqa: E402
+from npu_dumper.capture import CaptureRegistry  # noqa: E402
+from npu_dumper.mode import DumpMode, OpFilter  # noqa: E402
+from npu_dumper.module_tracking import ModuleTracker  # noqa: E402
+from npu_dumper.policy import Policy  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class EmptyMode(TorchDispatchMode):
+    """Calls every op, nothing else: the cost of being a Python dispatch mode at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class SinkWriter:
+    """Takes jobs like WriterThread.submit and drops them (captures discarded)."""
+
+    failed = False
+
+    def __init__(self, registry: CaptureRegistry):
+        self.registry = registry
+        self.jobs = 0
+
+    def submit(self, job) -> None:
+        self.jobs += 1
+        for cap in job.captures:
+            cap.done = True
+            cap.tensor = None
+            self.registry.discard(cap)
+
+
+def mode_step(step, stats_only: bool = False) -> int:
+    """One step under the dispatch mode with a sink writer; returns the ops recorded."""
+    registry = CaptureRegistry()
+    sink = SinkWriter(registry)
+    with ModuleTracker() as tracker:
+        mode = DumpMode(writer=sink, registry=registry, policies=[Policy()], op_filter=OpFilter(),
+                        tracker=tracker)
+        with mode:
+            step()
+    return sink.jobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=["transformer", "shufflenet"])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    for name in args.models:
+        got = get_model(name)
+        if got is None:
+            print(f"{name}: not available, skipped")
+            continue
+        step = got
+        step()
+        mode_step(step)                                   # warm-up: op tables
+        plain, moded, empty = [], [], []
+        ops = 0
+        clock = time.process_time
+        for _ in range(args.steps):                       # interleaved: drift hits all alike
+            t0 = clock()
+            step()
+            plain.append(clock() - t0)
+            t0 = clock()
+            ops = mode_step(step)
+            moded.append(clock() - t0)
+            em = EmptyMode()
+            t0 = clock()
+            with em:
+                step()
+            empty.append(clock() - t0)
+        p, m, e = (statistics.median(v) for v in (plain, moded, empty))
+        print(f"{name}: {ops} ops recorded ({em.ops} dispatched), CPU ms per step: plain {p * 1e3:.2f}, "
+              f"empty mode {e * 1e3:.2f}, dump mode + sink {m * 1e3:.2f}; per recorded op in the "
+              f"model's thread {(m - p) / max(ops, 1) * 1e3:.4f} ms (empty mode: "
+              f"{(e - p) / max(ops, 1) * 1e3:.4f} ms)", flush=True)
+        if args.no_profile:
+            continue
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            mode_step(step)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
