@@ -160,9 +160,19 @@ def _console():
             self.quiet = True
             raise BrokenPipeError
 
-    # Piped output (a log, CI) should not wrap at rich's 80-column default.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160") or 160)
-    return _Console(stderr=False, highlight=False, soft_wrap=False, width=width)
+    console = _Console(stderr=False, highlight=False, soft_wrap=False)
+    if console.is_terminal:
+        console.fit_width = console.width      # the summary fits the window (summary.fit_width)
+        return console
+    # Piped output (a log, CI, `| less`): plain lines, never wrapped (rich's default is 80
+    # columns) nor shortened, so commands and paths copy-paste whole. The width only sizes
+    # tables, which take what their content needs.
+    console = _Console(stderr=False, highlight=False, soft_wrap=True, width=_PLAIN_WIDTH)
+    console.fit_width = None
+    return console
+
+
+_PLAIN_WIDTH = 1000
 
 
 # ---- compare ---------------------------------------------------------------

@@ -183,7 +183,8 @@ def _indented_flat_rows(rows: list[dict]) -> str | None:
 
 TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape", "CompareFailReason",
                 "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenOp", "IO", "TensorName",
-                "PrecisionDtype", "ComputeDtype", "CompareStatus", "MatchedBy", "Result", "FailReason")
+                "PrecisionDtype", "ComputeDtype", "CompareStatus", "MatchedBy", "Result", "FailReason",
+                "DecidedBy", "DecidingMetric")
 
 
 def read_result_csv(path: Path) -> pd.DataFrame:

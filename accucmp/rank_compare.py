@@ -163,7 +163,8 @@ def pair_folders(target_dir: str | os.PathLike, golden_dir: str | os.PathLike) -
 # ---- the tasks (run on Dask workers; plain arguments in, small dicts out) --------------
 _FIRST_FAILURE_KEYS = ("NPUDump", "SeqId", "Phase", "Module", "IO", "TensorName", "NPUDumpPath",
                        "GroundTruthPath", "Result", "FailReason", "CompareFailReason", "Severity",
-                       "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError")
+                       "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError",
+                       "PrecisionDtype", "DecidedBy", "DecidingMetric", "DecidingValue", "DecidingBound")
 
 
 def _small_row(row: Mapping[str, Any] | None) -> dict[str, Any] | None:

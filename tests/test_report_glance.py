@@ -1,0 +1,100 @@
+"""Issue 22: a report a person understands at a glance. The terminal summary's first line
+is the verdict sentence; on an 80-column terminal nothing is wider than 80 columns and no
+name is broken across lines; piped, lines are neither wrapped nor shortened."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from accucmp.cli import app
+from accucmp.headline import bound_clause, middle_ellipsis, verdict_sentence
+from tests._compare_helpers import bf16, write_dump
+
+LONG_MODULE = "encoder.layers.3.attention.output.dense_projection_with_a_long_name"
+LONG_OP = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _ops(fault: float = 1.0, dtype: str = "bfloat16"):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    ops = []
+    for i, (op, mod) in enumerate([("aten.mm.default", "embed"), (LONG_OP, LONG_MODULE),
+                                   ("aten.gelu.default", LONG_MODULE + ".act"), ("aten.add.Tensor", "head")]):
+        out = bf16(a * (i + 1))
+        if i == 1:
+            out = bf16(out * fault)
+        ops.append(dict(op=op, seqid=i + 1, module=mod, inputs={"self": (bf16(a), dtype)},
+                        outputs={"result": (out if i < 2 else bf16(out * fault), dtype)}))
+    return ops
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("glance")
+    write_dump(d / "g.h5", _ops())
+    write_dump(d / "t.h5", _ops(fault=1.05))
+    return d
+
+
+def _compare(dumps, env, *extra):
+    runner = CliRunner(env=env)
+    return runner.invoke(app, ["compare", "-m", str(dumps / "t.h5"), "-g", str(dumps / "g.h5"),
+                               "-o", str(dumps / "out"), *extra])
+
+
+def test_terminal_80_columns_verdict_first_names_shortened_not_broken(dumps):
+    r = _compare(dumps, {"COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"})
+    assert r.exit_code == 1, r.output
+    lines = ANSI.sub("", r.output).splitlines()
+    assert all(len(ln.rstrip()) <= 80 for ln in lines), "\n".join(ln for ln in lines if len(ln.rstrip()) > 80)
+    head = " ".join(ln.strip() for ln in lines[:3])
+    # names longer than half the window are shortened in the middle, both ends kept
+    assert head.startswith("FAIL: first failing op is aten._scaled_dot_pro…ion_for_cpu.default #2 in encoder.lay")
+    assert "RelErr 12.8 u > 6 u allowed for bfloat16" in head
+    # the worst-ops table: the long module path shortened in its middle, both ends kept
+    table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("worst failing ops")):]
+    row = next(ln for ln in table if ln.lstrip().startswith("2 "))
+    shortened = next(w for w in row.split() if "…" in w and w.startswith("encod"))
+    assert LONG_MODULE.startswith(shortened.split("…")[0]) and LONG_MODULE.endswith(shortened.split("…")[1])
+    # no name continues on the next line: every op of the table is whole or shortened
+    for ln in [ln for ln in table[1:] if ln.startswith(" ")]:
+        first = ln.split()[0] if ln.split() else ""
+        assert first.isdigit() or first in ("RelErr", "seqid", "MaxAbsErr/max|golden|"), ln
+    # the csv keeps the full names
+    csv = next((dumps / "out").glob("result_*.csv")).read_text()
+    assert LONG_MODULE in csv and LONG_OP in csv and "RelativeEuclideanDistanceUlps" in csv
+
+
+def test_piped_output_is_not_wrapped_nor_shortened(dumps):
+    r = _compare(dumps, {"COLUMNS": None, "NO_COLOR": "1", "TTY_COMPATIBLE": None, "FORCE_COLOR": None})
+    assert r.exit_code == 1, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == (f"FAIL: first failing op is {LONG_OP} #2 in {LONG_MODULE}: "
+                        "RelErr 12.8 u > 6 u allowed for bfloat16")
+    assert "…" not in r.output and "\x1b[" not in r.output
+    assert any(len(ln) > 120 and LONG_OP in ln and LONG_MODULE in ln for ln in lines)
+    # `wrote PATH` whole, on one line
+    assert any(ln.startswith("wrote ") and ln.endswith(".csv") for ln in lines)
+
+
+def test_pass_sentence_and_the_sentence_function():
+    assert verdict_sentence(None, {"pass": 12, "skipped": 1}) == "PASS: 12 tensors within bounds (1 skipped)"
+    assert verdict_sentence(None, {"unmatched": 3}).startswith("FAIL: no tensor could be compared (3 unmatched)")
+    row = {"NPUDump": "aten.gelu.default", "SeqId": 153.0, "Module": "encoder.layer.3.mlp", "Phase": "forward",
+           "DecidingMetric": "RelativeEuclideanDistance", "DecidedBy": "RelativeEuclideanDistanceUlps",
+           "DecidingValue": 41.0, "DecidingBound": 6.0, "PrecisionDtype": "bfloat16"}
+    assert verdict_sentence(row, {"fail": 1, "pass": 3}) == (
+        "FAIL: first failing op is aten.gelu.default #153 in encoder.layer.3.mlp: RelErr 41 u > 6 u allowed for bfloat16")
+    # issue 20's "caused here" flag plugs in through the row
+    assert verdict_sentence({**row, "CausedHere": True}, {"fail": 1}).startswith(
+        "FAIL: first op caused here is aten.gelu.default #153")
+    user = {**row, "DecidedBy": "CosineSimilarity", "DecidingMetric": "CosineSimilarity",
+            "DecidingValue": 0.98, "DecidingBound": 0.99}
+    assert bound_clause(user) == "Cosine 0.98 < 0.99 required (-t CosineSimilarity)"
+    assert middle_ellipsis("encoder.layers.3.attention", 11) == "encod…ntion"
+    assert middle_ellipsis("short", 11) == "short"
