@@ -48,7 +48,8 @@ def _compare(dumps, env, *extra):
 
 
 def test_terminal_80_columns_verdict_first_names_shortened_not_broken(dumps):
-    r = _compare(dumps, {"COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"})
+    # a terminal 80 columns wide (TTY_INTERACTIVE=0: no progress bar in the captured text)
+    r = _compare(dumps, {"COLUMNS": "80", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "0", "NO_COLOR": "1"})
     assert r.exit_code == 1, r.output
     lines = ANSI.sub("", r.output).splitlines()
     assert all(len(ln.rstrip()) <= 80 for ln in lines), "\n".join(ln for ln in lines if len(ln.rstrip()) > 80)
@@ -98,3 +99,75 @@ def test_pass_sentence_and_the_sentence_function():
     assert bound_clause(user) == "Cosine 0.98 < 0.99 required (-t CosineSimilarity)"
     assert middle_ellipsis("encoder.layers.3.attention", 11) == "encod…ntion"
     assert middle_ellipsis("short", 11) == "short"
+
+
+def test_jsonl_rows_and_summary_json_for_ci(dumps, tmp_path):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "o"
+    r = _compare(dumps, {"NO_COLOR": "1"}, "-o", str(out), "-f", "jsonl", "--summary-json", str(tmp_path / "s.json"))
+    assert r.exit_code == 1, r.output
+    csv = next(out.glob("result_*.csv"))
+    rows = [json.loads(ln) for ln in csv.with_suffix(".jsonl").read_text().splitlines()]
+    table = pd.read_csv(csv)
+    assert len(rows) == len(table) == 8
+    assert [x["Result"] for x in rows] == list(table["Result"])
+    first = next(x for x in rows if x["Result"] == "fail")
+    assert first["DecidedBy"] == "RelativeEuclideanDistanceUlps" and first["Module"] == LONG_MODULE
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["verdict"] == "FAIL" and s["exit_code"] == 1 and s["counts"] == {"pass": 5, "fail": 3}
+    assert s["sentence"] == r.output.splitlines()[0]
+    ff = s["first_failure"]
+    assert (ff["op"], ff["seqid"], ff["module"], ff["dtype"]) == (LONG_OP, 2, LONG_MODULE, "bfloat16")
+    assert ff["bound"] == 6.0 and 12 < ff["value"] < 14 and ff["decided_by"] == "RelativeEuclideanDistanceUlps"
+    assert str(csv) in s["outputs"]
+
+
+def test_tolerance_knob_on_compare_and_report(dumps, tmp_path):
+    import json
+
+    # 12.8 u against 6 u allowed: x2 still fails, x3 passes; the same on a saved csv
+    assert _compare(dumps, {}, "-o", str(tmp_path / "a"), "--tolerance", "2", "-q").exit_code == 1
+    r = _compare(dumps, {"NO_COLOR": "1"}, "-o", str(tmp_path / "b"), "--tolerance", "3",
+                 "--summary-json", str(tmp_path / "s.json"))
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == "PASS: 8 tensors within bounds"
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["verdict"] == "PASS" and s["first_failure"] is None and s["thresholds"] == {"Tolerance": 3.0}
+    csv = next((tmp_path / "a").glob("result_*.csv"))
+    runner = CliRunner(env={"NO_COLOR": "1"})
+    assert runner.invoke(app, ["report", str(csv), "-q"]).exit_code == 1
+    assert runner.invoke(app, ["report", str(csv), "--tolerance", "3", "-q"]).exit_code == 0
+    bad = runner.invoke(app, ["report", str(csv), "--tolerance", "0"])
+    assert bad.exit_code == 2 and bad.output.startswith("accucmp: error: --tolerance")
+
+
+def test_version_on_both_clis():
+    from ir2tbe.cli import app as ir2tbe_app
+
+    for a, prog in ((app, "accucmp"), (ir2tbe_app, "ir2tbe")):
+        r = CliRunner().invoke(a, ["--version"], prog_name=prog)
+        assert r.exit_code == 0 and re.fullmatch(rf"{prog} \S+\n", r.output), r.output
+
+
+def test_clean_demo_passes_when_its_only_failures_are_float16_underflow():
+    import pandas as pd
+
+    from accucmp.demo import DemoResult
+
+    def result(absmax):
+        t = pd.DataFrame({"NPUDump": ["aten.mm.default"] * 2, "SeqId": [35, 39], "Result": ["fail", "pass"],
+                          "ComputeDtype": ["float16"] * 2, "GoldenAbsMax": [absmax, 1.0]})
+        return DemoResult("mlp", "full", None, None, None, fault=None, table=t,
+                          first_failure=t.iloc[0].to_dict())
+    assert result(3.5e-5).ok                  # below 4 x float16's smallest normal: underflow
+    assert not result(0.5).ok                 # a real failure in a clean run
+
+
+def test_acl_config_message_names_the_cli_option(tmp_path):
+    from ir2tbe.acl_config import AclConfigError, load_acl_config as load
+
+    with pytest.raises(AclConfigError, match="--acl-config"):
+        load(tmp_path / "nope.json")
