@@ -250,6 +250,13 @@ def compare(
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
+        if _command_line():
+            meta["command"] = _command_line()
+        if "html" in formats:      # the report's Run table: each dump's device, torch, mode, ...
+            from .report_html import run_info
+
+            meta["runs"] = {k: run_info(p) for k, p in (("target", my_dump), ("golden", golden_dump),
+                                                          ("golden_fp64", golden_fp64)) if p is not None}
         paths = [csv_path] + ([jsonl_path] if jsonl_path else []) + write_other_formats(
             csv_path, formats, meta=meta, force=force)
         if pickle_failures:
@@ -287,6 +294,17 @@ def _compare_progress(console, quiet: bool):
                   console=console, transient=True) as bar:
         task = bar.add_task("compare", total=None)
         yield lambda n: bar.advance(task, n)
+
+
+_INVOKED_ARGS: list[str] | None = None     # set by main(): the command line as given
+
+
+def _command_line() -> str | None:
+    """The accucmp command line that made this result (for the report's Run table); None
+    when called other than through main() (a test's CliRunner), where argv is not ours."""
+    import shlex
+
+    return None if _INVOKED_ARGS is None else "accucmp " + shlex.join(_INVOKED_ARGS)
 
 
 def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
@@ -500,7 +518,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    global _INVOKED_ARGS
+    _INVOKED_ARGS = list(sys.argv[1:] if argv is None else argv)
+    args = normalize_argv(_INVOKED_ARGS)
     app(args=args, prog_name="accucmp")
 
 

@@ -212,6 +212,10 @@ def compare_and_report(target: Path, golden: Path, out_dir: Path, formats=("csv"
     meta = dict(getattr(result, "meta", {}) or {})
     meta.setdefault("target", str(target))
     meta.setdefault("golden", str(golden))
+    if "html" in formats:
+        from .report_html import run_info
+
+        meta["runs"] = {"target": run_info(target), "golden": run_info(golden)}
     paths = write_results(table, out_dir, list(formats), meta=meta)
     return table, paths, meta
 
