@@ -409,13 +409,16 @@ def ls_command(
     stats: Annotated[bool, typer.Option("--stats", help="Show min/max/mean/NaN/Inf of each tensor (reads the data).")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=0, help="Show at most N ops.")] = None,
     plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
     with _boundary(dump):
         from .listing import list_ops, render
+        from .progress import progress_bar
 
         _require_file(dump)
-        rows, info = list_ops(dump, select=select, stats=stats, limit=limit)
+        with progress_bar("reading ops", _op_count(dump) if stats else None, quiet=quiet or not stats) as advance:
+            rows, info = list_ops(dump, select=select, stats=stats, limit=limit, advance=advance)
         render(rows, info, console=_console(), plain=plain or not sys.stdout.isatty(), stats=stats)
 
 
@@ -430,6 +433,7 @@ def extract(
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
     max_bytes: MaxBytes = MAX_BYTES,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
     with _boundary(input_file):
@@ -442,10 +446,24 @@ def extract(
             pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
         if not pairs:
             raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
-        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes))
+        from .progress import progress_bar
+
+        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes),
+                              progress=lambda n: progress_bar("copying ops", n, quiet=quiet))
         typer.echo(f"copied {len(written)} op(s) to {output_file}")
         for path in written:
             typer.echo(f"  {path}")
+
+
+def _op_count(dump: Path) -> int | None:
+    """Ops in a dump, from its root attribute (no walk); None when it does not say."""
+    from dumpfile import DumpFile
+
+    try:
+        with DumpFile(str(dump)) as f:
+            return len(f)
+    except Exception:          # the listing itself names any problem with the file
+        return None
 
 
 def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:

@@ -83,7 +83,8 @@ def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
 
 
 def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
-             limit: int | None = None) -> tuple[list[OpLine], dict[str, Any]]:
+             limit: int | None = None, advance=None) -> tuple[list[OpLine], dict[str, Any]]:
+    """The ops of a dump; `advance()` (a progress bar) is called once per op walked."""
     pattern = re.compile(select) if select else None
     # one file: any HDF5 failure below is this file's (the light walk reads it directly)
     with DumpFile(path) as f, h5_errors(f.path):
@@ -91,6 +92,8 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
         for op in f.ops():
+            if advance is not None:
+                advance()
             if pattern and not (pattern.search(op.op) or pattern.search(op.module or "")):
                 continue
             if limit is not None and len(lines) >= limit:

@@ -171,3 +171,33 @@ def test_acl_config_message_names_the_cli_option(tmp_path):
 
     with pytest.raises(AclConfigError, match="--acl-config"):
         load(tmp_path / "nope.json")
+
+
+def test_progress_bars_only_when_watched_and_not_quiet(dumps, tmp_path, monkeypatch):
+    import contextlib
+
+    from accucmp import progress
+    from accucmp.extract import extract_ops
+    from accucmp.listing import list_ops
+
+    with progress.progress_bar("x", 10) as advance:      # pytest's streams are no terminal
+        assert advance is None
+    monkeypatch.setattr(progress, "watched", lambda: True)
+    with progress.progress_bar("x", 10, quiet=True) as advance:
+        assert advance is None
+    with progress.progress_bar("x", 10) as advance:
+        assert callable(advance)
+        advance()
+    # the commands call advance once per op they work through
+    calls = []
+    list_ops(dumps / "t.h5", stats=True, advance=lambda: calls.append(1))
+    assert len(calls) == 4
+
+    @contextlib.contextmanager
+    def bar(total):
+        calls.append(("total", total))
+        yield lambda: calls.append("copied")
+    calls.clear()
+    extract_ops(dumps / "t.h5", tmp_path / "x.h5", [("/aten.mm.default/1/", "/aten.mm.default/1/"),
+                                                   ("/aten.add.Tensor/4/", "/aten.add.Tensor/4/")], progress=bar)
+    assert calls == [("total", 2), "copied", "copied"]
