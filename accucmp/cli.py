@@ -417,8 +417,9 @@ def ls_command(
         from .progress import progress_bar
 
         _require_file(dump)
-        with progress_bar("reading ops", _op_count(dump) if stats else None, quiet=quiet or not stats) as advance:
-            rows, info = list_ops(dump, select=select, stats=stats, limit=limit, advance=advance)
+        # only --stats reads tensor data (a listing without it is instant)
+        rows, info = list_ops(dump, select=select, stats=stats, limit=limit,
+                              progress=lambda n: progress_bar("reading ops", n, quiet=quiet or not stats))
         render(rows, info, console=_console(), plain=plain or not sys.stdout.isatty(), stats=stats)
 
 
@@ -453,17 +454,6 @@ def extract(
         typer.echo(f"copied {len(written)} op(s) to {output_file}")
         for path in written:
             typer.echo(f"  {path}")
-
-
-def _op_count(dump: Path) -> int | None:
-    """Ops in a dump, from its root attribute (no walk); None when it does not say."""
-    from dumpfile import DumpFile
-
-    try:
-        with DumpFile(str(dump)) as f:
-            return len(f)
-    except Exception:          # the listing itself names any problem with the file
-        return None
 
 
 def _pair_paths(sources: list[str], dests: list[str]) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ and then in chunks, so listing a large dump stays cheap."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -83,11 +84,13 @@ def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
 
 
 def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
-             limit: int | None = None, advance=None) -> tuple[list[OpLine], dict[str, Any]]:
-    """The ops of a dump; `advance()` (a progress bar) is called once per op walked."""
+             limit: int | None = None, progress=None) -> tuple[list[OpLine], dict[str, Any]]:
+    """The ops of a dump. `progress(total)`, when given, is a context manager yielding
+    advance() (or None), called once per op walked (accucmp/progress.py)."""
     pattern = re.compile(select) if select else None
     # one file: any HDF5 failure below is this file's (the light walk reads it directly)
-    with DumpFile(path) as f, h5_errors(f.path):
+    with DumpFile(path) as f, h5_errors(f.path), \
+            (progress(len(f)) if progress is not None else contextlib.nullcontext()) as advance:
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
