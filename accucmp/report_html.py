@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .headline import middle_ellipsis
 from .summary import describe_row, fmt_value, summarize
 
 # Metrics plotted, with whether a log scale suits them (errors span decades).
@@ -40,6 +41,7 @@ table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;paddi
 th{background:#f3f3f3;position:sticky;top:0} tr.r-fail{background:#fde8ea} tr.r-unmatched{background:#fff7d6}
 tr.first{outline:2px solid #b00020} .mono,td.mono{font-family:ui-monospace,Menlo,Consolas,monospace}
 table.worst td.why{font-weight:600;color:#8a0018;white-space:nowrap} table.worst{font-size:13px}
+table.worst td.mono{max-width:22em;overflow-wrap:anywhere}
 table.worst div.details{min-width:20em;max-width:48em;color:#444} .scroll{overflow-x:auto;max-width:100%}
 table.meta th{position:static;text-align:right;white-space:nowrap} table.meta td{font-family:ui-monospace,Menlo,Consolas,monospace}
 #all th{cursor:pointer;user-select:none} #all th:hover{background:#e6e6e6}
@@ -130,6 +132,9 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
                        label="fail", rasterized=bool(bad.sum() > RASTER_POINTS))
         if log and (y > 0).any():
             ax.set_yscale("log")
+        elif not log:
+            # cosine near 1: plain values, not an offset label such as "1e-6+9.9999e-1"
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_ylabel(m, fontsize=8)
         ax.tick_params(which="both", labelsize=7)
         ax.grid(alpha=0.25)
@@ -140,8 +145,9 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
     if first is not None:
         # parse_math=False: a module or op name holding "$...$" is text, not a formula
         # (matplotlib's mathtext raised on "mod$x^$y", losing the whole report)
-        axes[0, 0].set_title(f"first failure: {describe_row(first)}", fontsize=9, color="#b00020", loc="left",
-                             parse_math=False)
+        # a long op name or module path would run off the figure: shorten it in the middle
+        axes[0, 0].set_title(middle_ellipsis(f"first failure: {describe_row(first)}", 150), fontsize=9,
+                             color="#b00020", loc="left", parse_math=False)
     handles = {}
     for ax in axes[:, 0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -241,7 +247,7 @@ def _worst_html(s) -> str:
         knob = _text(r.get("DecidedBy"))
         why = html.escape(bound_clause(r)) + (f"<br><small class='mono'>{html.escape(knob)}</small>"
                                               if knob and knob != "CompareStatus" else "")
-        cells = [("why", why)] + [(c, html.escape(v)) for c, v in (
+        cells = [("why", why)] + [(c, _breakable(v) if c == "mono" else html.escape(v)) for c, v in (
             ("mono", _text(r.get("NPUDump"))), ("", _seqid(r)), ("", _text(r.get("Phase"))),
             ("mono", _text(r.get("Module"))), ("mono", "/".join(path.strip("/").split("/")[2:])),
             ("", _text(r.get("PrecisionDtype"))), ("", "" if pd.isna(sev) else f"{sev:.3g}"))]
@@ -251,6 +257,15 @@ def _worst_html(s) -> str:
             "error over the error its precision allows (above 1 fails).</p><div class='scroll'><table class='worst'>"
             "<thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows)
             + "</tbody></table></div>")
+
+
+def _breakable(name: str) -> str:
+    """A dotted name or path, escaped, that may wrap after each '.', '/' or '_' (<wbr>), so
+    a long module path takes a few lines in its cell rather than pushing the table wide."""
+    out = html.escape(name)
+    for ch in (".", "/", "_"):
+        out = out.replace(ch, ch + "<wbr>")
+    return out
 
 
 def _seqid(r: dict) -> str:
