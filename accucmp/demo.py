@@ -403,5 +403,6 @@ def _say_conclusion(say, res: DemoResult) -> None:
             f"float16's underflow edge (max |value| < {_UNDERFLOW_NEAR} x {_FP16_TINY:.2g}, its smallest normal): "
             + ", ".join(f"{op} seqid {q}" for op, q in underflow[:3])
             + ". On an NPU these values underflow in float16 (what loss scaling is for).")
-    say(f"done in {total:.1f} s. Next: open {res.reports[-1] if res.reports else res.out_dir}, "
-        f"or run `accucmp compare -m {res.target} -g {res.golden}` yourself.")
+    say(f"done in {total:.1f} s. Next: open {res.reports[-1] if res.reports else res.out_dir}, or run yourself:")
+    # the command alone on its line, never wrapped by us: it copy-pastes whole
+    say(f"  accucmp compare -m {res.target} -g {res.golden}", soft_wrap=True, markup=False, highlight=False)
