@@ -213,6 +213,10 @@ def compare(
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         algorithms = parse_algorithms(alg)
         caps = _budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
+        if summary_json is not None:           # a taken --summary-json name too
+            from dumpfile.safe_output import check_target
+
+            check_target(summary_json, force=force)
         if my_dump.is_dir() and golden_dump.is_dir():
             from .rank_compare import run_folder_compare
 
@@ -372,6 +376,10 @@ def report(
     with _boundary(result_csv):
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
+        if summary_json is not None:
+            from dumpfile.safe_output import check_target
+
+            check_target(summary_json)
         from .outputs import read_result_csv, write_results
         from .summary import print_summary
         from .verdict import apply_verdict

@@ -123,6 +123,11 @@ def test_jsonl_rows_and_summary_json_for_ci(dumps, tmp_path):
     assert (ff["op"], ff["seqid"], ff["module"], ff["dtype"]) == (LONG_OP, 2, LONG_MODULE, "bfloat16")
     assert ff["bound"] == 6.0 and 12 < ff["value"] < 14 and ff["decided_by"] == "RelativeEuclideanDistanceUlps"
     assert str(csv) in s["outputs"]
+    # a taken name is refused before any tensor is read (no new csv), replaced with --force
+    again = _compare(dumps, {}, "-o", str(tmp_path / "o2"), "--summary-json", str(tmp_path / "s.json"))
+    assert again.exit_code == 2 and "s.json" in again.output and not (tmp_path / "o2").exists()
+    forced = _compare(dumps, {}, "-o", str(tmp_path / "o2"), "--summary-json", str(tmp_path / "s.json"), "--force")
+    assert forced.exit_code == 1 and json.loads((tmp_path / "s.json").read_text())["outputs"] != s["outputs"]
 
 
 def test_tolerance_knob_on_compare_and_report(dumps, tmp_path):
