@@ -213,8 +213,9 @@ def describe_row(row: dict[str, Any]) -> str:
 
 
 def fit_width(console) -> int | None:
-    """Columns the summary must fit: the terminal's; off a terminal none (lines are not
-    shortened nor wrapped, for logs and `| less`), unless the console says (COLUMNS)."""
+    """Columns the summary must fit: the terminal's; None off a terminal (lines are neither
+    shortened nor wrapped, for logs and `| less`: accucmp.cli._console sets fit_width).
+    A console made elsewhere (a test's, the demo's) is fitted to its width."""
     if console is None:
         return 80
     if hasattr(console, "fit_width"):
@@ -270,7 +271,8 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     total = sum(widths) + 2 * len(widths)
     inline = width is None or total + 2 + why_w <= width
     if width is not None and total > width:
-        # shrink the names (tensor, module, then op) until the line fits
+        # shrink the names until the line fits: long module paths first, then op names,
+        # then tensor names, each down to a floor where both ends still say something
         over = total - width
         for i, least in ((3, 16), (1, 24), (4, 13), (3, 10), (1, 16), (4, 8)):
             cut = min(over, max(0, widths[i] - least))
