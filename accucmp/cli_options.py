@@ -60,8 +60,8 @@ def _show_version(ctx: typer.Context, value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _version_callback(version: Annotated[Optional[bool], typer.Option(
-        "--version", callback=_show_version, is_eager=True, help="Show the version and exit.")] = None) -> None:
+def _version_callback(version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True, help="Show the version and exit.")] = False) -> None:
     """(the app's own options: --version)"""
 
 
