@@ -47,6 +47,15 @@ def _is(v, want: bool) -> bool:
     return bool(v) is want
 
 
+def _decided_by_hash(out: pd.DataFrame, idx) -> None:
+    """The verdict's Deciding* columns (when present) say the hashes decided: the summary's
+    sentence then quotes the FailReason."""
+    for col, value in (("DecidedBy", "BitIdentical"), ("DecidingMetric", ""),
+                       ("DecidingValue", math.nan), ("DecidingBound", math.nan)):
+        if col in out.columns:
+            out.at[idx, col] = value
+
+
 def apply_bitwise(table: pd.DataFrame) -> pd.DataFrame:
     """Result/FailReason/Severity of a judged batch by bit identity (see the module docstring)."""
     if "BitIdentical" not in table.columns or table.empty:
@@ -62,6 +71,7 @@ def apply_bitwise(table: pd.DataFrame) -> pd.DataFrame:
         if same:
             out.at[idx, "Result"] = "pass"
             out.at[idx, "FailReason"] = ""
+            _decided_by_hash(out, idx)
         elif differs:
             if str(row.get("IO", "")) == "input":
                 reason = INPUT_DIFFERS
@@ -73,6 +83,7 @@ def apply_bitwise(table: pd.DataFrame) -> pd.DataFrame:
             out.at[idx, "FailReason"] = reason
             if "Severity" in out.columns:
                 out.at[idx, "Severity"] = math.inf
+            _decided_by_hash(out, idx)
         elif row.get("CompareStatus") == "stats" and str(row.get("Result")) != "skipped":
             prev = str(row.get("FailReason") or "")
             out.at[idx, "FailReason"] = f"{prev}; {NO_HASH}" if prev else NO_HASH

@@ -21,7 +21,8 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, budget as _budget
+from .cli_options import (MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, Tolerance, add_version_option,
+                          budget as _budget, with_tolerance)
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -36,6 +37,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+add_version_option(app, "accucmp")
 
 
 class UsageProblem(Exception):
@@ -119,7 +121,7 @@ def parse_thresholds(items: list[str] | None) -> dict[str, float] | None:
     return out
 
 
-FORMATS = ("csv", "json", "html", "xlsx")
+FORMATS = ("csv", "json", "jsonl", "html", "xlsx")
 
 
 def parse_formats(value: str) -> list[str]:
@@ -160,9 +162,19 @@ def _console():
             self.quiet = True
             raise BrokenPipeError
 
-    # Piped output (a log, CI) should not wrap at rich's 80-column default.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160") or 160)
-    return _Console(stderr=False, highlight=False, soft_wrap=False, width=width)
+    console = _Console(stderr=False, highlight=False, soft_wrap=False)
+    if console.is_terminal:
+        console.fit_width = console.width      # the summary fits the window (summary.fit_width)
+        return console
+    # Piped output (a log, CI, `| less`): plain lines, never wrapped (rich's default is 80
+    # columns) nor shortened, so commands and paths copy-paste whole. The width only sizes
+    # tables, which take what their content needs.
+    console = _Console(stderr=False, highlight=False, soft_wrap=True, width=_PLAIN_WIDTH)
+    console.fit_width = None
+    return console
+
+
+_PLAIN_WIDTH = 1000
 
 
 # ---- compare ---------------------------------------------------------------
@@ -174,7 +186,9 @@ def compare(
     alg: Annotated[str, typer.Option("--alg", help="'all' or comma-separated metric names.")] = "all",
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="Override a verdict threshold: NAME=VALUE (repeatable).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: csv,json,html,xlsx (csv always).")] = "csv",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: csv,json,jsonl,html,xlsx (csv always; jsonl: one JSON object per row, written as rows are judged).")] = "csv",
+    tolerance: Tolerance = None,
+    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict (PASS/FAIL, the sentence, exit code, counts, first and worst failing ops) as JSON for CI.")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes for tensor reads and metrics; 0: one per core (at most 4) when there are 500+ ops.")] = 0,
     pickle_failures: Annotated[bool, typer.Option("-p", "--dump-failures", help="Also write the failing rows to a filtered csv and their tensors (both sides) as .npy.")] = False,
     golden_fp64: Annotated[Optional[Path], typer.Option("--golden-fp64", help="fp64 golden replay of the golden dump: judge each op's error against the golden device's own error.")] = None,
@@ -197,12 +211,19 @@ def compare(
     every pair in parallel on Dask (docs/COMPARE.md, "Comparing runs of many ranks")."""
     with _boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
-        thresholds = parse_thresholds(threshold)
+        thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         algorithms = parse_algorithms(alg)
         caps = _budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
+        if summary_json is not None:           # a taken --summary-json name too
+            from dumpfile.safe_output import check_target
+
+            check_target(summary_json, force=force)
         if my_dump.is_dir() and golden_dump.is_dir():
             from .rank_compare import run_folder_compare
 
+            if summary_json is not None:
+                raise UsageProblem("--summary-json takes two files; folders write their summary json "
+                                   "next to the per-rank csvs")
             code = run_folder_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
                                       thresholds=thresholds, chunk_elements=chunk_elements, top=top,
                                       quiet=quiet, scheduler=scheduler, workers=workers,
@@ -217,20 +238,33 @@ def compare(
         for p in (my_dump, golden_dump) + ((golden_fp64,) if golden_fp64 else ()):
             _require_file(p)
         csv_path = new_result_csv(out)
+        jsonl_path = csv_path.with_suffix(".jsonl") if "jsonl" in formats else None
         # rows go to the csv as they are judged; only the summary's rows stay in memory
-        result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
-                                jobs=jobs, chunk_elements=chunk_elements,
-                                golden_fp64=str(golden_fp64) if golden_fp64 else None,
-                                thresholds=thresholds, top=top, force=force,
-                                adjust=_adjusters(_noise_floor_adjuster(noise_floor, noise_factor),
-                                                  _bitwise_adjuster(bitwise, my_dump, golden_dump)))
+        with _compare_progress(_console(), quiet) as on_rows:
+            result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
+                                    jobs=jobs, chunk_elements=chunk_elements,
+                                    golden_fp64=str(golden_fp64) if golden_fp64 else None,
+                                    thresholds=thresholds, top=top, force=force,
+                                    adjust=_adjusters(_noise_floor_adjuster(noise_floor, noise_factor),
+                                                      _bitwise_adjuster(bitwise, my_dump, golden_dump)),
+                                    jsonl_path=jsonl_path, on_rows=on_rows)
+        if jsonl_path is not None and not result.rows:
+            jsonl_path.unlink(missing_ok=True)
         _require_ops(result, my_dump, golden_dump, select)
         meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))
         if thresholds:
             meta["threshold_overrides"] = thresholds
-        paths = [csv_path] + write_other_formats(csv_path, formats, meta=meta, force=force)
+        if _command_line():
+            meta["command"] = _command_line()
+        if "html" in formats:      # the report's Run table: each dump's device, torch, mode, ...
+            from .report_html import run_info
+
+            meta["runs"] = {k: run_info(p) for k, p in (("target", my_dump), ("golden", golden_dump),
+                                                          ("golden_fp64", golden_fp64)) if p is not None}
+        paths = [csv_path] + ([jsonl_path] if jsonl_path else []) + write_other_formats(
+            csv_path, formats, meta=meta, force=force)
         if pickle_failures:
             paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
                                     stamp=paths[0].stem.split("_", 1)[1], force=force, budget=caps)
@@ -243,7 +277,40 @@ def compare(
         if npys:
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
         code = exit_code_for_counts(result.summary.counts, result.rows)
+        if summary_json is not None:
+            from .outputs import summary_record, write_summary_json
+
+            rec = summary_record(result.summary, code=code, meta=meta,
+                                 outputs=[p for p in paths if p.suffix != ".npy"])
+            console.print(f"wrote {write_summary_json(summary_json, rec, force=force)}", highlight=False,
+                          soft_wrap=True)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _compare_progress(console, quiet: bool):
+    """A progress line (rows judged, time) while a compare runs, on a terminal only and not
+    with --quiet; yields the `on_rows` callback for compare_to_csv (None: no bar)."""
+    if quiet or not console.is_interactive:     # a terminal a person watches (not TTY_INTERACTIVE=0)
+        yield None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("comparing: {task.completed} tensors judged"), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("compare", total=None)
+        yield lambda n: bar.advance(task, n)
+
+
+_INVOKED_ARGS: list[str] | None = None     # set by main(): the command line as given
+
+
+def _command_line() -> str | None:
+    """The accucmp command line that made this result (for the report's Run table); None
+    when called other than through main() (a test's CliRunner), where argv is not ours."""
+    import shlex
+
+    return None if _INVOKED_ARGS is None else "accucmp " + shlex.join(_INVOKED_ARGS)
 
 
 def exit_code_for_counts(counts: dict[str, int], rows: int) -> int:
@@ -326,15 +393,21 @@ def _require_file(p: Path) -> None:
 def report(
     result_csv: Annotated[Path, typer.Argument(help="A result_*.csv written by `accucmp compare`.")],
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="NAME=VALUE (repeatable).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="Also write: csv,json,html,xlsx.")] = "",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Also write: csv,json,jsonl,html,xlsx.")] = "",
+    tolerance: Tolerance = None,
+    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict as JSON (as compare).")] = None,
     out: Annotated[Optional[Path], typer.Option("-out", "--out", "-o", help="Output directory (default: next to the csv).")] = None,
     top: Annotated[int, typer.Option("--top", min=0)] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Re-apply verdict thresholds to a saved result (no tensors needed); exit 0/1/2 as compare."""
     with _boundary(result_csv):
-        thresholds = parse_thresholds(threshold)
+        thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
+        if summary_json is not None:
+            from dumpfile.safe_output import check_target
+
+            check_target(summary_json)
         from .outputs import read_result_csv, write_results
         from .summary import print_summary
         from .verdict import apply_verdict
@@ -345,14 +418,22 @@ def report(
         if thresholds:
             meta["threshold_overrides"] = thresholds
         console = _console()
+        s = None
         if not quiet:
-            print_summary(table, console=console, meta=meta, top=top)
+            s = print_summary(table, console=console, meta=meta, top=top)
+        paths = []
         if formats:
             base = result_csv.stem + ("_rethreshold" if thresholds else "")
             paths = write_results(table, out or result_csv.parent, ["csv"] + formats, meta=meta, basename=base)
             for p in paths:
                 console.print(f"wrote {p}", soft_wrap=True)
         code = exit_code_for(table)
+        if summary_json is not None:
+            from .outputs import summary_record, write_summary_json
+            from .summary import summarize
+
+            rec = summary_record(s or summarize(table, top=top), code=code, meta=meta, outputs=paths)
+            console.print(f"wrote {write_summary_json(summary_json, rec)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -364,13 +445,17 @@ def ls_command(
     stats: Annotated[bool, typer.Option("--stats", help="Show min/max/mean/NaN/Inf of each tensor (reads the data).")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=0, help="Show at most N ops.")] = None,
     plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
     with _boundary(dump):
         from .listing import list_ops, render
+        from .progress import progress_bar
 
         _require_file(dump)
-        rows, info = list_ops(dump, select=select, stats=stats, limit=limit)
+        # only --stats reads tensor data (a listing without it is instant)
+        rows, info = list_ops(dump, select=select, stats=stats, limit=limit,
+                              progress=lambda n: progress_bar("reading ops", n, quiet=quiet or not stats))
         render(rows, info, console=_console(), plain=plain or not sys.stdout.isatty(), stats=stats)
 
 
@@ -385,6 +470,7 @@ def extract(
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
     max_bytes: MaxBytes = MAX_BYTES,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
     with _boundary(input_file):
@@ -397,7 +483,10 @@ def extract(
             pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
         if not pairs:
             raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
-        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes))
+        from .progress import progress_bar
+
+        written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes),
+                              progress=lambda n: progress_bar("copying ops", n, quiet=quiet))
         typer.echo(f"copied {len(written)} op(s) to {output_file}")
         for path in written:
             typer.echo(f"  {path}")
@@ -473,7 +562,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    global _INVOKED_ARGS
+    _INVOKED_ARGS = list(sys.argv[1:] if argv is None else argv)
+    args = normalize_argv(_INVOKED_ARGS)
     app(args=args, prog_name="accucmp")
 
 

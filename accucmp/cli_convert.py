@@ -33,6 +33,7 @@ def convert_command(
         "-out", "--out", "--output", help="Folder for the converted files (created).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="npy, txt (flattened, np.savetxt) or both.")] = "npy",
     verbose: Annotated[int, typer.Option("-v", "--verbose", help="0 quiet, 1 summary, 2 every file.")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (as -v 0).")] = False,
     force: Force = False,
     max_files: MaxFiles = MAX_FILES,
     max_bytes: MaxBytes = MAX_BYTES,
@@ -41,7 +42,7 @@ def convert_command(
     from .cli import _boundary
 
     with _boundary(*_split(dump)):  # anything unexpected: still one line naming the input
-        _convert(dump, out, fmt, verbose, force, max_files, max_bytes)
+        _convert(dump, out, fmt, 0 if quiet else verbose, force, max_files, max_bytes)
 
 
 def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
@@ -60,8 +61,14 @@ def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
         raise typer.Exit(EXIT_BAD_INPUT)
     out_dir = str(out) if out is not None else "."
     try:
+        from accucmp.convert import find_dump_files
+
+        from .progress import progress_bar, watched
+
         caps = budget(max_files, max_bytes)
-        result = convert_paths(sources, out_dir, fmt, force=force, budget=caps)
+        total = len(find_dump_files(list(sources))[0]) if verbose >= 1 and watched() else None
+        with progress_bar("converting", total, quiet=verbose < 1) as advance:
+            result = convert_paths(sources, out_dir, fmt, force=force, budget=caps, advance=advance)
     except DumpWriteError as e:       # names the output (or the option) itself
         typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)

@@ -24,7 +24,8 @@ def golden_command(
         "--remap-devices", help="Run ops whose arguments name another device on --device.")] = False,
     dump_inputs: Annotated[bool, typer.Option(
         "--with-inputs/--outputs-only", help="Also write the upcast inputs (compare rows for inputs).")] = True,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar (on a terminal).")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (as --no-progress).")] = False,
     force: Force = False,
 ) -> None:
     """Recompute every op of a dump from its own recorded inputs in float64 (no second device).
@@ -53,7 +54,8 @@ def golden_command(
             with output_path(output, force=force) as tmp:
                 try:
                     result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
-                                    dump_inputs=dump_inputs, progress=None if progress else False)
+                                    dump_inputs=dump_inputs,
+                                    progress=None if progress and not quiet else False)
                 except DumpError as e:   # the user knows OUTPUT, not its temporary name
                     e.args = tuple(str(a).replace(tmp, str(output)) for a in e.args) if e.args else e.args
                     raise

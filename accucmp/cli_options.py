@@ -4,7 +4,7 @@ declared once so every command spells and documents them the same way (docs/CLI.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -26,3 +26,46 @@ MAX_BYTES = format_size(DEFAULT_MAX_BYTES)
 
 def budget(max_files: int = DEFAULT_MAX_FILES, max_bytes: str | int = DEFAULT_MAX_BYTES) -> OutputBudget:
     return OutputBudget(max_files=max_files, max_bytes=parse_size(max_bytes))
+
+
+# ---- the verdict's one tolerance knob (issue 22) ---------------------------------
+Tolerance = Annotated[Optional[float], typer.Option(
+    "--tolerance", help="Scale every dtype-derived bound at once: 2 allows twice the error each dtype "
+                        "allows by default, 0.5 half (the threshold Tolerance; -t NAME=VALUE for one bound).")]
+
+
+def with_tolerance(thresholds: dict[str, float] | None, tolerance: float | None) -> dict[str, float] | None:
+    """--tolerance F as the verdict threshold Tolerance=F (checked there: positive, finite)."""
+    if tolerance is None:
+        return thresholds
+    return {**(thresholds or {}), "Tolerance": tolerance}
+
+
+# ---- --version -----------------------------------------------------------------
+DISTRIBUTION = "npu-accuracy-toolkit"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:      # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _show_version(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(f"{ctx.find_root().info_name} {package_version()}")
+        raise typer.Exit(0)
+
+
+def _version_callback(version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True, help="Show the version and exit.")] = False) -> None:
+    """(the app's own options: --version)"""
+
+
+def add_version_option(app: typer.Typer, prog: str) -> None:
+    """`PROG --version` prints 'PROG VERSION' and exits 0, before any command runs (PROG:
+    the program name the app is run under)."""
+    app.callback()(_version_callback)

@@ -115,7 +115,7 @@ def convert_file(path: str, out_dir: str, formats: str = "npy", *, force: bool =
 
 
 def convert_paths(sources: Iterable[str], out_dir: str, formats: str = "npy", *, force: bool = False,
-                  budget: OutputBudget | None = None) -> ConvertResult:
+                  budget: OutputBudget | None = None, advance=None) -> ConvertResult:
     """Convert every kernel dump found. A file that is not a valid dump is a failure of
     that file (the rest convert); an output problem (an existing output without force,
     a cap reached, an unwritable folder) stops the run with a DumpWriteError."""
@@ -127,6 +127,8 @@ def convert_paths(sources: Iterable[str], out_dir: str, formats: str = "npy", *,
     files, skipped, missing = find_dump_files(list(sources))
     result = ConvertResult(skipped=skipped, failed=list(missing))
     for path in files:
+        if advance is not None:       # a progress bar: once per file
+            advance()
         try:
             result.converted.append((path, convert_file(path, out_dir, formats, force=force, budget=budget,
                                                         names=names)))

@@ -263,9 +263,11 @@ def _open_output(output_path: str, src: DumpFile) -> DumpFile:
 
 
 def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
-                pairs: list[tuple[str, str]], *, budget: OutputBudget | None = None) -> list[str]:
+                pairs: list[tuple[str, str]], *, budget: OutputBudget | None = None,
+                progress=None) -> list[str]:
     """Copy ops (src, dst path pairs) from INPUT into OUTPUT (appending); returns the dst paths.
-    `budget` caps the bytes copied (checked from metadata before the copy)."""
+    `budget` caps the bytes copied (checked from metadata before the copy). `progress(total)`,
+    when given, is a context manager yielding advance() (or None), entered for the copy."""
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     if os.path.abspath(input_path) == os.path.abspath(output_path):
         raise ExtractError(f"{output_path}: output is the input file; choose another -o")
@@ -308,7 +310,12 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
                         for o, q in existing:
                             keep.copy_op(o, q, o, q)
                     copier = _Copier(src.h5, input_path, w, output_path)
-                    written = [copier.copy_op(*job) for job in jobs]
+                    with (progress(len(jobs)) if progress is not None else contextlib.nullcontext()) as advance:
+                        written = []
+                        for job in jobs:
+                            written.append(copier.copy_op(*job))
+                            if advance is not None:
+                                advance()
             except BaseException as e:
                 os.unlink(tmp)
                 if isinstance(e, DumpWriteError):   # the writer names the temporary file

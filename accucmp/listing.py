@@ -4,6 +4,7 @@ and then in chunks, so listing a large dump stays cheap."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -85,10 +86,13 @@ def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
 
 
 def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
-             limit: int | None = None) -> tuple[list[OpLine], dict[str, Any]]:
+             limit: int | None = None, progress=None) -> tuple[list[OpLine], dict[str, Any]]:
+    """The ops of a dump. `progress(total)`, when given, is a context manager yielding
+    advance() (or None), called once per op walked (accucmp/progress.py)."""
     pattern = re.compile(select) if select else None
     # one file: any HDF5 failure below is this file's (the light walk reads it directly)
-    with DumpFile(path) as f, h5_errors(f.path):
+    with DumpFile(path) as f, h5_errors(f.path), \
+            (progress(len(f)) if progress is not None else contextlib.nullcontext()) as advance:
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
@@ -98,6 +102,8 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
         # a statistics table: every op's lines from the table's columns, read once
         table = _table_lines(f, stats) if f.is_table else None
         for op in f.ops():
+            if advance is not None:
+                advance()
             if pattern and not (pattern.search(op.op) or pattern.search(op.module or "")):
                 continue
             if limit is not None and len(lines) >= limit:

@@ -52,6 +52,9 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
                     table.to_csv(tmp, index=False)
                 elif fmt == "json":
                     Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
+                elif fmt == "jsonl":
+                    with open(tmp, "w", encoding="utf-8") as fh:
+                        write_jsonl_rows(fh, table)
                 elif fmt == "html":
                     from .report_html import render_html
 
@@ -76,7 +79,7 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
     """json / html / xlsx of a streamed result, next to its csv under the same name. They
     are whole-table formats: the table is read back from the csv (memory grows with the
     row count here, and only when one is asked for)."""
-    formats = [f for f in formats if f != "csv"]
+    formats = [f for f in formats if f not in ("csv", "jsonl")]   # jsonl: streamed with the csv
     if not formats:
         return []
     if "xlsx" in formats:
@@ -151,6 +154,61 @@ def to_json(table: pd.DataFrame, meta: dict | None) -> str:
     return head[:-len("[]\n}")] + fast + "\n}"
 
 
+def write_jsonl_rows(fh, table: pd.DataFrame) -> None:
+    """Each row as one JSON object on its own line (JSON Lines): the csv's columns, NaN as
+    null, infinities as "inf"/"-inf" (JSON has no number for them)."""
+    for row in _json_rows(table):
+        fh.write(json.dumps(row, default=str, allow_nan=False))
+        fh.write("\n")
+
+
+def summary_record(summary, *, code: int, meta: dict | None = None, outputs=()) -> dict:
+    """The verdict for a CI pipeline (`--summary-json`): PASS/FAIL, the sentence, the exit
+    code, counts, and the first and worst failing ops with the bound each broke."""
+    from .cli_options import package_version
+    from .headline import bound_clause, seqid_text, verdict_sentence, where_clause
+
+    def op(row):
+        if row is None:
+            return None
+        path = row.get("NPUDumpPath") if isinstance(row.get("NPUDumpPath"), str) else ""
+        seq = seqid_text(row.get("SeqId"))
+        rec = {"op": row.get("NPUDump"), "seqid": int(seq) if seq.isdigit() else None, "phase": row.get("Phase"),
+               "module": row.get("Module"), "tensor": "/".join(path.strip("/").split("/")[2:]),
+               "where": where_clause(row), "why": bound_clause(row),
+               "metric": row.get("DecidingMetric"), "value": row.get("DecidingValue"),
+               "bound": row.get("DecidingBound"), "dtype": row.get("PrecisionDtype"),
+               "decided_by": row.get("DecidedBy"), "severity": row.get("Severity"),
+               "reason": row.get("FailReason")}
+        return {k: _jsonable(v) for k, v in rec.items()}
+
+    meta = meta or {}
+    return {
+        "verdict": "PASS" if code == 0 else "FAIL",
+        "sentence": verdict_sentence(summary.first_failure, summary.counts, summary.total),
+        "exit_code": code,
+        "tensors": summary.total,
+        "counts": dict(summary.counts),
+        "first_failure": op(summary.first_failure),
+        "worst": [op(r) for r in summary.worst],
+        "target": meta.get("target"), "golden": meta.get("golden"),
+        "thresholds": meta.get("threshold_overrides") or {},
+        "outputs": [str(p) for p in outputs],
+        "accucmp_version": package_version(),
+    }
+
+
+def write_summary_json(path: Path, record: dict, *, force: bool = False) -> Path:
+    path = Path(path)
+    try:
+        with output_path(path, force=force) as tmp:
+            Path(tmp).write_text(json.dumps(record, indent=1, default=str, allow_nan=False) + "\n",
+                                 encoding="utf-8")
+    except OSError as e:
+        raise DumpWriteError(f"{path}: cannot write the summary json ({e.strerror or e})") from e
+    return path
+
+
 def _json_rows(table: pd.DataFrame) -> list[dict]:
     """[{column: _jsonable(value)}] per row, as from to_dict(orient="records"), column by column."""
     cols = []
@@ -183,7 +241,8 @@ def _indented_flat_rows(rows: list[dict]) -> str | None:
 
 TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape", "CompareFailReason",
                 "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenOp", "IO", "TensorName",
-                "PrecisionDtype", "ComputeDtype", "CompareStatus", "MatchedBy", "Result", "FailReason")
+                "PrecisionDtype", "ComputeDtype", "CompareStatus", "MatchedBy", "Result", "FailReason",
+                "DecidedBy", "DecidingMetric")
 
 
 def read_result_csv(path: Path) -> pd.DataFrame:

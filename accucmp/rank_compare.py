@@ -163,7 +163,8 @@ def pair_folders(target_dir: str | os.PathLike, golden_dir: str | os.PathLike) -
 # ---- the tasks (run on Dask workers; plain arguments in, small dicts out) --------------
 _FIRST_FAILURE_KEYS = ("NPUDump", "SeqId", "Phase", "Module", "IO", "TensorName", "NPUDumpPath",
                        "GroundTruthPath", "Result", "FailReason", "CompareFailReason", "Severity",
-                       "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError")
+                       "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError", "MaxRelativeError",
+                       "PrecisionDtype", "DecidedBy", "DecidingMetric", "DecidingValue", "DecidingBound")
 
 
 def _small_row(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -590,6 +591,16 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
     if not quiet:
         from rich.table import Table
 
+        from .headline import verdict_sentence
+
+        # the verdict sentence first, as for two files; the rank says where too
+        head = verdict_sentence(r.earliest, counts, rows)
+        if r.earliest is not None:
+            e = r.earliest
+            head = head.replace(" is ", f" is on rank {e['rank']}" + ("" if e["step"] is None else
+                                                                     f" step {e['step']}") + ": ", 1)
+        console.print(head, style="bold red" if head.startswith("FAIL") else "bold green", markup=False,
+                      highlight=False, soft_wrap=not console.is_terminal)
         parts = [f"{len(r.pairs)} rank pair(s)", f"{rows} tensors"] + [
             f"{counts[k]} {k}" for k in ("pass", "fail", "unmatched", "skipped") if counts.get(k)]
         console.print("[bold]accucmp[/bold]: " + ", ".join(parts) + f" ({r.workers} Dask worker(s), "

@@ -32,11 +32,16 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                    on_rows: Callable[[int], None] | None = None,
                    observe: Callable[[Any], None] | None = None,
                    batch_rows: int = 4096, force: bool = False,
-                   adjust: Callable[[Any], Any] | None = None) -> StreamedResult:
+                   adjust: Callable[[Any], Any] | None = None,
+                   jsonl_path: Path | None = None) -> StreamedResult:
     """Compare `target` against `golden`, judge each row (verdict.apply_verdict, per batch of
     whole ops) and write the result table to `csv_path` as it comes. `on_rows(n)` is told
     of every n rows written (progress); `observe(batch)` sees every judged batch;
-    `adjust(batch)`, when given, may change a judged batch before it is written."""
+    `adjust(batch)`, when given, may change a judged batch before it is written.
+    `jsonl_path`: also write every row as one JSON object per line, as it is judged
+    (`--format jsonl`: a CI job or `jq` reads rows while a long compare runs)."""
+    import contextlib
+
     from dumpfile.safe_output import open_output
 
     from .compare import stream_compare
@@ -51,12 +56,18 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                         batch_rows=batch_rows) as stream:
         # a temporary file renamed into place at the end (dumpfile.safe_output): never
         # written through a link, never over an existing file unless `force`
-        with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh:
+        with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh, \
+                (open_output(jsonl_path, "w", force=force, encoding="utf-8") if jsonl_path is not None
+                 else contextlib.nullcontext()) as jh:
             for part in stream.batches:
                 judged = apply_verdict(part, thresholds)
                 if adjust is not None:      # e.g. --noise-floor (accucmp/calibrate.py)
                     judged = adjust(judged)
                 judged.to_csv(fh, index=False, header=rows == 0)
+                if jh is not None:
+                    from .outputs import write_jsonl_rows
+
+                    write_jsonl_rows(jh, judged)
                 rows += len(judged)
                 builder.add(judged)
                 if observe is not None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from .headline import middle_ellipsis
+
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
 # The column that ranks failing ops, best first. C's verdict may add a normalised
@@ -210,71 +212,157 @@ def describe_row(row: dict[str, Any]) -> str:
     return text
 
 
+def fit_width(console) -> int | None:
+    """Columns the summary must fit: the terminal's; None off a terminal (lines are neither
+    shortened nor wrapped, for logs and `| less`: accucmp.cli._console sets fit_width).
+    A console made elsewhere (a test's, the demo's) is fitted to its width."""
+    if console is None:
+        return 80
+    if hasattr(console, "fit_width"):
+        return console.fit_width
+    return console.width
+
+
+def _say(console, text: str, style: str | None = None, *, wrap: bool = True) -> None:
+    """One line of prose: word-wrapped on a terminal (rich breaks at spaces, never inside a
+    name shorter than the line), never wrapped off it."""
+    console.print(text, style=style, markup=False, highlight=False,
+                  soft_wrap=not (wrap and console.is_terminal))
+
+
+def headline_text(s: Summary, width: int | None) -> str:
+    """The verdict sentence. Where `width` is known, an op name or module path longer than
+    half of it is shortened in the middle (the csv keeps the full names); the rest of the
+    sentence wraps at spaces on a terminal."""
+    from .headline import verdict_sentence
+
+    ff = s.first_failure
+    if width is None or ff is None:
+        return verdict_sentence(ff, s.counts, s.total)
+    row = dict(ff)
+    for key in ("Module", "NPUDump"):
+        v = row.get(key)
+        if isinstance(v, str) and len(v) > width // 2:
+            row[key] = middle_ellipsis(v, width // 2)
+    return verdict_sentence(row, s.counts, s.total)
+
+
+_PHASE = {"forward": "fwd", "backward": "bwd"}
+
+
+def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
+    """The worst failing ops as plain aligned lines that fit `width` (None: no limit): op
+    names, module paths and tensor names are shortened in the middle, never broken across
+    lines. The deciding bound ('why') ends each line, or goes on a line of its own below
+    the op when the window is too narrow for both."""
+    from .headline import bound_clause
+
+    head = ("seqid", "op", "phase", "module", "tensor", "x allowed")
+    body, whys = [], []
+    for r in rows:
+        path = _text(r, "NPUDumpPath")
+        sev = _num(r.get("Severity"))
+        body.append((_seqid(r), _text(r, "NPUDump"), _PHASE.get(_text(r, "Phase"), _text(r, "Phase")),
+                     _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
+                     "" if math.isnan(sev) else f"{sev:.3g}"))
+        whys.append(bound_clause(r))
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    why_w = max([3] + [len(w) for w in whys])
+    total = sum(widths) + 2 * len(widths)
+    inline = width is None or total + 2 + why_w <= width
+    if width is not None and total > width:
+        # shrink the names until the line fits: long module paths first, then op names,
+        # then tensor names, each down to a floor where both ends still say something
+        over = total - width
+        for i, least in ((3, 16), (1, 24), (4, 13), (3, 10), (1, 16), (4, 8)):
+            cut = min(over, max(0, widths[i] - least))
+            widths[i] -= cut
+            over -= cut
+    right = {0, 5}
+
+    def line(cells) -> str:
+        out = []
+        for i, c in enumerate(cells):
+            c = middle_ellipsis(c, widths[i])
+            out.append(c.rjust(widths[i]) if i in right else c.ljust(widths[i]))
+        return "  " + "  ".join(out)
+    if inline:
+        return [(line(head) + "  why").rstrip()] + [(line(b) + "  " + w).rstrip() for b, w in zip(body, whys)]
+    indent = " " * (4 + widths[0])
+    out = [line(head).rstrip()]
+    for b, w in zip(body, whys):
+        out.append(line(b).rstrip())
+        out.append(indent + (w if width is None else middle_ellipsis(w, width - len(indent))))
+    return out
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None = None, top: int = 5,
                   summary: Summary | None = None) -> Summary:
     """Print the summary of `table`, or a `summary` already made (a streamed result: then
-    `table` may be None)."""
+    `table` may be None). The first line is the verdict sentence (accucmp/headline.py)."""
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console()
+    width = fit_width(console)
     s = summary if summary is not None else summarize(table, top=top)
     if table is None:
         table = pd.DataFrame(columns=s.columns)
+    head = headline_text(s, width)
+    _say(console, head, "bold red" if head.startswith("FAIL") else "bold green")
     parts = [f"{s.total} tensors"] + [f"{s.counts[r]} {r}" for r in RESULTS if s.counts.get(r)]
     parts += [f"{n} {r}" for r, n in s.counts.items() if r not in RESULTS]
-    console.print("[bold]accucmp[/bold]: " + ", ".join(parts), soft_wrap=True)
+    _say(console, "accucmp: " + ", ".join(parts))
     for w in (meta or {}).get("warnings") or ():
-        console.print(f"  warning: {w}", soft_wrap=True, markup=False, highlight=False)
+        _say(console, f"  warning: {w}")
     for n in (meta or {}).get("notes") or ():
-        console.print(f"  note: {n}", soft_wrap=True, markup=False, highlight=False)
+        _say(console, f"  note: {n}")
     flt = (meta or {}).get("op_filter") or {}
     for side in ("target", "golden"):
         if flt.get(side):
-            console.print(f"  note: the {side} dump was filtered ({flt[side]}); the other side's ops were "
-                          f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)",
-                          soft_wrap=True, markup=False, highlight=False)
+            _say(console, f"  note: the {side} dump was filtered ({flt[side]}); the other side's ops were "
+                          f"passed through the same selection ({flt.get('ops_left_out', 0)} op(s) left out)")
 
     n_noise = s.ill_conditioned if summary is not None else (
         int(table["FailReason"].astype(str).str.startswith("ill-conditioned").sum())
         if "FailReason" in table.columns and len(table) else 0)
     if n_noise:
-        console.print(f"  note: {n_noise} tensor(s) not judged: ill-conditioned at the target's "
+        _say(console, f"  note: {n_noise} tensor(s) not judged: ill-conditioned at the target's "
                       "precision (the fp64 golden shows the golden itself has no correct digit there: "
-                      "cancellation noise); FailReason in the result says which",
-                      soft_wrap=True, markup=False, highlight=False)
+                      "cancellation noise); FailReason in the result says which")
 
     if s.first_failure is not None:
         ff = s.first_failure
-        console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}", soft_wrap=True)
+        _say(console, f"first failure (execution order): {describe_row(ff)}")
         metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
         if metrics:
-            console.print("  " + "  ".join(metrics), soft_wrap=True)
+            _say(console, "  " + "  ".join(metrics))
         for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
             if _text(ff, key) and not (key == "CompareFailReason" and _text(ff, key) in _text(ff, "FailReason")):
-                console.print(f"  {label}: {_text(ff, key)}", soft_wrap=True, markup=False)
+                _say(console, f"  {label}: {_text(ff, key)}")
+        if _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":
+            _say(console, f"  decided by: {_text(ff, 'DecidedBy')} (change it with -t {_text(ff, 'DecidedBy')}=VALUE, "
+                          "or every dtype bound at once with --tolerance F)")
     elif s.counts.get("fail", 0) == 0 and s.counts.get("pass", 0):
-        console.print("[green]every compared tensor passes[/green]")
+        _say(console, "every compared tensor passes", "green")
     if s.counts.get("pass", 0) == 0 and s.counts.get("fail", 0) == 0 and s.total:
-        console.print("[yellow]no tensor could be compared[/yellow]: see CompareFailReason in the result")
+        _say(console, "no tensor could be compared: see CompareFailReason in the result", "yellow")
 
     if s.worst and top:
-        t = Table(title=f"worst failing ops (by {s.worst_by or 'seqid'})", title_justify="left")
-        numeric = [c for c in _WORST_COLUMNS if c in table.columns]
-        for col, width in (("SeqId", 5), ("Op", 16), ("Phase", 8), ("Module", 8), ("Tensor", 8)):
-            t.add_column(col, overflow="fold", min_width=width)
-        for col in numeric:
-            t.add_column(_SHORT.get(col, col), justify="right", no_wrap=True)
-        for r in s.worst:
-            path = _text(r, "NPUDumpPath")
-            t.add_row(_seqid(r), _text(r, "NPUDump"), _text(r, "Phase"),
-                      _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
-                      *[fmt_value(r.get(m)) for m in numeric])
-        console.print(t)
+        by = "measured/allowed error" if s.worst_by == "Severity" else (s.worst_by or "seqid")
+        _say(console, f"worst failing ops (by {by}):", "bold")
+        for ln in worst_lines(s.worst, width):
+            _say(console, ln, wrap=False)
     if s.unmatched and top:
         n = s.counts.get("unmatched", 0)
-        console.print(f"[yellow]unmatched[/yellow] ({n}; first {len(s.unmatched)}):")
+        _say(console, f"unmatched ({n}; first {len(s.unmatched)}):", "yellow")
         for r in s.unmatched:
             reason = _text(r, "CompareFailReason")
-            console.print(f"  {describe_row(r)}: {reason}", soft_wrap=True)
+            _say(console, f"  {describe_row(r)}: {reason}")
     return s

@@ -25,6 +25,18 @@ The rule (docs/COMPARE.md has the reasoning and the measurements behind each def
 * a metric name as a threshold (e.g. CosineSimilarity=0.99) adds an absolute test in the
   metric's direction; RelativeEuclideanDistance / MaxAbsoluteError given this way replace
   their dtype-scaled test.
+* Tolerance (`--tolerance F`, default 1) multiplies every dtype-derived bound at once (the
+  RelativeEuclideanDistance*, MaxAbsoluteError*, Fp64* and ExactTolerance ones), never an
+  absolute metric threshold a user gave.
+* one knob per idea: the MaxAbsoluteError/max|golden| test is never stricter than the
+  relative-error bound in effect, so loosening the relative error (-t RelativeEuclideanDistance,
+  -t RelativeEuclideanDistanceUlps/Floor, --tolerance) does not leave the row failing on
+  max abs for the same size of error.
+
+Each failure also names the test that decided it (the one with the largest measured/allowed
+ratio): DecidedBy (the threshold to change to pass it), DecidingMetric, DecidingValue and
+DecidingBound (value and bound in the metric's own unit; `ErrorUlps`-style unit roundoffs
+when DecidedBy ends in "Ulps").
 """
 
 from __future__ import annotations
@@ -57,7 +69,13 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "Fp64FloorUlps": 4.0,
     # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
     "ExactTolerance": 0.0,
+    # --tolerance: one factor on every dtype-derived bound above (2 = twice as lenient)
+    "Tolerance": 1.0,
 }
+
+# the columns apply_verdict adds after the metrics, in order
+VERDICT_COLUMNS = ("Result", "FailReason", "Severity", "ErrorUlps",
+                   "DecidedBy", "DecidingMetric", "DecidingValue", "DecidingBound")
 
 
 class VerdictError(DumpError):
@@ -80,6 +98,8 @@ def thresholds_with(overrides: Mapping[str, float] | None) -> dict[str, float]:
             raise VerdictError(f"threshold {key}={value!r}: not a number") from e
         if math.isnan(v):
             raise VerdictError(f"threshold {key}: NaN is not a threshold")
+        if key == "Tolerance" and not (0 < v < math.inf):
+            raise VerdictError(f"--tolerance {value!r}: must be a positive finite factor (1 = the defaults)")
         th[key] = v
     return th
 
@@ -141,18 +161,23 @@ def _status(row: dict) -> str:
     return "compared"
 
 
-def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, str, float, float]:
-    """(Result, FailReason, Severity, ErrorUlps) of one table row."""
+_NO_DECISION = ("", "", math.nan, math.nan)
+
+
+def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
+    """(Result, FailReason, Severity, ErrorUlps, DecidedBy, DecidingMetric, DecidingValue,
+    DecidingBound) of one table row."""
     status = _status(row)
     reason = _str(row.get("CompareFailReason"))
     if status == "unmatched":
-        return RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan
+        return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION
     if status in ("uninitialized", "empty", "random_replayed"):
-        return RESULT_SKIPPED, reason, math.nan, math.nan
+        return (RESULT_SKIPPED, reason, math.nan, math.nan) + _NO_DECISION
     if status in ("size_mismatch", "corrupt"):
-        return RESULT_FAIL, reason or status, math.inf, math.nan
+        return (RESULT_FAIL, reason or status, math.inf, math.nan) + ("CompareStatus", status, math.nan, math.nan)
     if _num(row.get("NonFiniteMismatch")) > 0:
-        return RESULT_FAIL, reason or "NaN/Inf on one side only", math.inf, math.nan
+        return (RESULT_FAIL, reason or "NaN/Inf on one side only", math.inf, math.nan) + (
+            "NonFiniteMismatch", "NonFiniteMismatch", _num(row.get("NonFiniteMismatch")), 0.0)
 
     red = _num(row.get("RelativeEuclideanDistance"))
     red_note = ""
@@ -167,8 +192,12 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
     g_absmax = _num(row.get("GoldenAbsMax"))
     failures: list[str] = []
     severity = 0.0
+    tol = th.get("Tolerance", 1.0)
+    decided: list = []            # (severity, knob, metric, value, bound) of the failing tests
+    rel_bound, rel_knob = 0.0, ""  # the relative-error bound in effect (one knob per idea)
 
-    def check(value: float, bound: float, what: str) -> None:
+    def check(value: float, bound: float, what: str, knob: str = "", metric: str = "",
+              unit: float = 1.0) -> None:
         nonlocal severity
         if math.isnan(value):
             return
@@ -176,24 +205,29 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
         severity = max(severity, s)
         if value > bound:
             failures.append(f"{what} {value:.3g} > {bound:.3g}")
+            decided.append((s, knob, metric, value / unit, bound / unit))
 
     dtypes = (_str(row.get("DataType")), _str(row.get("GoldenDataType")))
     exact = all(_is_exact_dtype(d) for d in dtypes if d) and any(dtypes)
     ulps = math.nan
     if exact:
-        check(red if not math.isnan(red) else max_abs, th["ExactTolerance"],
-              f"{'/'.join(d for d in dtypes if d)} values differ: RelativeEuclideanDistance{red_note}")
+        check(red if not math.isnan(red) else max_abs, th["ExactTolerance"] * tol,
+              f"{'/'.join(d for d in dtypes if d)} values differ: RelativeEuclideanDistance{red_note}",
+              "ExactTolerance", "RelativeEuclideanDistance" if not math.isnan(red) else "MaxAbsoluteError")
         mism = _num(row.get("ExactMismatches"))
         if not failures and th["ExactTolerance"] <= 0 and mism > 0:
             # counted on the native values: a difference float64 cannot show (int64 above
             # 2**53) or no relative metric can (a bool/int golden that is all zero)
             severity = math.inf
             failures.append(f"{'/'.join(d for d in dtypes if d)} values differ: {mism:.0f} element(s)")
+            decided.append((math.inf, "ExactTolerance", "ExactMismatches", mism, 0.0))
     else:
         u, prec = _unit_roundoff(row)
         t64, g64 = _num(row.get("TargetErrorVsFp64")), _num(row.get("GoldenErrorVsFp64"))
         if "RelativeEuclideanDistance" in _user(th):
-            check(red, th["RelativeEuclideanDistance"], f"RelativeEuclideanDistance{red_note}")
+            rel_bound, rel_knob = th["RelativeEuclideanDistance"], "RelativeEuclideanDistance"
+            check(red, rel_bound, f"RelativeEuclideanDistance{red_note}",
+                  "RelativeEuclideanDistance", "RelativeEuclideanDistance")
             ulps = red / u
         elif fp64 and not (math.isnan(t64) or math.isnan(g64)):
             g_dtype = _str(row.get("GoldenDataType"))
@@ -205,25 +239,39 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
                 return (RESULT_SKIPPED,
                         f"ill-conditioned: the golden's own error vs fp64 is {g64:.3g} ({g_dtype or 'golden dtype'}),"
                         f" i.e. {g64 * u / min(u_golden, u):.3g} at {prec}: the result is rounding noise"
-                        f" (cancellation), not judged", math.nan, t64 / u)
-            bound = max(th["Fp64Factor"] * g64 + th["Fp64FloorUlps"] * u,
-                        th["RelativeEuclideanDistanceUlps"] * u)
-            check(t64, bound, f"error vs fp64 (golden's own {g64:.3g}; {prec})")
+                        f" (cancellation), not judged", math.nan, t64 / u) + _NO_DECISION
+            by_golden = th["Fp64Factor"] * g64 + th["Fp64FloorUlps"] * u
+            plain = th["RelativeEuclideanDistanceUlps"] * u
+            rel_bound = max(by_golden, plain) * tol
+            rel_knob = "Fp64Factor" if by_golden >= plain else "RelativeEuclideanDistanceUlps"
+            check(t64, rel_bound, f"error vs fp64 (golden's own {g64:.3g}; {prec})", rel_knob,
+                  "TargetErrorVsFp64", unit=u if rel_knob.endswith("Ulps") else 1.0)
             ulps = t64 / u
         else:
-            bound = max(th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"])
-            check(red, bound, f"RelativeEuclideanDistance{red_note} ({red / u:.3g} u of {prec})")
+            by_u, floor = th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"]
+            rel_bound = max(by_u, floor) * tol
+            rel_knob = "RelativeEuclideanDistanceUlps" if by_u >= floor else "RelativeEuclideanDistanceFloor"
+            check(red, rel_bound, f"RelativeEuclideanDistance{red_note} ({red / u:.3g} u of {prec})",
+                  rel_knob, "RelativeEuclideanDistance", unit=u if rel_knob.endswith("Ulps") else 1.0)
             ulps = red / u
         if "MaxAbsoluteError" in _user(th):
-            check(max_abs, th["MaxAbsoluteError"], "MaxAbsoluteError")
+            check(max_abs, th["MaxAbsoluteError"], "MaxAbsoluteError", "MaxAbsoluteError", "MaxAbsoluteError")
         elif not math.isnan(max_abs):
             if g_absmax > 0:
                 rel = max_abs / g_absmax
-                bound = max(th["MaxAbsoluteErrorUlps"] * u, th["MaxAbsoluteErrorFloor"])
-                check(rel, bound, f"MaxAbsoluteError/max|golden|{red_note}")
+                by_u, floor = th["MaxAbsoluteErrorUlps"] * u, th["MaxAbsoluteErrorFloor"]
+                bound = max(by_u, floor) * tol
+                # never stricter than the relative-error bound in effect: a user who loosens
+                # that one idea is not stopped by a second rule for the same size of error
+                knob = "MaxAbsoluteErrorUlps" if by_u >= floor else "MaxAbsoluteErrorFloor"
+                if rel_bound > bound:
+                    bound, knob = rel_bound, rel_knob
+                check(rel, bound, f"MaxAbsoluteError/max|golden|{red_note}", knob,
+                      "MaxAbsoluteError/GoldenAbsMax", unit=u if knob.endswith("Ulps") else 1.0)
             elif g_absmax == 0:
                 # golden all zero: relative measures are undefined, judge the absolute error
-                check(max_abs, th["MaxAbsoluteErrorFloor"], "golden is all zero; MaxAbsoluteError")
+                check(max_abs, th["MaxAbsoluteErrorFloor"] * tol, "golden is all zero; MaxAbsoluteError",
+                      "MaxAbsoluteErrorFloor", "MaxAbsoluteError")
     for name, bound in _user(th).items():
         if name in ("RelativeEuclideanDistance", "MaxAbsoluteError"):
             continue
@@ -233,18 +281,23 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
         if METRICS[name].higher_is_better:
             if v < bound:
                 failures.append(f"{name} {v:.6g} < {bound:.6g}")
-                severity = max(severity, (1 - v) / (1 - bound) if bound < 1 else math.inf)
+                s = (1 - v) / (1 - bound) if bound < 1 else math.inf
+                severity = max(severity, s)
+                decided.append((s, name, name, v, bound))
         else:
-            check(v, bound, name)
+            check(v, bound, name, name, name)
     if failures:
         hint = "" if exact else _failure_hint(_unit_roundoff(row)[1], g_absmax, red,
                                               _str(row.get("GoldenDataType")))
-        return RESULT_FAIL, "; ".join(failures) + hint, severity, ulps
+        _, knob, metric, value, bound = max(decided, key=lambda d: d[0]) if decided else (0, "", "", math.nan,
+                                                                                           math.nan)
+        return (RESULT_FAIL, "; ".join(failures) + hint, severity, ulps, knob, metric, value, bound)
     if math.isnan(red) and math.isnan(max_abs) and all(math.isnan(_num(row.get(m))) for m in METRICS
                                                         if METRICS[m].numeric):
         # nothing measurable (e.g. every element NaN on both sides, or stats-only with no bound)
-        return RESULT_SKIPPED if status != "stats" else RESULT_PASS, reason or "no metric", severity, ulps
-    return RESULT_PASS, "", severity, ulps
+        return (RESULT_SKIPPED if status != "stats" else RESULT_PASS, reason or "no metric", severity,
+                ulps) + _NO_DECISION
+    return (RESULT_PASS, "", severity, ulps) + _NO_DECISION
 
 
 def _user(th: Mapping[str, float]) -> dict[str, float]:
@@ -259,11 +312,15 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     out = table.copy()
     fp64 = "TargetErrorVsFp64" in out.columns and "GoldenErrorVsFp64" in out.columns
     verdicts = [judge_row(r, th, fp64=fp64) for r in out.to_dict(orient="records")]
-    cols = list(zip(*verdicts)) if verdicts else [[], [], [], []]
+    cols = list(zip(*verdicts)) if verdicts else [[]] * len(VERDICT_COLUMNS)
     out["Result"] = list(cols[0])
     out["FailReason"] = _op_underflow_hints(out, list(cols[1]))
     out["Severity"] = np.asarray(cols[2], dtype=np.float64)
     out["ErrorUlps"] = np.asarray(cols[3], dtype=np.float64)
+    out["DecidedBy"] = list(cols[4])
+    out["DecidingMetric"] = list(cols[5])
+    out["DecidingValue"] = np.asarray(cols[6], dtype=np.float64)
+    out["DecidingBound"] = np.asarray(cols[7], dtype=np.float64)
     return out
 
 

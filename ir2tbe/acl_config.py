@@ -174,7 +174,7 @@ def load_acl_config(path: str | os.PathLike | None = None) -> AclConfig:
     path = os.fspath(path) if path is not None else DEFAULT_CONFIG_NAME
     if not os.path.lexists(path):
         raise AclConfigError(f"{path}: no such file (write acl.json next to the training script, "
-                             f"or pass acl_config=...)") from None
+                             f"or name it with --acl-config PATH; from Python: acl_config=PATH)") from None
     try:
         f = open_regular(path)          # a FIFO or device is refused, not waited on
     except DumpFormatError as e:

@@ -28,6 +28,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+from accucmp.cli_options import add_version_option  # noqa: E402  (light: typer only)
+
+add_version_option(app, "ir2tbe")
+
 
 def _fail(msg: object) -> None:
     typer.echo(f"ir2tbe: error: {' '.join(str(msg).split())}", err=True)

@@ -170,6 +170,7 @@ def test_cli_folders_exit_1_and_say_which_rank_diverges_first(ddp_runs, tmp_path
         (d / "B" / "extra_rank7.h5").unlink()
     assert r.exit_code == 1, r.output
     assert "earliest failure over all ranks (step, then seqid): rank 2: aten.relu.default seqid 2" in r.output
+    assert r.output.startswith("FAIL: first failing op is on rank 2: aten.relu.default #2"), r.output[:300]
     assert "diverge first: rank(s) 2" in r.output
     assert "replica check rank 1 vs rank 0: 1 of 2" in r.output
     assert "extra_rank7.h5: target: not an HDF5 file" in r.output

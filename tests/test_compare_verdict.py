@@ -122,9 +122,10 @@ def test_overrides_and_errors():
     y = golden()
     r = row((y * 1.01).astype(np.float32), y)
     assert verdict(r)["Result"][0] == "fail"
-    # the max-error test still sees 1% of max|golden|; replacing both lets it pass
-    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05})["Result"][0] == "fail"
-    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05, "MaxAbsoluteError": 10})["Result"][0] == "pass"
+    # one knob per idea (issue 22): loosening the relative error loosens the max-error test
+    # (1% of max|golden| here) as far, rather than failing the row on that second rule
+    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05})["Result"][0] == "pass"
+    assert verdict(r, thresholds={"RelativeEuclideanDistance": 0.05, "MaxAbsoluteError": 1e-6})["Result"][0] == "fail"
     assert verdict(r, thresholds={"relativeeuclideandistanceulps": 1e6, "MaxAbsoluteErrorUlps": 1e6}
                    )["Result"][0] == "pass"
     assert verdict(row(y, y), thresholds={"CosineSimilarity": 1.5})["Result"][0] == "fail"
@@ -190,3 +191,28 @@ def test_integer_and_bool_differences_float64_metrics_cannot_see(tmp_path):
     # a tolerance the user asked for still rules
     t2 = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table, {"ExactTolerance": 1e-9})
     assert t2[(t2["IO"] == "output") & (t2["NPUDump"] == "aten.argmax.default")]["Result"].item() == "pass"
+
+
+def test_tolerance_scales_every_dtype_bound_and_the_deciding_bound_is_named():
+    y = golden()
+    # bf16 with a 5% fault: 12.8 u of bfloat16 against 6 u allowed
+    faulty = row(bf16(y * 1.05), y, dtype="bfloat16", precision="bfloat16")
+    t = verdict(faulty)
+    assert t["Result"][0] == "fail"
+    assert t["DecidedBy"][0] == "RelativeEuclideanDistanceUlps"
+    assert t["DecidingMetric"][0] == "RelativeEuclideanDistance"
+    assert 11 < t["DecidingValue"][0] < 14 and t["DecidingBound"][0] == 6.0      # in u of bfloat16
+    assert verdict(faulty, thresholds={"Tolerance": 1.5})["Result"][0] == "fail"   # 9 u allowed
+    loose = verdict(faulty, thresholds={"Tolerance": 3})
+    assert loose["Result"][0] == "pass" and loose["DecidedBy"][0] == ""
+    assert loose["Severity"][0] == pytest.approx(t["Severity"][0] / 3)
+    # fp32: the floor decides, in the metric's own unit; the tolerance scales it too
+    r32 = row((y * 1.01).astype(np.float32), y)
+    t32 = verdict(r32)
+    assert t32["DecidedBy"][0] in ("RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorFloor")
+    assert t32["DecidingBound"][0] in (1e-4, 1e-3)
+    assert verdict(r32, thresholds={"Tolerance": 200})["Result"][0] == "pass"
+    # an absolute threshold a user gave is not scaled
+    assert verdict(r32, thresholds={"Tolerance": 200, "CosineSimilarity": 1.5})["Result"][0] == "fail"
+    with pytest.raises(VerdictError, match="tolerance"):
+        verdict(r32, thresholds={"Tolerance": 0})

@@ -1,0 +1,138 @@
+"""The one sentence a person reads first: PASS/FAIL, which op, where in the model, and
+which bound it broke (issue 22). Used by the terminal summary, the HTML report and the
+JSON summary, so all three say the same thing.
+
+`verdict_sentence(row, counts)` takes the first failing row as a plain mapping (op name,
+seqid, module path, and the verdict's DecidingMetric / DecidingValue / DecidingBound /
+DecidedBy / PrecisionDtype columns) and nothing else, so a later flag (e.g. whether the
+error was caused at this op or inherited from an earlier one: a `CausedHere` key) plugs
+in here without touching the renderers. Light: no pandas, no numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+# how a deciding metric is named in a sentence (the csv keeps the full column name)
+METRIC_WORDS = {
+    "RelativeEuclideanDistance": "RelErr",
+    "MaxAbsoluteError/GoldenAbsMax": "MaxAbsErr/max|golden|",
+    "MaxAbsoluteError": "MaxAbsErr",
+    "TargetErrorVsFp64": "error vs fp64",
+    "CosineSimilarity": "Cosine",
+    "MaxRelativeError": "MaxRelErr",
+    "MeanRelativeError": "MeanRelErr",
+    "ExactMismatches": "differing elements",
+    "NonFiniteMismatch": "NaN/Inf on one side only",
+}
+# thresholds whose bound is in unit roundoffs of the op's precision (DecidingValue/Bound in u)
+_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps")
+# thresholds derived from the op's dtype (scaled by --tolerance); any other DecidedBy is a
+# metric's absolute threshold a user gave with -t
+_KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorUlps",
+                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance")
+# metrics where a larger value is better (a failure is value < bound)
+_HIGHER_IS_BETTER = ("CosineSimilarity",)
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""      # empty csv cells come back as NaN
+
+
+def _g(v: float) -> str:
+    if math.isinf(v):
+        return "inf"
+    return f"{v:.3g}"
+
+
+def seqid_text(v: Any) -> str:
+    f = _num(v)
+    if math.isnan(f):
+        return ""
+    return str(int(f)) if f.is_integer() else _g(f)
+
+
+def bound_clause(row: Mapping[str, Any]) -> str:
+    """'RelErr 41 u > 6 u allowed for bfloat16': the test that decided a failing row, from
+    the verdict's Deciding* columns; the row's FailReason when it has none (an older csv)."""
+    metric = _text(row.get("DecidingMetric"))
+    knob = _text(row.get("DecidedBy"))
+    value, bound = _num(row.get("DecidingValue")), _num(row.get("DecidingBound"))
+    dtype = _text(row.get("PrecisionDtype")) or _text(row.get("DataType"))
+    if knob == "CompareStatus":                 # size mismatch, corrupt data: the reason says it
+        return _text(row.get("CompareFailReason")) or metric
+    if metric == "NonFiniteMismatch":
+        return METRIC_WORDS[metric]
+    if not metric or math.isnan(value):
+        reason = _text(row.get("FailReason")) or _text(row.get("CompareFailReason"))
+        return reason.split(" [", 1)[0]         # the hint in brackets is for the details line
+    words = METRIC_WORDS.get(metric, metric)
+    if metric == "ExactMismatches":
+        return f"{_g(value)} {words} ({dtype or 'exact dtype'} must agree exactly)"
+    unit = " u" if knob in _IN_ULPS else ""
+    op = "<" if metric in _HIGHER_IS_BETTER else ">"
+    allowed = "required" if op == "<" else "allowed"
+    if knob not in _KNOB_FROM_DTYPE:            # an absolute threshold a user gave
+        return f"{words} {_g(value)}{unit} {op} {_g(bound)}{unit} {allowed} (-t {knob})"
+    floor = " (floor)" if knob.endswith("Floor") else ""
+    return f"{words} {_g(value)}{unit} {op} {_g(bound)}{unit} {allowed}{floor} for {dtype or 'its dtype'}"
+
+
+
+def where_clause(row: Mapping[str, Any]) -> str:
+    """'aten.gelu.default #153 in encoder.layer.3.mlp' (the module left out when unknown)."""
+    op = _text(row.get("NPUDump")) or _text(row.get("GoldenOp")) or "?"
+    seq = seqid_text(row.get("SeqId")) or seqid_text(row.get("GoldenSeqId"))
+    text = f"{op} #{seq}" if seq else op
+    module = _text(row.get("Module"))
+    phase = _text(row.get("Phase"))
+    if module:
+        text += f" in {module}"
+    if phase == "backward":
+        text += " (backward)"
+    return text
+
+
+def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], total: int | None = None) -> str:
+    """The first line of every report. `row`: the first failing row (None when none fails);
+    `counts`: tensors per Result."""
+    n_fail, n_pass = counts.get("fail", 0), counts.get("pass", 0)
+    total = sum(counts.values()) if total is None else total
+    others = ", ".join(f"{counts[k]} {k}" for k in ("unmatched", "skipped") if counts.get(k))
+    if row is not None and n_fail:
+        caused = row.get("CausedHere")
+        what = "first op caused here" if caused is True else "first failing op"
+        return f"FAIL: {what} is {where_clause(row)}: {bound_clause(row)}"
+    if n_fail:                                   # counted but no row at hand (should not happen)
+        return f"FAIL: {n_fail} of {total} tensors fail"
+    if n_pass == 0:
+        return (f"FAIL: no tensor could be compared ({others or f'{total} tensors'}); "
+                "see CompareFailReason in the result")
+    return f"PASS: {n_pass} tensors within bounds" + (f" ({others})" if others else "")
+
+
+def verdict_word(counts: Mapping[str, int]) -> str:
+    """'PASS' or 'FAIL', as the exit code of `accucmp compare` (0 / 1)."""
+    return "FAIL" if counts.get("fail", 0) or not counts.get("pass", 0) else "PASS"
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """'aten.native_layer_norm_backward.default' -> 'aten.native_l…kward.default' in `width`
+    columns: both ends of op names and module paths say the most."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    if width == 1:
+        return "…"
+    tail = (width - 1) // 2
+    head = width - 1 - tail
+    return text[:head] + "…" + (text[-tail:] if tail else "")
