@@ -39,6 +39,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
 from .metrics import METRICS
+from .op_policies import ORIGIN_CAUSED, apply_op_policies
 
 RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
 
@@ -192,9 +193,26 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple[str, s
     else:
         u, prec = _unit_roundoff(row)
         t64, g64 = _num(row.get("TargetErrorVsFp64")), _num(row.get("GoldenErrorVsFp64"))
+        own = _num(row.get("OwnErrorVsFp64"))
         if "RelativeEuclideanDistance" in _user(th):
             check(red, th["RelativeEuclideanDistance"], f"RelativeEuclideanDistance{red_note}")
             ulps = red / u
+        elif not math.isnan(own):
+            # load-replay that rounded the op's inputs: judge what the op added to what it was
+            # given (the target vs float64 on the same rounded inputs); the rest of its
+            # distance from the golden is the rounding of its inputs, reported, not judged
+            bound = max(th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"])
+            red_txt = "" if math.isnan(red) else f"; vs golden {red:.3g} ({red / u:.3g} u), the rest input rounding"
+            check(own, bound, f"own error vs fp64 on its rounded inputs ({own / u:.3g} u of {prec}{red_txt})")
+            ulps = own / u
+            own_max, ref_max = _num(row.get("OwnMaxErrorVsFp64")), _num(row.get("OwnRefAbsMax"))
+            if "MaxAbsoluteError" not in _user(th) and not math.isnan(own_max):
+                if ref_max > 0:
+                    check(own_max / ref_max, max(th["MaxAbsoluteErrorUlps"] * u, th["MaxAbsoluteErrorFloor"]),
+                          "own MaxAbsoluteError/max|ref| (vs fp64 on its rounded inputs)")
+                else:
+                    check(own_max, th["MaxAbsoluteErrorFloor"], "fp64 reference is all zero; own MaxAbsoluteError")
+                max_abs = math.nan      # judged above, against what the op was given
         elif fp64 and not (math.isnan(t64) or math.isnan(g64)):
             g_dtype = _str(row.get("GoldenDataType"))
             u_golden = S.UNIT_ROUNDOFF.get(g_dtype, u)
@@ -260,10 +278,15 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     fp64 = "TargetErrorVsFp64" in out.columns and "GoldenErrorVsFp64" in out.columns
     verdicts = [judge_row(r, th, fp64=fp64) for r in out.to_dict(orient="records")]
     cols = list(zip(*verdicts)) if verdicts else [[], [], [], []]
-    out["Result"] = list(cols[0])
-    out["FailReason"] = _op_underflow_hints(out, list(cols[1]))
-    out["Severity"] = np.asarray(cols[2], dtype=np.float64)
-    out["ErrorUlps"] = np.asarray(cols[3], dtype=np.float64)
+    results, reasons, severity, ulps = list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3])
+    # per-op rules (accucmp/op_policies.py): tie-dependent indices, known kernel accuracy,
+    # and which failing op caused its error rather than inherited it
+    origin = apply_op_policies(out, results, reasons, severity, ulps)
+    out["Result"] = results
+    out["FailReason"] = _op_underflow_hints(out, reasons)
+    out["Severity"] = np.asarray(severity, dtype=np.float64)
+    out["ErrorUlps"] = np.asarray(ulps, dtype=np.float64)
+    out["Origin"] = origin
     return out
 
 
@@ -308,12 +331,19 @@ def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def first_failure(table: pd.DataFrame) -> pd.Series | None:
-    """The first failing row in execution order, or None."""
+    """The first failing row in execution order whose op caused its error (Origin "caused
+    here"); the first failing row when no op did. None when nothing fails."""
     if "Result" not in table.columns:
         table = apply_verdict(table)
     failed = table[table["Result"] == RESULT_FAIL]
     if failed.empty:
         return None
+    if "Origin" in failed.columns:
+        # the earliest op whose inputs still agree but whose output does not: later failures
+        # (and earlier ones that only carry a difference in from outside) inherit from it
+        caused = failed[failed["Origin"] == ORIGIN_CAUSED]
+        if not caused.empty:
+            return _execution_order(caused).iloc[0]
     return _execution_order(failed).iloc[0]
 
 
