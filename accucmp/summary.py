@@ -246,7 +246,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
 
     if s.first_failure is not None:
         ff = s.first_failure
-        console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}", soft_wrap=True)
+        origin = " (caused here: its inputs still agree)" if _text(ff, "Origin") == "caused here" else ""
+        console.print(f"[bold red]first failure[/bold red] (execution order): {describe_row(ff)}{origin}", soft_wrap=True)
         metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
         if metrics:
             console.print("  " + "  ".join(metrics), soft_wrap=True)
