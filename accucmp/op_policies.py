@@ -19,7 +19,9 @@ an op's rows together:
 * Origin (column): for each failing op, "caused here" when none of its input rows fails
   (every input still agrees: the error starts at this op; a load-replay dump stores no
   inputs, its ops got the golden's) and "inherited" when an input already fails, or when
-  EXPLAINED_BY_INPUTS says the inputs' small difference explains the output's.
+  EXPLAINED_BY_INPUTS says the inputs' small difference explains the output's; "underflow"
+  when the inputs agree and the failing outputs sit at their dtype's underflow edge (float16
+  values below ~2.4e-4: the format's range, what loss scaling is for).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dumpfile.schema import UNIT_ROUNDOFF
 
 ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
+ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
 
 # packet -> (indices output, values output or "" when the op returns indices only)
 TIE_INDICES: dict[str, tuple[str, str]] = {
@@ -185,6 +188,8 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         inputs_fail = any(results[i] == "fail" for i in in_rows)
         out_fails = [i for i in failing if io[i] == "output"]
         tag = ORIGIN_INHERITED if inputs_fail else ORIGIN_CAUSED
+        if tag == ORIGIN_CAUSED and out_fails and all(_underflows(table, i) for i in out_fails):
+            tag = ORIGIN_UNDERFLOW
         if tag == ORIGIN_CAUSED and in_rows and out_fails \
                 and all(_explained(table, op, i, outs, in_rows, results) for i in out_fails):
             tag = ORIGIN_INHERITED
@@ -195,6 +200,19 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         for i in failing:
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
+
+
+def _underflows(table: pd.DataFrame, i: int) -> bool:
+    """Whether output row i's golden values sit at its precision's underflow edge (max |x|
+    within 4x of the smallest normal number: float16 gradients below 6.1e-5 lose relative
+    precision in any run; what loss scaling is for), so its failure is the format's range,
+    not something this op added."""
+    from .verdict import _SMALLEST_NORMAL      # (verdict imports this module)
+    if "GoldenAbsMax" not in table.columns or "PrecisionDtype" not in table.columns:
+        return False
+    tiny = _SMALLEST_NORMAL.get(_s(table["PrecisionDtype"].iat[i]))
+    gmax = pd.to_numeric(pd.Series([table["GoldenAbsMax"].iat[i]]), errors="coerce").iat[0]
+    return bool(tiny and 0 < gmax < 4 * tiny)
 
 
 def _numel(shape: Any) -> int:
