@@ -41,31 +41,5 @@ def with_tolerance(thresholds: dict[str, float] | None, tolerance: float | None)
     return {**(thresholds or {}), "Tolerance": tolerance}
 
 
-# ---- --version -----------------------------------------------------------------
-DISTRIBUTION = "npu-accuracy-toolkit"
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:      # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
-def _show_version(ctx: typer.Context, value: bool) -> None:
-    if value:
-        typer.echo(f"{ctx.find_root().info_name} {package_version()}")
-        raise typer.Exit(0)
-
-
-def _version_callback(version: Annotated[bool, typer.Option(
-        "--version", callback=_show_version, is_eager=True, help="Show the version and exit.")] = False) -> None:
-    """(the app's own options: --version)"""
-
-
-def add_version_option(app: typer.Typer, prog: str) -> None:
-    """`PROG --version` prints 'PROG VERSION' and exits 0, before any command runs (PROG:
-    the program name the app is run under)."""
-    app.callback()(_version_callback)
+# ---- --version: in dumpfile.version, shared with ir2tbe (which sits below accucmp) ----
+from dumpfile.version import DISTRIBUTION, add_version_option, package_version  # noqa: E402,F401

@@ -10,6 +10,7 @@ applies thresholds to the table, and can be re-run on a saved csv.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -39,6 +40,9 @@ TAIL_COLUMNS = [
     "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
     "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
     "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
+    # load-replay with rounded inputs: the target against float64 on the inputs it got
+    # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
+    "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -290,6 +294,7 @@ _B_TYPE, _B_DTYPE, _B_SHAPE = S.ATTR_TYPE.encode(), S.ATTR_DTYPE.encode(), S.ATT
 _B_UNINIT, _B_ORDER = S.ATTR_UNINITIALIZED.encode(), b"order"
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
 _B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
+_B_OWN_ERROR = S.OP_OWN_ERROR.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 _FAST_READ_KINDS = frozenset("biufc")
 # Tensors up to this many elements are read when their record is made (at most a
@@ -466,6 +471,7 @@ class _OpTensors:
     compute_dtype: str
     random_outputs_replayed: bool = False
     input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
+    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
 
 
 def _op_tensors(op, eager: int = 0) -> _OpTensors:
@@ -477,7 +483,7 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
         return _OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")))
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -486,7 +492,21 @@ def _op_tensors(op, eager: int = 0) -> _OpTensors:
         outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
         cd = _str_attr(op_id, _B_COMPUTE, "")
         return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")))
+                          _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")),
+                          _own_errors(_str_attr(op_id, _B_OWN_ERROR, "")))
+
+
+def _own_errors(text: Any) -> dict:
+    """The op attribute own_error ({output: [RED, max abs, max |ref|]}); {} when absent or bad
+    (a damaged attribute only loses the refinement: the row is judged against the golden)."""
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+    if not text:
+        return {}
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
 
 
 def _split_dtypes(text: Any) -> tuple[str, ...]:
@@ -982,6 +1002,9 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
                                             "(no device reproduces another's random numbers): not compared")
             elif pair.reason:
                 row["CompareFailReason"] = pair.reason
+            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
+            if own is not None:
+                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare

@@ -5,7 +5,7 @@ JSON summary, so all three say the same thing.
 `verdict_sentence(row, counts)` takes the first failing row as a plain mapping (op name,
 seqid, module path, and the verdict's DecidingMetric / DecidingValue / DecidingBound /
 DecidedBy / PrecisionDtype columns) and nothing else, so a later flag (e.g. whether the
-error was caused at this op or inherited from an earlier one: a `CausedHere` key) plugs
+error was caused at this op or inherited from an earlier one: the `Origin` column) plugs
 in here without touching the renderers. Light: no pandas, no numpy.
 """
 
@@ -108,8 +108,9 @@ def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], t
     total = sum(counts.values()) if total is None else total
     others = ", ".join(f"{counts[k]} {k}" for k in ("unmatched", "skipped") if counts.get(k))
     if row is not None and n_fail:
-        caused = row.get("CausedHere")
-        what = "first op caused here" if caused is True else "first failing op"
+        # the verdict's Origin column (accucmp/op_policies.py): the op whose inputs still agree
+        caused = str(row.get("Origin") or "") == "caused here" or row.get("CausedHere") is True
+        what = "first op caused here" if caused else "first failing op"
         return f"FAIL: {what} is {where_clause(row)}: {bound_clause(row)}"
     if n_fail:                                   # counted but no row at hand (should not happen)
         return f"FAIL: {n_fail} of {total} tensors fail"

@@ -215,9 +215,9 @@ def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
     ops_later = later.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId") if c in later.columns])
     if len(ops_later):
         caused = ""
-        if "CausedHere" in later.columns:      # issue 20's flag, when the compare wrote it
-            flag = later["CausedHere"].astype(str).str.lower().isin(("true", "1"))
-            caused = f" ({int((~flag).sum())} of their tensors are marked inherited)"
+        if "Origin" in later.columns:          # the verdict's caused-here / inherited flag
+            inherited = later["Origin"].astype(str) == "inherited"
+            caused = f" ({int(inherited.sum())} of their tensors are marked inherited)"
         out.append(("Inherited", f"{len(ops_later)} op(s) after the first failing one fail too{caused}. An error "
                     "flows forward into every op that reads the result (and backward through the gradients), "
                     "so later failures are often inherited from the first. Try next: look at the first failure; "

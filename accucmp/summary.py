@@ -339,7 +339,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
 
     if s.first_failure is not None:
         ff = s.first_failure
-        _say(console, f"first failure (execution order): {describe_row(ff)}")
+        origin = " (caused here: its inputs still agree)" if _text(ff, "Origin") == "caused here" else ""
+        _say(console, f"first failure (execution order): {describe_row(ff)}{origin}")
         metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
         if metrics:
             _say(console, "  " + "  ".join(metrics))

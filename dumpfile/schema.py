@@ -104,6 +104,10 @@ OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid
 # load mode: a random op (dropout, bernoulli, randn...) ran, then was given the recorded
 # outputs, since no device reproduces another's random numbers. Compare skips its outputs.
 OP_RANDOM_OUTPUTS_REPLAYED = "random_outputs_replayed"
+# load mode: the op's own error, JSON {output: [RED, max abs error, max |ref|]} against the
+# op re-run in float64 on the same inputs it got, written when the replay rounded its inputs
+# to a less precise live dtype (npu_dumper/replay/own_error.py)
+OP_OWN_ERROR = "own_error"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

@@ -28,7 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-from accucmp.cli_options import add_version_option  # noqa: E402  (light: typer only)
+from dumpfile.version import add_version_option  # noqa: E402  (light: typer only)
 
 add_version_option(app, "ir2tbe")
 

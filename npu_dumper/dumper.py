@@ -204,7 +204,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
                  dedup: bool = True, writer: str = "auto", step: int | None = None,
-                 stats_histogram: bool = False, **unknown: Any):
+                 stats_histogram: bool = False, own_error: bool = True, **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
             name = sorted(unknown)[0]
@@ -236,6 +236,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.flush_interval = float(flush_interval)
         self.max_pending_bytes = max_pending_bytes
         self.dedup = dedup
+        # load-replay: measure ops whose inputs were rounded against float64 on those inputs
+        self.own_error = own_error
         # "thread": HDF5 written by a thread of this process; "process": by a child process
         # with its own GIL (docs/FORMAT.md, durability); "auto": the process writer for full
         # dumps (h5py holds the GIL for all its metadata work, which in a thread competes
@@ -290,7 +292,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if self.load_file_path:
             from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
-            policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map))
+            policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map, own_error=self.own_error))
         if self.mode == S.MODE_OVERFLOW:
             from .replay.overflow import OverflowPolicy
             # OverflowPolicy(*, dtype=, limit=, raise_on_overflow=): record only overflowing ops

@@ -55,7 +55,7 @@ def test_terminal_80_columns_verdict_first_names_shortened_not_broken(dumps):
     assert all(len(ln.rstrip()) <= 80 for ln in lines), "\n".join(ln for ln in lines if len(ln.rstrip()) > 80)
     head = " ".join(ln.strip() for ln in lines[:3])
     # names longer than half the window are shortened in the middle, both ends kept
-    assert head.startswith("FAIL: first failing op is aten._scaled_dot_pro…ion_for_cpu.default #2 in encoder.lay")
+    assert head.startswith("FAIL: first op caused here is aten._scaled_dot_pro…ion_for_cpu.default #2 in encoder.lay")
     assert "RelErr 12.8 u > 6 u allowed for bfloat16" in head
     # the worst-ops table: the long module path shortened in its middle, both ends kept
     table = lines[next(i for i, ln in enumerate(lines) if ln.startswith("worst failing ops")):]
@@ -75,7 +75,7 @@ def test_piped_output_is_not_wrapped_nor_shortened(dumps):
     r = _compare(dumps, {"COLUMNS": None, "NO_COLOR": "1", "TTY_COMPATIBLE": None, "FORCE_COLOR": None})
     assert r.exit_code == 1, r.output
     lines = r.output.splitlines()
-    assert lines[0] == (f"FAIL: first failing op is {LONG_OP} #2 in {LONG_MODULE}: "
+    assert lines[0] == (f"FAIL: first op caused here is {LONG_OP} #2 in {LONG_MODULE}: "
                         "RelErr 12.8 u > 6 u allowed for bfloat16")
     assert "…" not in r.output and "\x1b[" not in r.output
     assert any(len(ln) > 120 and LONG_OP in ln and LONG_MODULE in ln for ln in lines)
@@ -91,8 +91,8 @@ def test_pass_sentence_and_the_sentence_function():
            "DecidingValue": 41.0, "DecidingBound": 6.0, "PrecisionDtype": "bfloat16"}
     assert verdict_sentence(row, {"fail": 1, "pass": 3}) == (
         "FAIL: first failing op is aten.gelu.default #153 in encoder.layer.3.mlp: RelErr 41 u > 6 u allowed for bfloat16")
-    # issue 20's "caused here" flag plugs in through the row
-    assert verdict_sentence({**row, "CausedHere": True}, {"fail": 1}).startswith(
+    # the verdict's Origin column (issue 20) names the op where the error starts
+    assert verdict_sentence({**row, "Origin": "caused here"}, {"fail": 1}).startswith(
         "FAIL: first op caused here is aten.gelu.default #153")
     user = {**row, "DecidedBy": "CosineSimilarity", "DecidingMetric": "CosineSimilarity",
             "DecidingValue": 0.98, "DecidingBound": 0.99}

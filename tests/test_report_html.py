@@ -53,7 +53,7 @@ def test_html_parses_and_reads_top_down(page):
     # 1. the verdict sentence, as the terminal's first line
     h1 = body.find(".//h:header/h:h1", NS)
     assert _text(h1) == sentence
-    assert sentence.startswith(f"FAIL: first failing op is aten.gelu.default #2 in {DOLLAR_MODULE}: RelErr ")
+    assert sentence.startswith(f"FAIL: first op caused here is aten.gelu.default #2 in {DOLLAR_MODULE}: RelErr ")
     # 2. the worst ops, reason first, the deciding threshold named
     worst = body.find(".//h:table[@class='worst']", NS)
     heads = [_text(th) for th in worst.findall(".//h:thead//h:th", NS)]

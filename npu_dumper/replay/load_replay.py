@@ -48,6 +48,7 @@ from .recorded import NotReplayable, draws_random, non_overlapping, resolve_op
 from .index import read_catalog
 from .matching import Candidate, find_input, mismatch, op_packet
 from .source import RecordedTensors
+from . import own_error
 
 _SUMMARY_NAMES = 5
 
@@ -96,12 +97,17 @@ class ReplayPolicy(Policy):
 
     def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
                  dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
-                 verbose: bool = True, prefetch_ops: int = 256, prefetch_bytes: int = 256 << 20):
+                 verbose: bool = True, prefetch_ops: int = 256, prefetch_bytes: int = 256 << 20,
+                 own_error: bool = True):
         self.load_file_path = os.fspath(load_file_path) if load_file_path is not None else ""
         self.dump_path = os.fspath(dump_path) if dump_path is not None else None
         self.op_map = op_map if isinstance(op_map, OpMap) else get_op_map(op_map)
         self.keep_live_strides = keep_live_strides
         self.verbose = verbose
+        # measure each op whose inputs the replay rounded against float64 on those inputs
+        # (npu_dumper/replay/own_error.py): the verdict then judges the op by what it was given
+        self.own_error = own_error
+        self._rounded = False
         self._inputs_stored = True      # the session's dump_mode stores inputs (set in begin)
         self.summary = ReplaySummary()
         self._file: DumpFile | None = None
@@ -233,6 +239,7 @@ class ReplayPolicy(Policy):
         if entry is None:
             self._unmatched(ev, why)
             return
+        self._rounded = False
         try:
             new_args, new_kwargs = self._substitute(ev, entry, live)
         except _NoFit as e:
@@ -252,6 +259,8 @@ class ReplayPolicy(Policy):
                 self._consumed = entry.index
                 self._cv.notify()
         ev.args, ev.kwargs = new_args, new_kwargs
+        if self._rounded and self.own_error:
+            ev.notes["replay_own_error"] = live
         if draws_random(ev.func, live):
             # A random op cannot draw the reference's numbers on another device or
             # generator: run it (the RNG advances as in a real run), then hand on the
@@ -272,7 +281,15 @@ class ReplayPolicy(Policy):
     def run_op(self, ev: OpEvent) -> Any:
         entry = ev.notes.get("replay_outputs")
         if entry is None:
-            return NotImplemented
+            live = ev.notes.get("replay_own_error")
+            if live is None:
+                return NotImplemented
+            prepared = own_error.prepare(ev.func, ev.args, ev.kwargs, live)
+            out = ev.func(*ev.args, **ev.kwargs)
+            measured = None if prepared is None else own_error.measure(ev.func, prepared, out)
+            if measured is not None:
+                ev.group_attrs[S.OP_OWN_ERROR] = measured
+            return out
         out = ev.func(*ev.args, **ev.kwargs)
         recorded = entry.record.outputs()
         with torch.no_grad():
@@ -364,6 +381,8 @@ class ReplayPolicy(Policy):
                                     f"the live {live.numel()}")
             src = self._load(rec)
             if src.dtype != live.dtype:
+                if own_error.rounds(src.dtype, live.dtype):
+                    self._rounded = True
                 self.summary.casts[f"{rec.dtype}->{str(live.dtype).replace('torch.', '')}"] += 1
             if src.shape != live.shape:        # (reshape is ~40 us even when it is a no-op)
                 src = src.reshape(live.shape)

@@ -1,0 +1,96 @@
+"""Diagnosis on third-party models (Hugging Face transformers: GPT-2, BERT, RoBERTa, Llama with
+grouped-query attention and SDPA, ResNet, MobileNetV2, ConvNeXt, ViT; random weights, tiny
+sizes, no download): one training step dumped in fp32, replayed and re-run in fp32, bf16 and
+fp16, clean and with one planted 7% fault in the middle of the network (tests/_real_models.py).
+
+* clean load-replays (fp32, bf16, fp16): 0 failing rows;
+* a planted fault in a bf16 / fp16 load-replay: that op (that call) is the first failure;
+* plain dump vs dump (fp32 golden vs a faulted fp32 run): the first "caused here" op is the
+  planted one, and the ops after it are marked inherited.
+
+The default run takes six models, clean replays in bf16/fp16 and one fault per dtype;
+ACCUCMP_REAL_MODELS=all runs every model with both of its faults, and fp32 clean replays too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from accucmp.compare import compare_dumps  # noqa: E402
+from accucmp.op_policies import ORIGIN_CAUSED, ORIGIN_INHERITED  # noqa: E402
+from accucmp.verdict import apply_verdict, first_failure  # noqa: E402
+from tests import _real_models as R  # noqa: E402
+
+ALL = os.environ.get("ACCUCMP_REAL_MODELS", "") == "all"
+# the default subset (six architectures; RoBERTa is BERT's, the 516-op MobileNetV2 the slowest)
+FAST = ("gpt2", "bert", "llama", "resnet", "convnext", "vit")
+MODELS = list(R.MODELS) if ALL else list(FAST)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(scope="module")
+def goldens(tmp_path_factory):
+    d = tmp_path_factory.mktemp("real_models")
+    cache: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in cache:
+            cache[name] = R.dump(name, str(d / f"{name}_golden.h5"))
+        return cache[name]
+    get.dir = d
+    return get
+
+
+def _judged(target: str, golden: str):
+    return apply_verdict(compare_dumps(target, golden).table)
+
+
+def _fails(t):
+    return t[t["Result"] == "fail"][["NPUDump", "SeqId", "TensorName", "ErrorUlps", "FailReason"]].to_string()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES) if ALL else ["bf16", "fp16"])
+@pytest.mark.parametrize("name", MODELS)
+def test_clean_replay_has_no_failing_rows(goldens, name, dtype):
+    g = goldens(name)
+    t = _judged(R.dump(name, str(goldens.dir / f"{name}_{dtype}_clean.h5"), DTYPES[dtype], load=g), g)
+    assert (t["Result"] != "fail").all(), _fails(t)
+    assert (t["Result"] == "pass").sum() > 50
+    if dtype != "fp32":
+        # the verdict judged the low-precision ops by what they were given, not the golden
+        low = t[(t["IO"] == "output") & (t["DataType"] == str(DTYPES[dtype])[6:])]
+        assert low["OwnErrorVsFp64"].notna().mean() > 0.8
+
+
+def _faults(name):
+    faults = R.MODELS[name].faults
+    return [(d, f) for d in ("bf16", "fp16") for i, f in enumerate(faults) if ALL or i == ("bf16", "fp16").index(d)]
+
+
+@pytest.mark.parametrize("name,dtype,fault", [(n, d, f) for n in MODELS for d, f in _faults(n)],
+                         ids=lambda v: v.op.split(".")[1] if isinstance(v, R.Fault) else str(v))
+def test_planted_fault_named_first_in_replay(goldens, name, dtype, fault):
+    g = goldens(name)
+    t = _judged(R.dump(name, str(goldens.dir / f"{name}_{dtype}_fault.h5"), DTYPES[dtype], load=g, fault=fault), g)
+    ff = first_failure(t)
+    assert ff is not None, "the planted fault was not seen"
+    assert (ff["NPUDump"], int(ff["SeqId"])) == (fault.op, R.planted_seqid(g, fault)), _fails(t)
+    # and nothing else fails: each replayed op got the golden's inputs
+    assert set(t[t["Result"] == "fail"]["NPUDump"]) == {fault.op}, _fails(t)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_plain_dumps_name_the_planted_op_caused_here(goldens, name):
+    g = goldens(name)
+    fault = R.MODELS[name].faults[0]
+    t = _judged(R.dump(name, str(goldens.dir / f"{name}_plain_fault.h5"), fault=fault), g)
+    ff = first_failure(t)
+    assert ff is not None and ff["Origin"] == ORIGIN_CAUSED
+    assert (ff["NPUDump"], int(ff["GoldenSeqId"])) == (fault.op, R.planted_seqid(g, fault)), _fails(t)
+    assert (t["Origin"] == ORIGIN_INHERITED).sum() > 0      # the error spread, and is marked so
