@@ -236,24 +236,10 @@ def _table_flatten(entries: list) -> list[TensorLine]:
 
 
 def _catalog_rows(f: DumpFile) -> dict[str, Any] | None:
-    """Op group path -> its catalog row, when the file has a usable catalog: one row per
-    index row (docs/FORMAT.md "The catalog"; anything else: None, and the groups are
-    walked). Only names, Types, dtypes, shapes and values are taken from it: they stay
-    true when a tool rewrites the file (its offsets may not, and are not used here)."""
-    import h5py
-
-    try:
-        cat = f.h5.get(S.CATALOG_PATH)
-        index = f.h5.get(S.INDEX_PATH)
-        if not isinstance(cat, h5py.Dataset) or not isinstance(index, h5py.Dataset) \
-                or cat.ndim != 1 or cat.shape != index.shape \
-                or h5py.check_string_dtype(cat.dtype) is None:
-            return None
-        rows = cat[()]
-        ops = index.fields(["op", "seqid"])[()]
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
-        return None
-    return {S.op_group_path(_attr_str(r["op"]), int(r["seqid"])): raw for r, raw in zip(ops, rows)}
+    """Op group path -> its catalog row (DumpFile.catalog_rows). Only names, Types, dtypes,
+    shapes and values are taken from it: they stay true when a tool rewrites the file (its
+    offsets may not, and are not used here)."""
+    return f.catalog_rows()
 
 
 _TENSOR_TYPES, _TYPE_NAMES, _DTYPE, _SHAPE = S.TENSOR_TYPES, S.TYPE_NAMES, S.ATTR_DTYPE, S.ATTR_SHAPE

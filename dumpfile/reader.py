@@ -543,6 +543,27 @@ class DumpFile:
         ops.sort(key=lambda o: o.seqid)
         return ops
 
+    def catalog_rows(self) -> dict[str, Any] | None:
+        """Op group path -> its raw catalog row (JSON text), when the file has a usable
+        catalog: one string row per index row (docs/FORMAT.md "The catalog"). None when it
+        is absent (older files, the original tool's, statistics tables), out of step with
+        the index (a crash between the two writes, a tool that edited one of them) or
+        unreadable: readers then walk the op groups."""
+        if self.is_table:
+            return None
+        try:
+            cat = self.h5.get(S.CATALOG_PATH)
+            index = self.h5.get(S.INDEX_PATH)
+            if not isinstance(cat, h5py.Dataset) or not isinstance(index, h5py.Dataset) \
+                    or cat.ndim != 1 or cat.shape != index.shape \
+                    or h5py.check_string_dtype(cat.dtype) is None:
+                return None
+            rows = cat[()]
+            ops = index.fields(["op", "seqid"])[()]
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+            return None
+        return {S.op_group_path(_attr_str(r["op"]), int(r["seqid"])): raw for r, raw in zip(ops, rows)}
+
     def ops(self) -> list[OpRecord]:
         """Every op, in seqid (execution) order."""
         return list(self._ops)

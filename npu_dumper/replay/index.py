@@ -256,25 +256,14 @@ def read_catalog(f: DumpFile, group: str = S.INPUT_GROUP) -> dict[str, dict[str,
     catalog does not describe (walk it). None when the file has no usable catalog: absent
     (older files, the original tool's, statistics tables), not one row per index row (a
     crash between the two writes, a tool that edited one of them), or unreadable."""
-    if getattr(f, "is_table", False):
-        return None
     key = S.CAT_INPUTS if group == S.INPUT_GROUP else S.CAT_OUTPUTS
-    try:
-        cat = f.h5.get(S.CATALOG_PATH)
-        index = f.h5.get(S.INDEX_PATH)
-        if not isinstance(cat, h5py.Dataset) or not isinstance(index, h5py.Dataset) \
-                or cat.ndim != 1 or cat.shape != index.shape \
-                or h5py.check_string_dtype(cat.dtype) is None:
-            return None
-        rows = cat[()]
-        ops = index.fields(["op", "seqid"])[()]
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+    rows = f.catalog_rows()
+    if rows is None:
         return None
     hashed: dict[str, int] = {}
     placed: list[IndexedValue] = []
     out: dict[str, dict[str, ValueRecord] | None] = {}
-    for r, raw in zip(ops, rows):
-        path = S.op_group_path(_attr_str(r["op"]), int(r["seqid"]))
+    for path, raw in rows.items():
         try:
             out[path] = (_catalog_group(f, f"{path}/{group}", json.loads(raw)[key], hashed, placed)
                          if raw else None)
