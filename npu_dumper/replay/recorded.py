@@ -24,6 +24,7 @@ from dumpfile.errors import DumpError
 from dumpfile.reader import OpRecord, ValueRecord
 
 from ..opschema import op_info
+from .matching import find_input
 
 # torch dtype name -> torch dtype, for every dtype the format stores
 _TORCH_DTYPES = {name: getattr(torch, name) for name in S.DATA_TYPE_CODES if hasattr(torch, name)}
@@ -371,12 +372,7 @@ def _place(func: Any, inputs: dict[str, ValueRecord], renames: dict[str, tuple[s
     positional_open = True
     info = op_info(func)
     for i, name in enumerate(info.arg_names):
-        rec = inputs.get(name)
-        if rec is None:
-            for alt in renames.get(name, ()):
-                rec = inputs.get(alt)
-                if rec is not None:
-                    break
+        rec = find_input(inputs, name, renames)
         if rec is None:
             if info.has_default[i]:
                 positional_open = False       # later args must go by name
