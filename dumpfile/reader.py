@@ -242,22 +242,31 @@ class ValueRecord:
         yield from self.file.iter_chunks(self, chunk_elements)
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
+    # One per op of a dump, all held for a whole compare (a large model's step has 10^5-10^6
+    # ops per file): slotted (no per-instance dict), its strings shared (DumpFile._ops)
     file: "DumpFile"
     op: str
     seqid: int
     phase: str = ""
     module: str = ""
     grad_fn: str = ""
+    _attrs: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def path(self) -> str:
         return S.op_group_path(self.op, self.seqid)
 
-    @cached_property
-    @_guarded
+    @property
     def attrs(self) -> dict[str, Any]:
+        """The op group's attributes (read once, when first asked)."""
+        if self._attrs is None:
+            self._attrs = self._read_attrs()
+        return self._attrs
+
+    @_guarded
+    def _read_attrs(self) -> dict[str, Any]:
         return {k: (_attr_str(v) if isinstance(v, bytes) else v)
                 for k, v in self.file.h5[self.path].attrs.items()}
 
@@ -285,8 +294,9 @@ class TableValueRecord(ValueRecord):
 class _TableOpRecord(OpRecord):
     """An op of a table-backed statistics file: attributes from the index and op_attrs rows."""
 
-    @cached_property
-    def attrs(self) -> dict[str, Any]:
+    __slots__ = ()
+
+    def _read_attrs(self) -> dict[str, Any]:
         a = {S.OP_SEQID: self.seqid, S.OP_NAME: self.op, S.OP_PHASE: self.phase,
              S.OP_MODULE: self.module, S.OP_GRAD_FN: self.grad_fn}
         a.update(self.file._table.op_attrs.get(self.seqid, {}))
@@ -726,6 +736,8 @@ def chunk_slabs(shape: tuple[int, ...], chunk_elements: int
 
 class _LazyOpRecord(OpRecord):
     """OpRecord whose phase/module/grad_fn are read from the group only when asked."""
+
+    __slots__ = ()
 
     def __init__(self, file: DumpFile, op: str, seqid: int):
         super().__init__(file, op, seqid)
