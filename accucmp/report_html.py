@@ -41,7 +41,7 @@ table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;paddi
 th{background:#f3f3f3;position:sticky;top:0} tr.r-fail{background:#fde8ea} tr.r-unmatched{background:#fff7d6}
 tr.first{outline:2px solid #b00020} .mono,td.mono{font-family:ui-monospace,Menlo,Consolas,monospace}
 table.worst td.why{font-weight:600;color:#8a0018;white-space:nowrap} table.worst{font-size:13px}
-table.worst td.mono{max-width:22em;overflow-wrap:anywhere}
+table.worst td.mono{max-width:22em;overflow-wrap:break-word}
 table.worst div.details{min-width:20em;max-width:48em;color:#444} .scroll{overflow-x:auto;max-width:100%}
 table.meta th{position:static;text-align:right;white-space:nowrap} table.meta td{font-family:ui-monospace,Menlo,Consolas,monospace}
 #all th{cursor:pointer;user-select:none} #all th:hover{background:#e6e6e6}
@@ -216,8 +216,9 @@ def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
     if len(ops_later):
         caused = ""
         if "Origin" in later.columns:          # the verdict's caused-here / inherited flag
-            inherited = later["Origin"].astype(str) == "inherited"
-            caused = f" ({int(inherited.sum())} of their tensors are marked inherited)"
+            kinds = later["Origin"].fillna("").astype(str).value_counts()
+            parts = [f"{n} {k}" for k, n in kinds.items() if k]
+            caused = f" (their failing tensors by Origin: {', '.join(parts)})" if parts else ""
         out.append(("Inherited", f"{len(ops_later)} op(s) after the first failing one fail too{caused}. An error "
                     "flows forward into every op that reads the result (and backward through the gradients), "
                     "so later failures are often inherited from the first. Try next: look at the first failure; "

@@ -136,8 +136,11 @@ else:
     table = apply_verdict(compare_dumps(t, g, jobs=1).table)
     table.to_csv(out, index=False)
     rows = len(table)
-print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this process's own peak. ru_maxrss would also count the image of the parent it
+# was forked from (exec keeps the larger of the two), and the parent holds the Dask run
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
+peak = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0, "peak_mb": peak}))
 """
 
 
@@ -149,30 +152,36 @@ def child(mode, t, g, out):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def dask_ratio(d, args):
+    a, b = rank_runs(d, args.pairs, args.rows)
+    start1, start2 = cluster_start(1), cluster_start(2)
+    w1, busy1, r1 = time_runs(a, b, os.path.join(d, "o1"), 1)
+    w2, busy2, r2 = time_runs(a, b, os.path.join(d, "o2"), 2)
+    rows = sum(p["rows"] for p in r1.pairs)
+    assert r1.counts == r2.counts and r1.diverge_first == [1] == r2.diverge_first
+    print(f"[ranks] {args.pairs} pairs x {args.rows} rows ({rows} rows): 1 worker {w1:.1f} s "
+          f"({rows / w1:,.0f} rows/s), 2 workers {w2:.1f} s ({rows / w2:,.0f} rows/s): "
+          f"speed-up {w1 / w2:.2f}x (goal >= 1.7x on 2 cores)")
+    print(f"[ranks] cluster start-up (in those times): {start1:.1f} s with 1 worker, {start2:.1f} s with 2; "
+          f"task time summed over pairs {busy1:.1f} s vs {busy2:.1f} s; "
+          f"load average now {os.getloadavg()[0]:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--rss-rows", default="100000,1000000")
     ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--skip-ranks", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
     args = ap.parse_args()
     d = tempfile.mkdtemp(prefix="bench_ranks_")
     try:
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
         # 1. Dask: 1 vs 2 workers
-        a, b = rank_runs(d, args.pairs, args.rows)
-        start1, start2 = cluster_start(1), cluster_start(2)
-        w1, busy1, r1 = time_runs(a, b, os.path.join(d, "o1"), 1)
-        w2, busy2, r2 = time_runs(a, b, os.path.join(d, "o2"), 2)
-        rows = sum(p["rows"] for p in r1.pairs)
-        assert r1.counts == r2.counts and r1.diverge_first == [1] == r2.diverge_first
-        print(f"[ranks] {args.pairs} pairs x {args.rows} rows ({rows} rows): 1 worker {w1:.1f} s "
-              f"({rows / w1:,.0f} rows/s), 2 workers {w2:.1f} s ({rows / w2:,.0f} rows/s): "
-              f"speed-up {w1 / w2:.2f}x (goal >= 1.7x on 2 cores)")
-        print(f"[ranks] cluster start-up (in those times): {start1:.1f} s with 1 worker, {start2:.1f} s with 2; "
-              f"task time summed over pairs {busy1:.1f} s vs {busy2:.1f} s; "
-              f"load average now {os.getloadavg()[0]:.2f}")
+        if not args.skip_ranks:
+            dask_ratio(d, args)
         # 2. memory at growing row counts
         if not args.skip_rss:
             counts = [int(x) for x in args.rss_rows.split(",") if x]
