@@ -556,6 +556,19 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
     0 picks one per core when there are many ops (auto_jobs). Results do not
     depend on it.
     """
+    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
+    try:
+        return _compare_files(*files, algs, pattern, jobs, chunk_elements)
+    finally:
+        for f in files:
+            if f is not None:
+                f.close()
+
+
+def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, select: str | None):
+    """(metric names, --select pattern, [target, golden, fp64 golden or None] open) for
+    compare_dumps and stream_compare: bad options are said before a file is opened, and a
+    file that fails to open closes the ones opened before it."""
     try:
         algs = resolve_algorithms(algorithms)
     except ValueError as e:
@@ -564,19 +577,17 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
         pattern = re.compile(select) if select else None
     except re.error as e:
         raise CompareError(f"--select {select!r}: not a valid regular expression ({e})") from e
-    files = []
+    files: list = []
     try:
-        tf = _open(target, "target")
-        files.append(tf)
-        gf = _open(golden, "golden")
-        files.append(gf)
-        ff = _open(golden_fp64, "fp64 golden") if golden_fp64 else None
-        if ff is not None:
-            files.append(ff)
-        return _compare_files(tf, gf, ff, algs, pattern, jobs, chunk_elements)
-    finally:
+        files.append(_open(target, "target"))
+        files.append(_open(golden, "golden"))
+        files.append(_open(golden_fp64, "fp64 golden") if golden_fp64 else None)
+    except BaseException:
         for f in files:
-            f.close()
+            if f is not None:
+                f.close()
+        raise
+    return algs, pattern, files
 
 
 @dataclass
@@ -613,29 +624,15 @@ def stream_compare(target: str, golden: str, *, algorithms=None, select: str | N
     """compare_dumps as a stream of row batches (see CompareStream): the same rows, the
     same order, for results larger than memory (`accucmp compare` writes them to the csv
     as they come). A batch holds whole ops and about `batch_rows` rows."""
+    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
+    opened = [f for f in files if f is not None]
     try:
-        algs = resolve_algorithms(algorithms)
-    except ValueError as e:
-        raise CompareError(str(e)) from e
-    try:
-        pattern = re.compile(select) if select else None
-    except re.error as e:
-        raise CompareError(f"--select {select!r}: not a valid regular expression ({e})") from e
-    files = []
-    try:
-        tf = _open(target, "target")
-        files.append(tf)
-        gf = _open(golden, "golden")
-        files.append(gf)
-        ff = _open(golden_fp64, "fp64 golden") if golden_fp64 else None
-        if ff is not None:
-            files.append(ff)
-        setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements)
+        setup = _setup(*files, algs, pattern, jobs, chunk_elements)
     except BaseException:
-        for f in files:
+        for f in opened:
             f.close()
         raise
-    return CompareStream(setup.meta, setup.columns, _frames(setup, batch_rows), files)
+    return CompareStream(setup.meta, setup.columns, _frames(setup, batch_rows), opened)
 
 
 def _attr_text(v) -> str:

@@ -35,6 +35,24 @@ def _mkdir(out_dir: Path) -> Path:
     return Path(output_dir(out_dir))
 
 
+def _write_format(table: pd.DataFrame, fmt: str, path: Path, *, meta: dict | None, force: bool) -> None:
+    """`table` as one file of format `fmt` at `path`, created new (dumpfile.safe_output)."""
+    with output_path(path, force=force) as tmp:
+        if fmt == "csv":
+            table.to_csv(tmp, index=False)
+        elif fmt == "json":
+            Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
+        elif fmt == "jsonl":
+            with open(tmp, "w", encoding="utf-8") as fh:
+                write_jsonl_rows(fh, table)
+        elif fmt == "html":
+            from .report_html import render_html
+
+            Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
+        elif fmt == "xlsx":
+            table.to_excel(tmp, index=False)
+
+
 def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, meta: dict | None = None,
                   basename: str | None = None, force: bool = False) -> list[Path]:
     """Write the table in each format; returns the paths, the csv first. Each file is
@@ -47,20 +65,7 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
     try:
         for fmt in formats:
             path = out_dir / f"{base}.{fmt}"
-            with output_path(path, force=force) as tmp:
-                if fmt == "csv":
-                    table.to_csv(tmp, index=False)
-                elif fmt == "json":
-                    Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
-                elif fmt == "jsonl":
-                    with open(tmp, "w", encoding="utf-8") as fh:
-                        write_jsonl_rows(fh, table)
-                elif fmt == "html":
-                    from .report_html import render_html
-
-                    Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
-                elif fmt == "xlsx":
-                    table.to_excel(tmp, index=False)
+            _write_format(table, fmt, path, meta=meta, force=force)
             paths.append(path)
     except OSError as e:
         raise DumpWriteError(f"{out_dir}: cannot write results ({e.strerror or e})") from e
@@ -92,15 +97,7 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
     try:
         for fmt in formats:
             path = csv_path.with_suffix(f".{fmt}")
-            with output_path(path, force=force) as tmp:
-                if fmt == "json":
-                    Path(tmp).write_text(to_json(table, meta), encoding="utf-8")
-                elif fmt == "html":
-                    from .report_html import render_html
-
-                    Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
-                elif fmt == "xlsx":
-                    table.to_excel(tmp, index=False)
+            _write_format(table, fmt, path, meta=meta, force=force)
             paths.append(path)
     except OSError as e:
         raise DumpWriteError(f"{csv_path.parent}: cannot write results ({e.strerror or e})") from e
