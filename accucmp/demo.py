@@ -12,7 +12,7 @@
    out of the target dump and mapped to its kernels with ir2tbe, writing CANN-layout
    kernel dumps, on the same emulated "device".
 
-Everything here is a plain function; accucmp/cli_demo.py is the thin command.
+Everything here is a plain function; accucmp/cli/demo.py is the thin command.
 torch is imported inside the functions (the `accucmp` CLI must start without it).
 """
 
@@ -120,7 +120,7 @@ def pick_fault_site(golden_path: str | os.PathLike, rel: float = DEFAULT_REL) ->
     must run inside a module, read and write floating tensors, not write its inputs,
     and not be a cube op (those are the emulation's float16 ops) nor a random one.
     """
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
     from npu_dumper.emulation import is_cube_op
     from npu_dumper.recorded import is_random, resolve_op
 
@@ -166,7 +166,7 @@ def resolve_fault(fault: str | None, golden_path: str | os.PathLike) -> FaultSit
 def _golden_seqid(golden_path, op: str, call: int | None) -> int | None:
     if call is None:
         return None
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
 
     with DumpFile(golden_path) as df:
         seqids = [r.seqid for r in df.ops() if r.op == op]
@@ -203,9 +203,9 @@ def replay_on_emulated_npu(spec, size: str, seed: int, golden: Path, path: Path,
 
 def compare_and_report(target: Path, golden: Path, out_dir: Path, formats=("csv", "html")):
     """compare + verdict + reports; returns (judged table, report paths, meta)."""
-    from .compare import compare_dumps
-    from .outputs import write_results
-    from .verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.report.outputs import write_results
+    from accucmp.compare.verdict import apply_verdict
 
     result = compare_dumps(str(target), str(golden))
     table = apply_verdict(result.table)
@@ -213,7 +213,7 @@ def compare_and_report(target: Path, golden: Path, out_dir: Path, formats=("csv"
     meta.setdefault("target", str(target))
     meta.setdefault("golden", str(golden))
     if "html" in formats:
-        from .report_html import run_info
+        from accucmp.report.html import run_info
 
         meta["runs"] = {"target": run_info(target), "golden": run_info(golden)}
     paths = write_results(table, out_dir, list(formats), meta=meta)
@@ -224,7 +224,7 @@ def op_to_map(table) -> tuple[str, int] | None:
     """The first failing op, else the op with the largest Severity; None for an empty table."""
     import pandas as pd
 
-    from .verdict import first_failure
+    from accucmp.compare.verdict import first_failure
 
     row = first_failure(table)
     if row is None:
@@ -240,7 +240,7 @@ def op_to_map(table) -> tuple[str, int] | None:
 def _dump_with_inputs(target: Path, golden: Path) -> Path:
     """The dump to cut an op's inputs from: the target's own when it recorded inputs, else
     the golden it replayed (load-replay fed every matched op exactly those, by seqid)."""
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
     from dumpfile import schema as S
 
     with DumpFile(target) as f:
@@ -315,12 +315,12 @@ def run_demo(model: str = DEFAULT_MODEL, out_dir: str | os.PathLike = "accucmp_d
     table, paths, meta = compare_and_report(target, golden, out, formats)
     res.table, res.reports = table, paths
     res.timings["compare"] = clock() - t
-    from .verdict import first_failure
+    from accucmp.compare.verdict import first_failure
 
     ff = first_failure(table)
     res.first_failure = None if ff is None else ff.to_dict()
     if console is not None:
-        from .summary import print_summary
+        from accucmp.report.summary import print_summary
         print_summary(table, console=console, meta=meta, top=top)
     say("[bold]4/5[/bold] reports: " + ", ".join(str(p) for p in paths))
 

@@ -32,11 +32,11 @@ import h5py
 import numpy as np
 
 from dumpfile import DumpFile, DumpWriter, view_of
-from dumpfile import safety
+from dumpfile.read import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
 from dumpfile.safe_output import OutputBudget
-from dumpfile.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members, \
+from dumpfile.read.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members, \
     raised_by_h5py
 
 # root attributes the writer owns; everything else is carried over
@@ -335,11 +335,11 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
 def ops_from_report(result_csv: str | os.PathLike, input_path: str | os.PathLike,
                     thresholds: dict[str, float] | None = None) -> list[str]:
     """/op/seqid/ of every failing row of a result csv that is in INPUT (NPU side first)."""
-    from .outputs import read_result_csv
+    from accucmp.report.outputs import read_result_csv
 
     table = read_result_csv(Path(result_csv))
     if thresholds or "Result" not in table.columns:
-        from .verdict import apply_verdict
+        from accucmp.compare.verdict import apply_verdict
 
         table = apply_verdict(table, thresholds)
     failed = table[table["Result"] == "fail"]

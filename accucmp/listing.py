@@ -16,7 +16,7 @@ import numpy as np
 
 from dumpfile import DumpFile, ValueRecord
 from dumpfile import schema as S
-from dumpfile.reader import _attr_str, existing, h5_errors
+from dumpfile.read.reader import _attr_str, existing, h5_errors
 
 
 @dataclass
@@ -88,7 +88,7 @@ def tensor_stats(rec, chunk_elements: int = 1 << 22) -> dict[str, float]:
 def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
              limit: int | None = None, progress=None) -> tuple[list[OpLine], dict[str, Any]]:
     """The ops of a dump. `progress(total)`, when given, is a context manager yielding
-    advance() (or None), called once per op walked (accucmp/progress.py)."""
+    advance() (or None), called once per op walked (accucmp/cli/progress.py)."""
     pattern = re.compile(select) if select else None
     # one file: any HDF5 failure below is this file's (the light walk reads it directly)
     with DumpFile(path) as f, h5_errors(f.path), \

@@ -400,7 +400,7 @@ def run_whatif(dump_path: str | os.PathLike, formats: list[str], out_dir: str | 
                select: str | None = None, chunk_elements: int = 1 << 22) -> tuple[Path, list[dict]]:
     import re
 
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
 
     pattern = re.compile(select) if select else None
     out_dir = Path(out_dir)

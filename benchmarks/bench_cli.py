@@ -28,7 +28,7 @@ from dumpfile import DumpWriter, TensorMeta  # noqa: E402
 
 MSPROBE_STARTUP_S = 3.5
 MSPROBE_ROWS_PER_S = (24, 39)
-ACCUCMP = [sys.executable, "-m", "accucmp.cli"]
+ACCUCMP = [sys.executable, "-m", "accucmp.cli.main"]
 
 
 def write_small(path, n_ops, seed, noise=0.0, mode="dump"):

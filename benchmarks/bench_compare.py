@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from accucmp.compare import compare_dumps  # noqa: E402
-from accucmp.verdict import apply_verdict  # noqa: E402
+from accucmp.compare.pipeline import compare_dumps  # noqa: E402
+from accucmp.compare.verdict import apply_verdict  # noqa: E402
 from dumpfile import DumpWriter, TensorMeta  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def timed(fn, repeat=2):
 
 def peak_child(t, g, chunk):
     """Peak traced allocation (numpy buffers included) of one compare, in a fresh process."""
-    code = ("import sys,tracemalloc; sys.path.insert(0,%r); from accucmp.compare import compare_dumps; "
+    code = ("import sys,tracemalloc; sys.path.insert(0,%r); from accucmp.compare.pipeline import compare_dumps; "
             "tracemalloc.start(); compare_dumps(%r,%r,chunk_elements=%d); "
             "print(tracemalloc.get_traced_memory()[1]/2**20)"
             % (os.path.join(os.path.dirname(__file__), ".."), t, g, chunk))

@@ -4,7 +4,7 @@ bounded by the chunk, goal: flat).
     python benchmarks/bench_compare_memory.py [--min-log2 20] [--max-log2 26]
 
 For n = 2^k elements, k in [min, max]: two one-op dumps holding a (1, n) float32 output,
-compared in a child process (`python -m accucmp.cli compare -j 1 -q`); prints the child's
+compared in a child process (`python -m accucmp.cli.main compare -j 1 -q`); prints the child's
 peak RSS (ru_maxrss of the waited child), the tensor's size and their ratio, with the
 smallest size's peak as the baseline the others are compared to side by side.
 """
@@ -38,7 +38,7 @@ def write(path: str, n: int, seed: int) -> None:
 def peak_rss_mb(args: list[str]) -> float:
     """Peak RSS of one child (wait4's rusage: that child only)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "accucmp.cli", *args], env=env,
+    p = subprocess.Popen([sys.executable, "-m", "accucmp.cli.main", *args], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)
     err = p.stderr.read().decode(errors="replace")

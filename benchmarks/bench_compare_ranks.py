@@ -101,7 +101,7 @@ def rank_runs(d, pairs, rows):
 
 
 def time_runs(a, b, out, workers):
-    from accucmp.rank_compare import compare_runs
+    from accucmp.compare.ranks import compare_runs
 
     t0 = time.perf_counter()
     r = compare_runs(b, a, out, workers=workers, replica_check=False)
@@ -127,12 +127,12 @@ sys.path.insert(0, %(root)r)
 mode, t, g, out = sys.argv[1:5]
 t0 = time.perf_counter()
 if mode == "stream":
-    from accucmp.streaming import compare_to_csv
+    from accucmp.compare.streaming import compare_to_csv
     r = compare_to_csv(t, g, out, jobs=1)
     rows = r.rows
 else:
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
     table = apply_verdict(compare_dumps(t, g, jobs=1).table)
     table.to_csv(out, index=False)
     rows = len(table)
@@ -208,7 +208,7 @@ def main():
                       f"(goal: flat; <= 300 MB at 1M rows)")
         # 3. per-op numbers for "Scale on paper"
         if not args.skip_scale:
-            from accucmp.streaming import compare_to_csv
+            from accucmp.compare.streaming import compare_to_csv
 
             n = 30000
             t, g = os.path.join(d, "full_t.h5"), os.path.join(d, "full_g.h5")

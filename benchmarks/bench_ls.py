@@ -6,7 +6,7 @@ Writes, once, a full dump (tree layout with its catalog, DumpWriter) and a stati
 dump (table layout) of N small ops (add/mm of 64-element float32 tensors, 3 tensors and a
 scalar per op), then times, warm (files in the page cache, the first run not counted):
 listing in one process (accucmp.listing.list_ops + render, as `accucmp ls` does, without
-the process start) and end to end as a process (`python -m accucmp.cli ls`), with and
+the process start) and end to end as a process (`python -m accucmp.cli.main ls`), with and
 without --stats (--stats of a full dump reads every tensor: on the N/10-op dump); and `accucmp compare --jobs 1` (one process) of two full dumps of
 N/10 ops, in rows/s. Targets (issue 23): ls < 1 s for 50k ops warm; compare >= 5,000 rows/s.
 """
@@ -33,7 +33,7 @@ from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row  # noqa: E402
 from dumpfile.stats_writer import StatsDumpWriter, value_rows  # noqa: E402
 from dumpfile import schema as S  # noqa: E402
 
-ACCUCMP = [sys.executable, "-m", "accucmp.cli"]
+ACCUCMP = [sys.executable, "-m", "accucmp.cli.main"]
 
 
 def _op(i: int, n_ops: int):

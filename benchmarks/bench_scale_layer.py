@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import npu_dumper  # noqa: E402
-from accucmp.streaming import compare_to_csv  # noqa: E402
+from accucmp.compare.streaming import compare_to_csv  # noqa: E402
 from dumpfile import DumpFile  # noqa: E402
 
 H, FF, NH, B = 64, 172, 4, 2

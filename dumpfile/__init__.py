@@ -1,7 +1,7 @@
 """The HDF5 dump format shared by npu_dumper, accucmp and ir2tbe (torch-free).
 
 See docs/FORMAT.md. `schema` holds names and codes, `writer.DumpWriter` writes,
-`reader.DumpFile` reads.
+`read.reader.DumpFile` reads (the `read` subpackage also holds the safety checks and recovery).
 
 The reader and writer (h5py, numpy) load on first use, so that importing
 `dumpfile.errors` or `dumpfile.schema` stays instant: `accucmp --help` depends on it.
@@ -13,8 +13,8 @@ from . import schema
 from .errors import DumpError, DumpFormatError, DumpWriteError
 
 _LAZY = {
-    "DumpFile": "reader", "OpRecord": "reader", "ValueRecord": "reader",
-    "decode_raw": "reader", "view_of": "reader",
+    "DumpFile": "read.reader", "OpRecord": "read.reader", "ValueRecord": "read.reader",
+    "decode_raw": "read.reader", "view_of": "read.reader",
     "DumpWriter": "writer", "TensorMeta": "writer",
 }
 

@@ -122,7 +122,7 @@ ATTR_DEVICE_TYPE = "DeviceType"
 ATTR_FORMAT_TYPE = "FormatType"
 ATTR_STRIDE = "Stride"            # 1.5+: element strides of the stored data (C order); <=1.4: live
 ATTR_LIVE_STRIDE = "live_stride"  # 1.5+: the live tensor's strides, when they differ from Stride
-# legacy-layout export (dumpfile.legacy): the torch dtype of a tensor the original layout
+# legacy-layout export (dumpfile.read.legacy): the torch dtype of a tensor the original layout
 # has no DataType for (bfloat16, float8...), stored there as float32 with DataType 1
 ATTR_SOURCE_DTYPE = "source_dtype"
 ATTR_SHAPE = "shape"              # logical shape of the live tensor

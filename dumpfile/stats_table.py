@@ -9,7 +9,7 @@ appends rows to two chunked, resizable compound datasets at flush time instead:
                             non-tensor arguments), grouped by seqid, in argument order
     /_npu_dumper/op_attrs   extra per-op attributes (compute_dtype, stack, ...): seqid, name, JSON
 
-The op rows stay in /_npu_dumper/index. Readers (dumpfile.reader.DumpFile) present such
+The op rows stay in /_npu_dumper/index. Readers (dumpfile.read.reader.DumpFile) present such
 files through the same API as tree-layout ones. Torch-free.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from h5py import h5s, h5t
 
 from . import schema as S
-from .recovery import readable_rows
+from dumpfile.read.recovery import readable_rows
 from .writer import new_table
 
 _STR = h5py.string_dtype("utf-8")

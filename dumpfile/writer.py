@@ -27,7 +27,7 @@ from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 from . import h5direct
 from . import schema as S
 from .errors import DumpWriteError
-from .lowlevel import contiguous_offset
+from dumpfile.read.lowlevel import contiguous_offset
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
@@ -1028,7 +1028,7 @@ class DumpWriter:
         """Make every finished op durable: index rows, HDF5 flush, then the op count and
         another flush. `num_ops` on disk thus counts only ops a completed flush wrote: a
         SIGKILL inside a flush (writer="thread") can leave that flush's own structures half
-        written (dumpfile.recovery reads around them), never an op count ahead of them.
+        written (dumpfile.read.recovery reads around them), never an op count ahead of them.
         `final` (at close, where `complete` follows): one flush.
 
         The disk space the flush will write to is claimed first (up to HDF5's end of
@@ -1108,7 +1108,7 @@ class DumpWriter:
     def _trim_headroom(self) -> None:
         """Give back the space claimed past the end of allocation (_claim_to_eoa): HDF5
         truncates a file it closes to that end only when it wrote past it itself."""
-        from .recovery import stored_eoa
+        from dumpfile.read.recovery import stored_eoa
         eoa = stored_eoa(self.path)
         try:
             if eoa is not None and os.path.getsize(self.path) > eoa[1]:

@@ -169,7 +169,7 @@ def _loads(text: str, path: str) -> Any:
 def load_acl_config(path: str | os.PathLike | None = None) -> AclConfig:
     """Read acl.json (default: ./acl.json). A repaired file warns with the corrected JSON."""
     from dumpfile.errors import DumpFormatError
-    from dumpfile.safety import open_regular
+    from dumpfile.read.safety import open_regular
 
     path = os.fspath(path) if path is not None else DEFAULT_CONFIG_NAME
     if not os.path.lexists(path):

@@ -133,7 +133,7 @@ def _map(op, dump, device, seqid) -> None:
     from dumpfile.errors import DumpError
 
     try:
-        from dumpfile.reader import DumpFile
+        from dumpfile.read.reader import DumpFile
         from npu_dumper.replay.recorded import load_call
 
         from .kernels import lower_to_kernels

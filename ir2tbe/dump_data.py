@@ -28,7 +28,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from dumpfile import safety
+from dumpfile.read import safety
 from dumpfile.errors import DumpFormatError, DumpWriteError
 
 PROTO_PACKAGE = "toolkit.dumpdata"
@@ -170,14 +170,14 @@ class TensorEntry:
 
     @property
     def decoded_dtype(self) -> np.dtype:
-        from dumpfile.reader import decode_raw
+        from dumpfile.read.reader import decode_raw
         storage, name = DATA_TYPES[self.data_type]
         return decode_raw(np.zeros(0, dtype=storage), name).dtype
 
     def chunks(self, path: str, chunk_bytes: int = 1 << 24):
         """The decoded values, flat in C order, chunk by chunk, read from `path` (the file
         this entry was parsed from): memory is bounded by the chunk, not the tensor."""
-        from dumpfile.reader import decode_raw
+        from dumpfile.read.reader import decode_raw
         storage, name = DATA_TYPES[self.data_type]
         item = np.dtype(storage).itemsize
         step = max(item, chunk_bytes - chunk_bytes % item)
@@ -194,7 +194,7 @@ class TensorEntry:
 
     def array(self) -> np.ndarray:
         """The tensor as a numpy array (bf16/float8 decoded exactly to float32)."""
-        from dumpfile.reader import decode_raw   # numpy-only helper shared with the h5 reader
+        from dumpfile.read.reader import decode_raw   # numpy-only helper shared with the h5 reader
         storage, name = DATA_TYPES[self.data_type]
         arr = np.frombuffer(self.raw, dtype=np.dtype(storage).newbyteorder("<")).reshape(self.shape)
         out = decode_raw(arr.astype(np.dtype(storage), copy=False), name)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 from npu_dumper.replay.recorded import load_call
 
 from .acl_config import AclConfig, check_acl_dump_env

@@ -7,7 +7,7 @@ from typing import Any
 
 
 from dumpfile import schema as S
-from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .tensors import from_record
 

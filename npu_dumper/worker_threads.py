@@ -20,7 +20,7 @@ from collections import deque
 from typing import Callable
 
 IDLE_SECONDS = 30.0
-# while waiting for work (accucmp.compare forks its workers past threads of this name)
+# while waiting for work (accucmp.compare.pipeline forks its workers past threads of this name)
 IDLE_NAME = "npu_dumper-idle"
 
 _lock = threading.Lock()

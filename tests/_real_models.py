@@ -171,7 +171,7 @@ def dump(name: str, path: str, dtype: torch.dtype = torch.float32, *, load: str 
 
 def planted_seqid(golden: str, fault: Fault) -> int:
     """The golden seqid of the planted call (the k-th call of the op in the recording)."""
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
     f = DumpFile(golden)
     try:
         seqids = [op.seqid for op in f.ops() if op.op == fault.op]

@@ -15,10 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 import npu_dumper
-from accucmp import bitwise
-from accucmp.cli import app
+from accucmp.compare import bitwise
+from accucmp.cli.main import app
 from dumpfile import schema as S
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 from npu_dumper.tensor_hash import content_hash
 
 

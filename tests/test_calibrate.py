@@ -8,7 +8,7 @@ import csv
 import pandas as pd
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from tests._cli_helpers import model_ops, perturbed, write_dump
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dumpfile.reader import chunk_slabs
+from dumpfile.read.reader import chunk_slabs
 
 
 @pytest.mark.parametrize("shape,chunk", [((1, 1000), 64), ((3, 5, 7), 4), ((3, 5, 7), 35), ((3, 5, 7), 36),

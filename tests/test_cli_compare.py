@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from dumpfile import schema as S
 
 from ._cli_helpers import model_ops, perturbed, write_dump
@@ -168,7 +168,7 @@ def test_cli_never_imports_torch(dumps, tmp_path):
     golden, _, faulty = dumps
     code = f"""
 import sys
-from accucmp.cli import main
+from accucmp.cli.main import main
 for argv in (["--help"], ["compare", "--help"], ["extract", "--help"], ["report", "--help"],
              ["compare", "-m", {faulty!r}, "-g", {golden!r}, "-out", {str(tmp_path / "o")!r}, "-q"],
              ["ls", {golden!r}, "--stats"]):
@@ -194,7 +194,7 @@ def test_cli_import_is_light():
     """`accucmp --help` must start fast: importing the CLI, with every registered
     command module, pulls in none of torch, pandas, h5py, numpy, matplotlib."""
     code = ("import sys\n"
-            "import accucmp.cli\n"
+            "import accucmp.cli.main\n"
             "heavy = [m for m in ('torch', 'pandas', 'h5py', 'numpy', 'matplotlib') if m in sys.modules]\n"
             "print('HEAVY', heavy)")
     r = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=60)

@@ -12,7 +12,7 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from dumpfile import DumpFile
 from dumpfile.errors import DumpFormatError
 
@@ -95,7 +95,7 @@ def test_extract_names_a_damaged_input_or_output(good, tmp_path, h5path):
 def test_reader_records_raise_dump_format_error_naming_the_file(good, tmp_path):
     bad = tmp_path / "bad.h5"
     _damage_object(good, bad, "/aten.add.Tensor/5/input")
-    # the open walks every link and dataset (dumpfile.safety) and meets the damage there;
+    # the open walks every link and dataset (dumpfile.read.safety) and meets the damage there;
     # a damaged object it does not reach would raise at the read instead
     with pytest.raises(DumpFormatError, match=f"^{bad}: corrupt or unreadable dump"):
         with DumpFile(bad) as f:

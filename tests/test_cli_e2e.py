@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 npu_dumper = pytest.importorskip("npu_dumper")
 emulation = pytest.importorskip("npu_dumper.replay.emulation")
 
-from accucmp.cli import app  # noqa: E402
+from accucmp.cli.main import app  # noqa: E402
 from dumpfile import DumpFile  # noqa: E402
 
 runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
@@ -69,7 +69,7 @@ def test_perturbed_op_is_first_failure_then_extract_and_replay(tmp_path):
 
 
 def test_golden_fp64_and_jobs_through_the_cli(tmp_path):
-    pytest.importorskip("accucmp.cli_golden")
+    pytest.importorskip("accucmp.cli.golden")
     step = _model_and_step()
     golden, faulty, g64 = (str(tmp_path / n) for n in ("golden.h5", "faulty.h5", "g64.h5"))
     with npu_dumper.dumper(use_dump=True, dump_path=golden):

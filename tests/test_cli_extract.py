@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from accucmp.extract import extract_ops, list_op_groups, parse_op_path
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 from dumpfile import schema as S
@@ -201,8 +201,8 @@ def test_extracted_ops_compare_with_the_run_they_came_from(tmp_path):
     run failed against that same run ('values differ'). It now pairs by seqid when the
     seqids line up, and leaves out the ops the extract does not hold."""
     from tests._compare_helpers import write_dump as write_plain
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
 
     rng = np.random.default_rng(1)
     ops = []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 from dumpfile import schema as S
 
@@ -105,7 +105,7 @@ def test_ls_cut_off_by_head_ends_quietly(tmp_path):
             g = w.begin_op("aten.sin.default", i)
             w.write_tensor(g["output"], "result", x, TensorMeta("float32", (4,), (1,)))
             w.end_op()
-    p = subprocess.Popen([sys.executable, "-m", "accucmp.cli", "ls", str(path), "--plain"],
+    p = subprocess.Popen([sys.executable, "-m", "accucmp.cli.main", "ls", str(path), "--plain"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = p.stdout.readline()
     p.stdout.close()                  # what `head -1` does after its line

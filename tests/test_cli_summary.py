@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accucmp.cli import UsageProblem, normalize_argv, parse_algorithms, parse_formats, parse_thresholds
-from accucmp.outputs import read_result_csv, to_json, write_results
-from accucmp.report_html import render_html
-from accucmp.summary import describe_row, summarize
+from accucmp.cli.main import UsageProblem, normalize_argv, parse_algorithms, parse_formats, parse_thresholds
+from accucmp.report.outputs import read_result_csv, to_json, write_results
+from accucmp.report.html import render_html
+from accucmp.report.summary import describe_row, summarize
 
 
 def _table():
@@ -119,8 +119,8 @@ def test_option_parsing():
 def test_golden_only_op_is_described_by_its_golden_seqid(tmp_path):
     """An op the target lacks has no target seqid: the line named 'seqid ' with nothing after
     it; it names the golden's seqid instead (real compare of two dumps)."""
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
     from tests._compare_helpers import write_dump
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -143,7 +143,7 @@ def test_saved_result_keeps_numeric_looking_module_paths(tmp_path):
     `accucmp report` printed '(forward)' without the module, and '1.10' would be 1.1."""
     from typer.testing import CliRunner
 
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from tests._compare_helpers import write_dump
 
     a = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)

@@ -7,8 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from accucmp.compare import CompareError, compare_dumps
-from accucmp.verdict import apply_verdict, first_failure
+from accucmp.compare.pipeline import CompareError, compare_dumps
+from accucmp.compare.verdict import apply_verdict, first_failure
 from dumpfile import DumpFormatError
 from dumpfile import schema as S
 from tests._compare_helpers import bf16, write_dump
@@ -165,7 +165,7 @@ def test_algorithm_subset(tmp_path):
 
 
 def test_import_does_not_load_torch():
-    code = ("import sys, accucmp.compare, accucmp.verdict, accucmp.matching, accucmp.metrics; "
+    code = ("import sys, accucmp.compare.pipeline, accucmp.compare.verdict, accucmp.compare.matching, accucmp.compare.metrics; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -11,9 +11,9 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
-from accucmp.compare import compare_dumps
-from accucmp.verdict import apply_verdict
+from accucmp.cli.main import app
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from accucmp.matching import canonical_op, pair_by_seqid, pair_by_stream, pair_tensors, tensor_leaves
+from accucmp.compare.matching import canonical_op, pair_by_seqid, pair_by_stream, pair_tensors, tensor_leaves
 from dumpfile import DumpFile
 from tests._compare_helpers import write_dump
 
@@ -95,8 +95,8 @@ def test_replay_against_a_golden_that_is_not_its_source(tmp_path):
     (here one with two extra ops first), seqid pairing paired addmm with zeros, gelu with
     add, ...: 11 'size mismatch' failures on a clean run. When most seqid pairs name
     different ops, compare pairs by aligning the op streams and says why."""
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
     from dumpfile import schema as S
 
     rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from accucmp.metrics import (F32_EPS, METRIC_NAMES, METRICS, TensorComparison, aligned, compare_arrays,
+from accucmp.compare.metrics import (F32_EPS, METRIC_NAMES, METRICS, TensorComparison, aligned, compare_arrays,
                              compare_stats, resolve_algorithms)
 
 

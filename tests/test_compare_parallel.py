@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accucmp import compare as C
-from accucmp.compare import auto_jobs, compare_dumps
-from dumpfile.reader import _strides_are_dense
+from accucmp.compare import pipeline as C
+from accucmp.compare.pipeline import auto_jobs, compare_dumps
+from dumpfile.read.reader import _strides_are_dense
 from tests._compare_helpers import write_dump
 
 
@@ -86,8 +86,8 @@ def test_fast_json_text_equals_json_dumps_indent(dumps, tmp_path):
     import json
     import math
 
-    from accucmp.outputs import _jsonable, to_json
-    from accucmp.verdict import apply_verdict
+    from accucmp.report.outputs import _jsonable, to_json
+    from accucmp.compare.verdict import apply_verdict
 
     def reference(table, meta):
         rows = [{k: _jsonable(v) for k, v in rec.items()} for rec in table.to_dict(orient="records")]

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
-from accucmp.compare import compare_dumps, stream_compare
-from accucmp.rank_compare import compare_runs, pair_folders, rank_key
-from accucmp.streaming import compare_to_csv
-from accucmp.summary import SummaryBuilder, summarize
-from accucmp.verdict import apply_verdict
+from accucmp.cli.main import app
+from accucmp.compare.pipeline import compare_dumps, stream_compare
+from accucmp.compare.ranks import compare_runs, pair_folders, rank_key
+from accucmp.compare.streaming import compare_to_csv
+from accucmp.report.summary import SummaryBuilder, summarize
+from accucmp.compare.verdict import apply_verdict
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 
@@ -191,7 +191,7 @@ def test_compare_of_two_files_does_not_import_dask(tmp_path):
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     write_dump(a, model_ops())
     write_dump(b, model_ops())
-    code = ("import sys; from accucmp.cli import main\n"
+    code = ("import sys; from accucmp.cli.main import main\n"
             f"try:\n    main(['compare', '-m', {str(b)!r}, '-g', {str(a)!r}, '-o', {str(tmp_path / 'o')!r}, '-q'])\n"
             "except SystemExit:\n    pass\n"
             "print(sorted(m for m in ('dask', 'distributed', 'torch') if m in sys.modules))\n")
@@ -293,7 +293,7 @@ def test_progress_bar_only_on_a_terminal(ddp_runs, tmp_path):
 
     from rich.console import Console
 
-    from accucmp.rank_compare import run_folder_compare
+    from accucmp.compare.ranks import run_folder_compare
 
     d, _ = ddp_runs
     for terminal in (True, False):
@@ -309,7 +309,7 @@ def test_two_file_compare_still_forks_after_a_folder_compare(ddp_runs, monkeypat
     fork guard must not take it for a busy thread (compare would fall back to threads)."""
     import threading
 
-    from accucmp import compare
+    from accucmp.compare import pipeline as compare
 
     dask_threads = [t for t in threading.enumerate() if t.name.startswith("Dask-Offload")]
     assert dask_threads
@@ -320,7 +320,7 @@ def test_two_file_compare_still_forks_after_a_folder_compare(ddp_runs, monkeypat
 
 @pytest.mark.parametrize("path", ["processes", "threads"])
 def test_streamed_batches_from_workers_keep_order_and_whole_ops(tmp_path, monkeypatch, path):
-    from accucmp import compare as C
+    from accucmp.compare import pipeline as C
 
     t, g = _mixed_pair(tmp_path)
     want = apply_verdict(compare_dumps(t, g).table)

@@ -8,8 +8,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
-from accucmp.compare import compare_dumps
+from accucmp.cli.main import app
+from accucmp.compare.pipeline import compare_dumps
 
 torch = pytest.importorskip("torch")
 import npu_dumper  # noqa: E402

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accucmp.metrics import TensorComparison
-from accucmp.verdict import DEFAULT_THRESHOLDS, VerdictError, apply_verdict, first_failure, worst_ops
+from accucmp.compare.metrics import TensorComparison
+from accucmp.compare.verdict import DEFAULT_THRESHOLDS, VerdictError, apply_verdict, first_failure, worst_ops
 from tests._compare_helpers import bf16
 
 RNG = np.random.default_rng(7)
@@ -165,7 +165,7 @@ def test_integer_and_bool_differences_float64_metrics_cannot_see(tmp_path):
     """A bool mask whose golden is all False (RelativeEuclideanDistance undefined, no
     MaxAbsoluteError for bool) was 'skipped', and int64 values above 2**53 that differ by
     one passed (equal in float64). Mismatches are counted on the native values."""
-    from accucmp.compare import compare_dumps
+    from accucmp.compare.pipeline import compare_dumps
     from tests._compare_helpers import write_dump
 
     a = np.ones((2, 3), np.float32)

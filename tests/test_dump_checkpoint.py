@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from accucmp.compare import compare_dumps
-from accucmp.verdict import apply_verdict
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
 

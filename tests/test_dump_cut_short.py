@@ -1,4 +1,4 @@
-"""A dump whose writer died inside an HDF5 flush (dumpfile.recovery)."""
+"""A dump whose writer died inside an HDF5 flush (dumpfile.read.recovery)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import npu_dumper
 import sample_models
 from dumpfile import DumpFile
-from dumpfile import recovery
+from dumpfile.read import recovery
 from dumpfile import schema as S
 
 

@@ -6,7 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dumper
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 from npu_dumper import hints
 
 

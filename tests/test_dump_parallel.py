@@ -246,8 +246,8 @@ def test_shards_of_both_ranks_reassemble_into_the_global_tensor(runs):
 def _failing(target, golden):
     import warnings
 
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)     # h5py's "invalid value in cast"
         table = apply_verdict(compare_dumps(str(target), str(golden)).table)

@@ -212,8 +212,8 @@ def test_ctc_loss_workspace_is_marked_uninitialized(tmp_path):
     """F.ctc_loss on CPU returns log_alpha allocated with empty() and filled only where a
     target can be: two dumps of the same run differed there (garbage, 1e10) and compare
     failed the run against itself at aten._ctc_loss. It is marked like the RNN workspaces."""
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
 
     def run(p):
         g = torch.Generator().manual_seed(0)
@@ -265,7 +265,7 @@ def test_an_op_that_raises_is_recorded_with_its_inputs_and_the_error(tmp_path, k
             np.testing.assert_array_equal(ins["self"].read(), (a + 1).numpy())
             np.testing.assert_array_equal(ins["mat2"].read(), b.numpy())
     from typer.testing import CliRunner
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     res = CliRunner().invoke(app, ["ls", str(p), "--plain"], terminal_width=200)
     assert res.exit_code == 0
     assert "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in res.output.splitlines()[-1]

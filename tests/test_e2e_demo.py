@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 
 
 def invoke(args, monkeypatch):

@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 import sample_models
-from accucmp.cli import app
-from accucmp.compare import compare_dumps
+from accucmp.cli.main import app
+from accucmp.compare.pipeline import compare_dumps
 from accucmp.demo import pick_fault_site
-from accucmp.verdict import apply_verdict, first_failure
-from dumpfile.reader import DumpFile
+from accucmp.compare.verdict import apply_verdict, first_failure
+from dumpfile.read.reader import DumpFile
 from npu_dumper import dumper
 from npu_dumper.replay.emulation import emulate_npu, inject_fault, is_cube_op
 from npu_dumper.replay.recorded import resolve_op

@@ -426,7 +426,7 @@ def test_golden_force_replaces_a_link_not_its_target(tmp_path):
     import torch
     from typer.testing import CliRunner
 
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from dumpfile import DumpFile
 
     from ._replay_helpers import record

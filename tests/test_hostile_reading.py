@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # runs Python before exec) can deadlock in a parent that has threads (torch's, the pool's).
 _LAUNCH = ("import resource, runpy, sys; n = int(sys.argv[1]); "
            "resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
-           "sys.argv = ['accucmp'] + sys.argv[2:]; runpy.run_module('accucmp.cli', run_name='__main__')")
+           "sys.argv = ['accucmp'] + sys.argv[2:]; runpy.run_module('accucmp.cli.main', run_name='__main__')")
 
 
 def _commands(hostile: str, good: str, out: str) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""`accucmp export`: the original layout's rules (dumpfile/legacy.py) and the way back.
+"""`accucmp export`: the original layout's rules (dumpfile/read/legacy.py) and the way back.
 Runs without the real msaccucmp (tests/test_interop_msaccucmp.py runs that one)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from accucmp.cli import app
-from accucmp.matching import canonical_op
-from dumpfile import legacy as L
+from accucmp.cli.main import app
+from accucmp.compare.matching import canonical_op
+from dumpfile.read import legacy as L
 from dumpfile import schema as S
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 
 ORIGINAL_ATTRS = {"Type", "DataType", "DeviceType", "FormatType", "Stride", S.ATTR_SOURCE_DTYPE}
 
@@ -126,7 +126,7 @@ def test_native_export_of_an_original_file(tmp_path):
     """An original dumper's file (Half as F32 with DataType 10, bool, a Backward node) into
     our format: dtypes stored natively, phases from the names, names kept (compare matches
     them to ours), and the converted file compares like the original one."""
-    from accucmp.compare import compare_dumps
+    from accucmp.compare.pipeline import compare_dumps
 
     y = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     src, dst = tmp_path / "orig.h5", tmp_path / "native.h5"

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from accucmp.compare import compare_dumps
-from accucmp.export import run_export
-from dumpfile import legacy as L
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.report.export import run_export
+from dumpfile.read import legacy as L
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".cache" / "msprobe-venv"
@@ -169,8 +169,8 @@ def _original_file(path: Path, tensors: dict, half_as_f32: bool) -> None:
 def test_hand_built_original_fp16_vs_fp32_no_false_alarms(msaccucmp, tmp_path):
     """fp16 target (stored as F32, DataType 10) vs fp32 golden: judged at fp16 precision by
     ours (no failures), read by the real tool too; bool stays bool; Backward op is backward."""
-    from accucmp.cli import app
-    from dumpfile.reader import DumpFile
+    from accucmp.cli.main import app
+    from dumpfile.read.reader import DumpFile
     from typer.testing import CliRunner
 
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 
 
 def test_stride_describes_stored_data_and_format_follows_memory_format(tmp_path):

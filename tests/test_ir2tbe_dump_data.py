@@ -163,7 +163,7 @@ def test_convert_writes_npy_and_flattened_txt(tmp_path):
 
 
 def test_convert_cli_skips_bad_files_converts_the_rest(tmp_path, monkeypatch):
-    from accucmp.cli import app
+    from accucmp.cli.main import app
 
     monkeypatch.setenv("COLUMNS", "120")
     src, out = tmp_path / "dump", tmp_path / "out"
@@ -184,7 +184,7 @@ def test_convert_cli_skips_bad_files_converts_the_rest(tmp_path, monkeypatch):
 
 
 def test_convert_cli_single_file_long_option_and_missing(tmp_path, monkeypatch):
-    from accucmp.cli import app
+    from accucmp.cli.main import app
 
     monkeypatch.setenv("COLUMNS", "120")
     _good_dump(tmp_path)

@@ -62,7 +62,7 @@ def extracted(tmp_path, monkeypatch):
 
 
 def test_load_with_acl_dump_then_convert(extracted, tmp_path):
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from ir2tbe.acl_config import AclConfigWarning
 
     m, x, picked = extracted

@@ -1,4 +1,4 @@
-"""Per-op verdict policies (accucmp/op_policies.py) on real dumps: tie-dependent indices are
+"""Per-op verdict policies (accucmp/compare/op_policies.py) on real dumps: tie-dependent indices are
 judged by the values they select, and plain dump-vs-dump names the op that caused an error
 ("caused here") rather than those that inherited it."""
 
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from npu_dumper import inject_fault
 from npu_dumper.capture import op_info
-from accucmp.compare import compare_dumps
-from accucmp.op_policies import KNOWN_KERNEL_ERROR, ORIGIN_CAUSED, ORIGIN_INHERITED, TIE_INDICES, packet
-from accucmp.verdict import apply_verdict, first_failure
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.op_policies import KNOWN_KERNEL_ERROR, ORIGIN_CAUSED, ORIGIN_INHERITED, TIE_INDICES, packet
+from accucmp.compare.verdict import apply_verdict, first_failure
 
 
 def _overload(name: str):
@@ -121,7 +121,7 @@ def test_plain_dumps_name_the_op_that_caused_the_error(tmp_path, op, call):
     assert first_failure(t)["NPUDump"] == op
     # the terminal summary's first-failure line names it and says so
     from rich.console import Console
-    from accucmp.summary import print_summary
+    from accucmp.report.summary import print_summary
     console = Console(record=True, width=250)
     print_summary(t, console=console)
     line = next(ln for ln in console.export_text().splitlines() if "first failure" in ln)

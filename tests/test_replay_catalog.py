@@ -18,7 +18,7 @@ import npu_dumper
 import sample_models
 from dumpfile import schema as S
 from dumpfile import writer as W
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 from dumpfile.writer import DumpWriter, TensorMeta
 from npu_dumper.replay import matching as R     # (where load-replay calls read_group)
 from npu_dumper.replay.load_replay import ReplayPolicy

@@ -10,7 +10,7 @@ import torch
 
 import npu_dumper
 from dumpfile import schema as S
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 from npu_dumper.replay.load_replay import ReplayPolicy
 from npu_dumper.replay.matching import recorded_key as _recorded_key
 from npu_dumper.replay.index import read_group

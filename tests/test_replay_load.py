@@ -105,8 +105,8 @@ def test_fp32_dump_replayed_into_bf16_autocast_matches_every_recorded_op(tmp_pat
     # The replay dump holds outputs only; an op that read a bfloat16 input (cast from the
     # golden's float32) is judged at bfloat16 precision all the same: its op attribute
     # input_dtypes says what its inputs were, so no clean op fails on the cast alone.
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict, first_failure
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict, first_failure
 
     table = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), ref).table)
     assert set(table["IO"]) == {"output"} and len(table) > 5
@@ -127,8 +127,8 @@ def _faulty_gelu_lib():
 
 @pytest.mark.filterwarnings("ignore:Warning only once for all operators")
 def test_fault_in_one_kernel_is_flagged_on_that_op_only(tmp_path):
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
 
     model, x = _mlp(), torch.randn(4, 8)
     ref = _dump(tmp_path, model, x)
@@ -258,7 +258,7 @@ def test_replay_stores_outputs_only_by_default_and_compare_pairs_only_outputs(tm
     """As the original's load mode: a matched op's inputs are the golden's by construction,
     so the replay dump holds outputs (dump_mode="all" keeps inputs), and compare makes no
     input rows for it instead of reporting every golden input as unmatched."""
-    from accucmp.compare import compare_dumps
+    from accucmp.compare.pipeline import compare_dumps
 
     model, x = _mlp(), torch.randn(4, 8)
     ref = _dump(tmp_path, model, x)
@@ -287,7 +287,7 @@ def test_a_dump_without_inputs_is_refused_for_replay_and_golden_replay(tmp_path)
     recompute nothing; both say so in one line before any op runs, and leave no file."""
     from typer.testing import CliRunner
 
-    from accucmp.cli import app
+    from accucmp.cli.main import app
 
     model, x = _mlp(), torch.randn(4, 8)
     ref = _dump(tmp_path, model, x)

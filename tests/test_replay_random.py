@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import npu_dumper
-from accucmp.compare import compare_dumps
-from accucmp.verdict import apply_verdict
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
 from npu_dumper.replay.recorded import draws_random, load_call

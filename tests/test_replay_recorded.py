@@ -145,7 +145,7 @@ def test_golden_lists_what_it_cannot_replay(tmp_path):
 
 
 def test_golden_cli(tmp_path, monkeypatch):
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     monkeypatch.setenv("COLUMNS", "120")
     x = torch.randn(4, 4)
     record(tmp_path / "d.h5", [(aten.relu.default, (x,), {})])
@@ -172,8 +172,8 @@ def test_tensor_to_storage_bf16_is_raw_bits():
 def test_golden_replay_of_a_real_cpu_fp32_dump_is_within_fp32_rounding(tmp_path, name):
     import npu_dumper  # noqa: F401
     import sample_models
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
 
     spec = sample_models.get(name)
     model, inputs = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
@@ -220,8 +220,8 @@ def test_golden_inputs_of_hidden_writes_are_as_before_the_op(tmp_path):
             before = np.asarray(rec.inputs()[name].read())
             assert before.tolist() == ([0.0] * 4 if name == "running_mean" else [1.0] * 4)
             np.testing.assert_array_equal(np.asarray(gold.inputs()[name].read()), before)
-    from accucmp.compare import compare_dumps
-    from accucmp.verdict import apply_verdict
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
     t = apply_verdict(compare_dumps(str(tmp_path / "d.h5"), str(tmp_path / "g.h5")).table)
     assert (t["Result"] != "fail").all(), t[t["Result"] == "fail"][["NPUDumpPath", "FailReason"]]
 
@@ -273,7 +273,7 @@ def test_golden_replay_of_an_op_returning_a_script_object(tmp_path):
     import npu_dumper
     from typer.testing import CliRunner
 
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     x = torch.arange(6.0).reshape(2, 3)
     with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):
         with torch.profiler.record_function("block"):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
-from accucmp.headline import bound_clause, middle_ellipsis, verdict_sentence
+from accucmp.cli.main import app
+from accucmp.report.headline import bound_clause, middle_ellipsis, verdict_sentence
 from tests._compare_helpers import bf16, write_dump
 
 LONG_MODULE = "encoder.layers.3.attention.output.dense_projection_with_a_long_name"
@@ -181,7 +181,7 @@ def test_acl_config_message_names_the_cli_option(tmp_path):
 def test_progress_bars_only_when_watched_and_not_quiet(dumps, tmp_path, monkeypatch):
     import contextlib
 
-    from accucmp import progress
+    from accucmp.cli import progress
     from accucmp.extract import extract_ops
     from accucmp.listing import list_ops
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from tests._compare_helpers import bf16, write_dump
 
 html5lib = pytest.importorskip("html5lib")
@@ -102,7 +102,7 @@ def test_html_is_one_self_contained_file(page):
 def test_underflow_and_inherited_are_explained():
     import pandas as pd
 
-    from accucmp.report_html import render_html
+    from accucmp.report.html import render_html
 
     t = pd.DataFrame({
         "Index": [0, 1, 2], "NPUDump": ["aten.mm.default"] * 3, "SeqId": [1, 2, 3],

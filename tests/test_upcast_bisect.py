@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 import npu_dumper
-from accucmp.cli import app
+from accucmp.cli.main import app
 from npu_dumper.upcast import UpcastSpecError, upcast, upcast_from_env
 
 STEP = Path(__file__).parent / "data" / "bisect_step.py"

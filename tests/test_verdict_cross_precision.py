@@ -21,8 +21,8 @@ import pytest
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from npu_dumper import inject_fault
 from npu_dumper.replay.golden import replay as golden_replay
-from accucmp.compare import compare_dumps
-from accucmp.verdict import apply_verdict, first_failure
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict, first_failure
 
 
 class _ConvBN(nn.Module):
@@ -87,7 +87,7 @@ def test_clean_replay_passes_with_fp64_golden(golden, dtype):
     assert (noise["Result"] == "skipped").all()
     # and the terminal summary says so (the rows are only in the csv otherwise)
     from rich.console import Console
-    from accucmp.summary import print_summary
+    from accucmp.report.summary import print_summary
     console = Console(record=True, width=200)
     print_summary(t, console=console)
     assert "1 tensor(s) not judged: ill-conditioned" in console.export_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from typer.testing import CliRunner
 
-from accucmp.cli import app
+from accucmp.cli.main import app
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 
 # bfloat16 codes: quiet NaN with payloads, a signalling-pattern NaN, -NaN, inf, 1.0, -0.0

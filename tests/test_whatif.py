@@ -16,7 +16,7 @@ from tests._cli_helpers import Op, write_dump
 from typer.testing import CliRunner
 
 import npu_dumper
-from accucmp.cli import app
+from accucmp.cli.main import app
 
 TORCH = {name: getattr(torch, f.torch_name) for name, f in W.FORMATS.items()}
 
@@ -132,7 +132,7 @@ def test_scale_exists_only_when_the_range_fits():
 def test_whatif_command_on_a_dump(tmp_path):
     from tests._cli_helpers import model_ops
 
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from typer.testing import CliRunner
 
     ops = model_ops()
@@ -152,7 +152,7 @@ def test_whatif_command_on_a_dump(tmp_path):
 
 def test_whatif_on_statistics_only_dump_is_one_line_error(tmp_path):
     import npu_dumper
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from typer.testing import CliRunner
 
     path = tmp_path / "s.h5"
@@ -165,7 +165,7 @@ def test_whatif_on_statistics_only_dump_is_one_line_error(tmp_path):
 
 
 def test_whatif_bad_dtype_is_usage_error(tmp_path):
-    from accucmp.cli import app
+    from accucmp.cli.main import app
     from typer.testing import CliRunner
 
     dump = write_dump(tmp_path / "d.h5", [Op("aten.relu.default", 1, inputs={"self": np.ones(3, np.float32)},
@@ -180,7 +180,7 @@ def test_whatif_does_not_import_torch(tmp_path):
 
     dump = write_dump(tmp_path / "d.h5", [Op("aten.relu.default", 1, inputs={"self": np.ones(3, np.float32)},
                                                outputs={"result": np.ones(3, np.float32)})])
-    code = ("import sys\nfrom accucmp.cli import main\ntry:\n    main(['whatif', sys.argv[1], '-out', sys.argv[2], '-q'])\n"
+    code = ("import sys\nfrom accucmp.cli.main import main\ntry:\n    main(['whatif', sys.argv[1], '-out', sys.argv[2], '-q'])\n"
             "except SystemExit as e:\n    assert not e.code, e.code\nassert 'torch' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code, dump, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 from dumpfile import schema as S
 from dumpfile import golden_info
 from dumpfile.errors import DumpError
-from dumpfile.reader import DumpFile, OpRecord, ValueRecord
+from dumpfile.read.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
 from ..opschema import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info

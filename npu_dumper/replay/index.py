@@ -36,8 +36,8 @@ import numpy as np
 from h5py import h5a, h5g, h5o
 
 from dumpfile import schema as S
-from dumpfile.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
-from dumpfile.reader import DumpFile, ValueRecord, _attr_str
+from dumpfile.read.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
+from dumpfile.read.reader import DumpFile, ValueRecord, _attr_str
 
 _NO_VALUE = object()
 

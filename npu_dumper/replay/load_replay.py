@@ -37,7 +37,7 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
-from dumpfile.reader import DumpFile, ValueRecord, corrupt_dump_error
+from dumpfile.read.reader import DumpFile, ValueRecord, corrupt_dump_error
 
 from ..errors import DumperError
 from ..opmap import OpMap, get_op_map

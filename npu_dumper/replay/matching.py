@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
-from dumpfile.reader import OpRecord, ValueRecord
+from dumpfile.read.reader import OpRecord, ValueRecord
 
 from .index import read_group
 

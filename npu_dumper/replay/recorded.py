@@ -18,10 +18,10 @@ import h5py
 import numpy as np
 import torch
 
-from dumpfile import safety
+from dumpfile.read import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
-from dumpfile.reader import OpRecord, ValueRecord
+from dumpfile.read.reader import OpRecord, ValueRecord
 
 from ..opschema import op_info
 from .matching import find_input

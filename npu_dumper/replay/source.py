@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
-from dumpfile.lowlevel import contiguous_offset
-from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.read.lowlevel import contiguous_offset
+from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .recorded import NotReplayable, _base_storage, non_overlapping, tensor_from_record
 

@@ -23,7 +23,7 @@ import stat
 
 from h5py import h5d, h5l, h5o, h5z
 
-from .errors import DumpFormatError
+from dumpfile.errors import DumpFormatError
 
 # environment variable that sets the largest declared dataset size read (bytes; suffixes
 # K, M, G, T for powers of 1024)

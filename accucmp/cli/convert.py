@@ -1,6 +1,6 @@
 """`accucmp convert -d DIR_OR_FILES -out OUT`: kernel dumps -> .npy/.txt (torch-free).
 
-Registered into accucmp.cli's app by register(app). Exit codes: 0 all converted,
+Registered into accucmp.cli.main's app by register(app). Exit codes: 0 all converted,
 1 some files failed (each named on stderr, the rest converted), 2 bad usage or bad
 input (nothing to convert, no file converted, an existing output without --force, a
 cap reached, output not writable).
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles
+from accucmp.cli.options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles
 
 EXIT_SOME_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -39,7 +39,7 @@ def convert_command(
     max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
-    from .cli import _boundary
+    from accucmp.cli.main import _boundary
 
     with _boundary(*_split(dump)):  # anything unexpected: still one line naming the input
         _convert(dump, out, fmt, 0 if quiet else verbose, force, max_files, max_bytes)
@@ -49,7 +49,7 @@ def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
     from dumpfile.errors import DumpError, DumpWriteError
     from accucmp.convert import FORMATS, convert_paths
 
-    from .cli_options import budget
+    from accucmp.cli.options import budget
 
     if fmt not in FORMATS:
         typer.echo(f"accucmp: error: --format {fmt!r}: use one of {', '.join(FORMATS)}", err=True)
@@ -63,7 +63,7 @@ def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
     try:
         from accucmp.convert import find_dump_files
 
-        from .progress import progress_bar, watched
+        from accucmp.cli.progress import progress_bar, watched
 
         caps = budget(max_files, max_bytes)
         total = len(find_dump_files(list(sources))[0]) if verbose >= 1 and watched() else None

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dumpfile import schema as S
-from dumpfile import legacy
+from dumpfile.read import legacy
 from dumpfile.opmap_data import build_equivalence, build_renames, packet_of
-from dumpfile.reader import OpRecord, ValueRecord
+from dumpfile.read.reader import OpRecord, ValueRecord
 
 # SequenceMatcher is quadratic on repetitive streams: above this many ops in the
 # differing middle, fall back to name + k-th call there.
@@ -45,7 +45,7 @@ class OpPair:
 @functools.lru_cache(maxsize=1 << 14)       # called per op of both dumps, names repeat
 def canonical_op(name: str) -> str:
     """One name for every op the map says is equivalent; other names in the original
-    layout's spelling (dumpfile.legacy: `aten.addmm.default` and an original file's
+    layout's spelling (dumpfile.read.legacy: `aten.addmm.default` and an original file's
     `addmm` are one op), so a mixed pair (original file vs our dump) compares."""
     packet = packet_of(name)
     others = _EQUIV.get(packet)

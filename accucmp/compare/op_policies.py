@@ -207,7 +207,7 @@ def _underflows(table: pd.DataFrame, i: int) -> bool:
     within 4x of the smallest normal number: float16 gradients below 6.1e-5 lose relative
     precision in any run; what loss scaling is for), so its failure is the format's range,
     not something this op added."""
-    from .verdict import _SMALLEST_NORMAL      # (verdict imports this module)
+    from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
     if "GoldenAbsMax" not in table.columns or "PrecisionDtype" not in table.columns:
         return False
     tiny = _SMALLEST_NORMAL.get(_s(table["PrecisionDtype"].iat[i]))

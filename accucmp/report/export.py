@@ -1,7 +1,7 @@
 """`accucmp export`: a dump in the original Ascend layout (`--layout legacy`), which the
 real `msaccucmp.py compare` reads, and back (`--layout native`). Torch-free.
 
-Rules (dumpfile/legacy.py, docs/FORMAT.md "The original layout"): op groups at the root
+Rules (dumpfile/read/legacy.py, docs/FORMAT.md "The original layout"): op groups at the root
 named by `legacy_names`, groups without attributes, no empty groups, values with only the
 original's attributes (`Type`, `DataType`, `DeviceType`, `FormatType`, `Stride`; plus
 `source_dtype` where the original had no DataType), views materialised, Half as float32
@@ -18,10 +18,10 @@ import os
 import h5py
 import numpy as np
 
-from dumpfile import legacy as L
+from dumpfile.read import legacy as L
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError, DumpWriteError
-from dumpfile.reader import DumpFile, ValueRecord
+from dumpfile.read.reader import DumpFile, ValueRecord
 from dumpfile.safe_output import output_path
 from dumpfile.writer import DumpWriter, TensorMeta
 

@@ -25,14 +25,14 @@ from h5py import h5a, h5d, h5g, h5o, h5s
 import numpy as np
 import pandas as pd
 
-from dumpfile import legacy
+from dumpfile.read import legacy
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.lowlevel import UNSUPPORTED, read_open_attr
-from dumpfile.reader import DumpFile, ValueRecord, chunk_slabs, decode_raw, h5_errors
+from dumpfile.read.lowlevel import UNSUPPORTED, read_open_attr
+from dumpfile.read.reader import DumpFile, ValueRecord, chunk_slabs, decode_raw, h5_errors
 
-from . import matching
-from .metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
+from accucmp.compare import matching
+from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
 
 BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
 TAIL_COLUMNS = [
@@ -677,7 +677,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     # its seqids line up with the other file's (same names at the same seqids), pair by
     # seqid and leave out the other file's ops the extract does not hold.
     subset_note = ""
-    from .extract import ROOT_EXTRACTED_FROM
+    from accucmp.extract import ROOT_EXTRACTED_FROM
 
     extracted = [f for f in (tf, gf) if f.attrs.get(ROOT_EXTRACTED_FROM) is not None]
     if not replay and extracted:

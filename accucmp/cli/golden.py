@@ -1,6 +1,6 @@
 """`accucmp golden -i npu.h5 -o golden.h5`: recompute every op of a dump in float64.
 
-Registered into accucmp.cli's app by register(app). torch is imported only inside the
+Registered into accucmp.cli.main's app by register(app). torch is imported only inside the
 command body, so `accucmp --help` and the other commands stay torch-free.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .cli_options import Force
+from accucmp.cli.options import Force
 
 
 def golden_command(
@@ -35,7 +35,7 @@ def golden_command(
     from dumpfile.errors import DumpError, DumpFormatError
     from dumpfile.safe_output import check_target, output_path
 
-    from .cli import _boundary, _require_file
+    from accucmp.cli.main import _boundary, _require_file
 
     with _boundary(input):  # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
         _require_file(input)

@@ -27,7 +27,7 @@ NOISE_REASON = "within noise floor"
 
 def calibrate(golden: str | os.PathLike, second: str | os.PathLike, out_dir: str | os.PathLike,
               jobs: int = 1) -> tuple[Path, int]:
-    from .compare import compare_dumps
+    from accucmp.compare.pipeline import compare_dumps
 
     res = compare_dumps(str(second), str(golden), algorithms=list(FLOOR_METRICS), jobs=jobs)
     table = res.table

@@ -108,7 +108,7 @@ def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], t
     total = sum(counts.values()) if total is None else total
     others = ", ".join(f"{counts[k]} {k}" for k in ("unmatched", "skipped") if counts.get(k))
     if row is not None and n_fail:
-        # the verdict's Origin column (accucmp/op_policies.py): the op whose inputs still agree
+        # the verdict's Origin column (accucmp/compare/op_policies.py): the op whose inputs still agree
         caused = str(row.get("Origin") or "") == "caused here" or row.get("CausedHere") is True
         what = "first op caused here" if caused else "first failing op"
         return f"FAIL: {what} is {where_clause(row)}: {bound_clause(row)}"

@@ -46,7 +46,7 @@ def _write_format(table: pd.DataFrame, fmt: str, path: Path, *, meta: dict | Non
             with open(tmp, "w", encoding="utf-8") as fh:
                 write_jsonl_rows(fh, table)
         elif fmt == "html":
-            from .report_html import render_html
+            from accucmp.report.html import render_html
 
             Path(tmp).write_text(render_html(table, meta=meta), encoding="utf-8")
         elif fmt == "xlsx":
@@ -107,7 +107,7 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
 def failing_rows_of_csv(csv_path: Path, chunk_rows: int = 65536) -> pd.DataFrame:
     """The failing rows of a saved result, read in chunks (only they are held)."""
     parts = []
-    from dumpfile.safety import check_regular
+    from dumpfile.read.safety import check_regular
     check_regular(str(csv_path))        # a FIFO would block pandas' open forever
     try:
         reader = pd.read_csv(csv_path, keep_default_na=True, dtype={c: str for c in TEXT_COLUMNS},
@@ -162,8 +162,8 @@ def write_jsonl_rows(fh, table: pd.DataFrame) -> None:
 def summary_record(summary, *, code: int, meta: dict | None = None, outputs=()) -> dict:
     """The verdict for a CI pipeline (`--summary-json`): PASS/FAIL, the sentence, the exit
     code, counts, and the first and worst failing ops with the bound each broke."""
-    from .cli_options import package_version
-    from .headline import bound_clause, seqid_text, verdict_sentence, where_clause
+    from accucmp.cli.options import package_version
+    from accucmp.report.headline import bound_clause, seqid_text, verdict_sentence, where_clause
 
     def op(row):
         if row is None:
@@ -244,7 +244,7 @@ TEXT_COLUMNS = ("NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"
 
 def read_result_csv(path: Path) -> pd.DataFrame:
     """A saved result; checks it is one (has the columns a verdict needs)."""
-    from dumpfile.safety import open_regular
+    from dumpfile.read.safety import open_regular
 
     path = Path(path)
     try:
@@ -346,7 +346,7 @@ def read_tensor_at(f, path: str, before_read=None) -> np.ndarray | None:
     from dumpfile import ValueRecord
     from dumpfile import schema as S
 
-    from dumpfile.reader import h5_errors
+    from dumpfile.read.reader import h5_errors
 
     with h5_errors(f.path, path):
         obj = f.h5[path]

@@ -1,4 +1,4 @@
-"""`accucmp demo`: registered into accucmp's typer app by accucmp/cli.py.
+"""`accucmp demo`: registered into accucmp's typer app by accucmp/cli/main.py.
 
 Thin: options in, accucmp.demo.run_demo out. torch (through sample_models and
 npu_dumper) is imported only when the command runs, so `accucmp --help` and the
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .demo import DEFAULT_MODEL, DEFAULT_SIZE, FAULT_AUTO
+from accucmp.demo import DEFAULT_MODEL, DEFAULT_SIZE, FAULT_AUTO
 
 _MODELS_HELP = "mlp (the benchmark MLP), resnet, shufflenet, lstm_lm, transformer"
 
@@ -34,10 +34,10 @@ def demo_command(
     Exit 0 when the demo shows what it should (the planted fault is the first failing
     op; with --fault none: nothing fails), 1 otherwise, 2 on bad input.
     """
-    from .cli import _boundary, _console
+    from accucmp.cli.main import _boundary, _console
 
     with _boundary():
-        from .demo import run_demo
+        from accucmp.demo import run_demo
 
         result = run_demo(model, out, size=size, fault=fault, seed=seed, saturate=saturate,
                           map_kernels=kernels, console=_console(), top=top)

@@ -67,7 +67,7 @@ def rank_key(path: str | os.PathLike) -> RankFile:
     names per-rank files, or a path chosen per rank by hand). The step: root attribute
     `step`, else `_step{n}` in the name, else none. Raises DumpFormatError when the file is
     not a readable dump."""
-    from dumpfile.reader import DumpFile
+    from dumpfile.read.reader import DumpFile
 
     path = os.fspath(path)
     name = os.path.basename(path)
@@ -190,7 +190,7 @@ def _progress_sender(queue_name: str | None):
     """on_rows for a task: row counts to the client's progress bar, at most twice a second."""
     if not queue_name:
         return None
-    from .streaming import Throttle
+    from accucmp.compare.streaming import Throttle
 
     try:
         from distributed import Queue
@@ -211,7 +211,7 @@ def _progress_sender(queue_name: str | None):
 def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
               queue_name: str | None = None) -> dict[str, Any]:
     """Compare one rank pair to `csv_path`; returns its summary (never the rows)."""
-    from .streaming import compare_to_csv
+    from accucmp.compare.streaming import compare_to_csv
 
     t0 = time.perf_counter()
     send = _progress_sender(queue_name)
@@ -268,7 +268,7 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
     target run does not. Memory: 8 bytes per equal golden tensor (a sorted hash array)."""
     import numpy as np
 
-    from .compare import stream_compare
+    from accucmp.compare.pipeline import stream_compare
 
     t0 = time.perf_counter()
     opts = dict(algorithms=_REPLICA_METRICS, chunk_elements=chunk_elements, jobs=1)
@@ -387,8 +387,8 @@ def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: st
                  basename: str | None = None) -> RunsResult:
     """Pair the ranks of two run folders and compare every pair on Dask; the merged result.
     `progress`: an object with start(n_pairs), rows(n), pair_done() (the CLI's bar)."""
-    from .outputs import _free_basename, _mkdir, timestamp
-    from .verdict import thresholds_with
+    from accucmp.report.outputs import _free_basename, _mkdir, timestamp
+    from accucmp.compare.verdict import thresholds_with
 
     t_start = time.perf_counter()
     thresholds_with(thresholds)                 # bad thresholds fail before a cluster starts
@@ -573,7 +573,7 @@ class _Bar:
 def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool = False,
                        formats=("csv",), dump_failures: bool = False, **kw) -> int:
     """`accucmp compare` given two folders: compare, print the merged answer, exit code."""
-    from .summary import describe_row, fmt_value
+    from accucmp.report.summary import describe_row, fmt_value
 
     extra = [f for f in formats if f != "csv"]
     if extra:
@@ -591,7 +591,7 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
     if not quiet:
         from rich.table import Table
 
-        from .headline import verdict_sentence
+        from accucmp.report.headline import verdict_sentence
 
         # the verdict sentence first, as for two files; the rank says where too
         head = verdict_sentence(r.earliest, counts, rows)

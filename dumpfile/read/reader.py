@@ -21,12 +21,12 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from . import schema as S
-from . import recovery
-from . import safety
-from . import legacy
-from . import stats_table as T
-from .errors import DumpFormatError
+from dumpfile import schema as S
+from dumpfile.read import recovery
+from dumpfile.read import safety
+from dumpfile.read import legacy
+from dumpfile import stats_table as T
+from dumpfile.errors import DumpFormatError
 
 # numpy dtype a raw-bit dtype decodes to
 DECODED_NUMPY_DTYPE = {name: np.float32 for name in S.RAW_BIT_DTYPES}
@@ -342,7 +342,7 @@ class DumpFile:
     def _open(self) -> h5py.File:
         """The file, read-only. One whose writer died after its last flush, maybe inside the
         next, is read with its recorded end of allocation raised to the file's size
-        (dumpfile.recovery); HDF5 may refuse to open it otherwise ("addr overflow")."""
+        (dumpfile.read.recovery); HDF5 may refuse to open it otherwise ("addr overflow")."""
         try:
             h5 = h5py.File(self.path, "r")       # (HDF5's lock: refuses a file being written)
         except OSError as e:
@@ -406,7 +406,7 @@ class DumpFile:
         text = self.attrs.get(S.ROOT_OP_FILTER)
         if text is None:
             return None
-        from .opfilter import OpSelection
+        from dumpfile.opfilter import OpSelection
         try:
             return OpSelection.from_json(_attr_str(text))
         except ValueError as e:

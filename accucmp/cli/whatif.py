@@ -1,4 +1,4 @@
-"""`accucmp whatif` (and `bisect`, `calibrate` when present): registered by accucmp/cli.py.
+"""`accucmp whatif` (and `bisect`, `calibrate` when present): registered by accucmp/cli/main.py.
 
 Thin typer layer; the work is in accucmp/whatif.py (numpy only, never torch) and
 accucmp/bisect.py (runs the user's script in subprocesses; never imports torch either).
@@ -22,10 +22,10 @@ def whatif_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output path.")] = False,
 ) -> None:
     """Predict underflow/subnormal/overflow shares, rounding error and MXFP8 block loss of every recorded tensor per low-precision format."""
-    from .cli import UsageProblem, _boundary, _require_file
+    from accucmp.cli.main import UsageProblem, _boundary, _require_file
 
     with _boundary():
-        from .whatif import parse_dtypes, run_whatif, summarize
+        from accucmp.whatif import parse_dtypes, run_whatif, summarize
 
         try:
             formats = parse_dtypes(dtype)
@@ -53,10 +53,10 @@ def bisect_command(
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds per script run.")] = None,
 ) -> None:
     """Find the smallest set of ops / module subtrees whose upcast brings the loss within tolerance of the golden."""
-    from .cli import UsageProblem, _boundary, _require_file
+    from accucmp.cli.main import UsageProblem, _boundary, _require_file
 
     with _boundary():
-        from .bisect import (BisectError, ScriptRunner, Suspect, bisect, command_line,
+        from accucmp.bisect import (BisectError, ScriptRunner, Suspect, bisect, command_line,
                              read_golden, split_names, suspects_from_compare)
 
         try:
@@ -90,10 +90,10 @@ def calibrate_command(
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for noise_floor.csv.")] = Path("."),
 ) -> None:
     """Per-tensor noise floor from two golden runs; use it with `compare --noise-floor`."""
-    from .cli import _boundary, _require_file
+    from accucmp.cli.main import _boundary, _require_file
 
     with _boundary():
-        from .calibrate import calibrate
+        from accucmp.compare.calibrate import calibrate
 
         _require_file(golden)
         _require_file(second)

@@ -50,8 +50,8 @@ import pandas as pd
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
-from .metrics import METRICS
-from .op_policies import ORIGIN_CAUSED, apply_op_policies
+from accucmp.compare.metrics import METRICS
+from accucmp.compare.op_policies import ORIGIN_CAUSED, apply_op_policies
 
 RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
 
@@ -343,7 +343,7 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     cols = list(zip(*verdicts)) if verdicts else [[]] * len(VERDICT_COLUMNS)
     results, reasons, severity, ulps = list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3])
     before = list(results)
-    # per-op rules (accucmp/op_policies.py): tie-dependent indices, known kernel accuracy,
+    # per-op rules (accucmp/compare/op_policies.py): tie-dependent indices, known kernel accuracy,
     # and which failing op caused its error rather than inherited it
     origin = apply_op_policies(out, results, reasons, severity, ulps)
     out["Result"] = results

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .headline import middle_ellipsis
-from .summary import describe_row, fmt_value, summarize
+from accucmp.report.headline import middle_ellipsis
+from accucmp.report.summary import describe_row, fmt_value, summarize
 
 # Metrics plotted, with whether a log scale suits them (errors span decades).
 # Severity is the verdict's measured/allowed error (dtype-aware): above 1 fails.
@@ -235,7 +235,7 @@ def _explain_html(items: list[tuple[str, str]]) -> str:
 
 # ---- the worst ops: reason first -----------------------------------------------------------
 def _worst_html(s) -> str:
-    from .headline import bound_clause
+    from accucmp.report.headline import bound_clause
 
     if not s.worst:
         return ""
@@ -270,7 +270,7 @@ def _breakable(name: str) -> str:
 
 
 def _seqid(r: dict) -> str:
-    from .headline import seqid_text
+    from accucmp.report.headline import seqid_text
 
     return seqid_text(r.get("SeqId")) or seqid_text(r.get("GoldenSeqId"))
 
@@ -374,7 +374,7 @@ def run_info(path) -> dict[str, Any]:
 
 # ---- the page -----------------------------------------------------------------------------------
 def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "accucmp comparison") -> str:
-    from .headline import verdict_sentence
+    from accucmp.report.headline import verdict_sentence
 
     s = summarize(table, top=10)
     first = s.first_failure
@@ -411,7 +411,7 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
     cols = [c for c in _LEAD_COLUMNS if c in table.columns] + [c for c in table.columns if c not in _LEAD_COLUMNS]
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
     td = {c: ("<td class='long'>" if c in _LONG_COLUMNS else "<td>") for c in cols}
-    from .outputs import TEXT_COLUMNS
+    from accucmp.report.outputs import TEXT_COLUMNS
 
     text_cols = set(TEXT_COLUMNS) | {c for c in cols if table[c].dtype == object}
     rows = []

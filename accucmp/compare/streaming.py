@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .summary import Summary, SummaryBuilder
+from accucmp.report.summary import Summary, SummaryBuilder
 
 
 @dataclass
@@ -44,8 +44,8 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
 
     from dumpfile.safe_output import open_output
 
-    from .compare import stream_compare
-    from .verdict import apply_verdict, thresholds_with
+    from accucmp.compare.pipeline import stream_compare
+    from accucmp.compare.verdict import apply_verdict, thresholds_with
 
     thresholds_with(thresholds)          # a bad threshold fails before any tensor is read
     csv_path = Path(csv_path)
@@ -61,11 +61,11 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                  else contextlib.nullcontext()) as jh:
             for part in stream.batches:
                 judged = apply_verdict(part, thresholds)
-                if adjust is not None:      # e.g. --noise-floor (accucmp/calibrate.py)
+                if adjust is not None:      # e.g. --noise-floor (accucmp/compare/calibrate.py)
                     judged = adjust(judged)
                 judged.to_csv(fh, index=False, header=rows == 0)
                 if jh is not None:
-                    from .outputs import write_jsonl_rows
+                    from accucmp.report.outputs import write_jsonl_rows
 
                     write_jsonl_rows(jh, judged)
                 rows += len(judged)

@@ -21,7 +21,7 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from .cli_options import (MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, Tolerance, add_version_option,
+from accucmp.cli.options import (MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, Tolerance, add_version_option,
                           budget as _budget, with_tolerance)
 
 EXIT_OK = 0
@@ -142,7 +142,7 @@ def parse_algorithms(value: str | None) -> list[str] | None:
 
 def exit_code_for(table) -> int:
     """0 when every compared tensor passes, 1 when any fails or nothing could be compared."""
-    from .summary import result_counts
+    from accucmp.report.summary import result_counts
 
     counts = result_counts(table)
     if counts.get("fail", 0):
@@ -219,7 +219,7 @@ def compare(
 
             check_target(summary_json, force=force)
         if my_dump.is_dir() and golden_dump.is_dir():
-            from .rank_compare import run_folder_compare
+            from accucmp.compare.ranks import run_folder_compare
 
             if summary_json is not None:
                 raise UsageProblem("--summary-json takes two files; folders write their summary json "
@@ -231,9 +231,9 @@ def compare(
                                       console=_console(), golden_fp64=golden_fp64,
                                       dump_failures=pickle_failures)
             raise typer.Exit(code)
-        from .outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
-        from .streaming import compare_to_csv
-        from .summary import print_summary
+        from accucmp.report.outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
+        from accucmp.compare.streaming import compare_to_csv
+        from accucmp.report.summary import print_summary
 
         for p in (my_dump, golden_dump) + ((golden_fp64,) if golden_fp64 else ()):
             _require_file(p)
@@ -259,7 +259,7 @@ def compare(
         if _command_line():
             meta["command"] = _command_line()
         if "html" in formats:      # the report's Run table: each dump's device, torch, mode, ...
-            from .report_html import run_info
+            from accucmp.report.html import run_info
 
             meta["runs"] = {k: run_info(p) for k, p in (("target", my_dump), ("golden", golden_dump),
                                                           ("golden_fp64", golden_fp64)) if p is not None}
@@ -278,7 +278,7 @@ def compare(
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
         code = exit_code_for_counts(result.summary.counts, result.rows)
         if summary_json is not None:
-            from .outputs import summary_record, write_summary_json
+            from accucmp.report.outputs import summary_record, write_summary_json
 
             rec = summary_record(result.summary, code=code, meta=meta,
                                  outputs=[p for p in paths if p.suffix != ".npy"])
@@ -336,11 +336,11 @@ def _adjusters(*steps):
 
 
 def _bitwise_adjuster(bitwise: bool, my_dump: Path, golden_dump: Path):
-    """--bitwise: rows judged by their content hashes (accucmp/bitwise.py); both dumps must
+    """--bitwise: rows judged by their content hashes (accucmp/compare/bitwise.py); both dumps must
     have them, checked before any tensor is compared."""
     if not bitwise:
         return None
-    from .bitwise import apply_bitwise, require_hashes
+    from accucmp.compare.bitwise import apply_bitwise, require_hashes
 
     for p in (my_dump, golden_dump):
         _require_file(p)
@@ -350,10 +350,10 @@ def _bitwise_adjuster(bitwise: bool, my_dump: Path, golden_dump: Path):
 
 def _noise_floor_adjuster(noise_floor: Path | None, factor: float):
     """--noise-floor: each judged batch passes the failures within `factor` x the model's
-    own noise (accucmp/calibrate.py); the floor file is read once, before any tensor."""
+    own noise (accucmp/compare/calibrate.py); the floor file is read once, before any tensor."""
     if noise_floor is None:
         return None
-    from .calibrate import apply_noise_floor, read_floor
+    from accucmp.compare.calibrate import apply_noise_floor, read_floor
 
     _require_file(noise_floor)
     floor = read_floor(noise_floor)
@@ -408,9 +408,9 @@ def report(
             from dumpfile.safe_output import check_target
 
             check_target(summary_json)
-        from .outputs import read_result_csv, write_results
-        from .summary import print_summary
-        from .verdict import apply_verdict
+        from accucmp.report.outputs import read_result_csv, write_results
+        from accucmp.report.summary import print_summary
+        from accucmp.compare.verdict import apply_verdict
 
         table = read_result_csv(result_csv)
         table = apply_verdict(table, thresholds)
@@ -429,8 +429,8 @@ def report(
                 console.print(f"wrote {p}", soft_wrap=True)
         code = exit_code_for(table)
         if summary_json is not None:
-            from .outputs import summary_record, write_summary_json
-            from .summary import summarize
+            from accucmp.report.outputs import summary_record, write_summary_json
+            from accucmp.report.summary import summarize
 
             rec = summary_record(s or summarize(table, top=top), code=code, meta=meta, outputs=paths)
             console.print(f"wrote {write_summary_json(summary_json, rec)}", soft_wrap=True)
@@ -449,8 +449,8 @@ def ls_command(
 ) -> None:
     """List the ops of a dump in execution (seqid) order: phase, module, shapes, dtypes."""
     with _boundary(dump):
-        from .listing import list_ops, render
-        from .progress import progress_bar
+        from accucmp.listing import list_ops, render
+        from accucmp.cli.progress import progress_bar
 
         _require_file(dump)
         # only --stats reads tensor data (a listing without it is instant)
@@ -474,7 +474,7 @@ def extract(
 ) -> None:
     """Copy ops into a small dump (the h5copy workflow) that works as a load file for replay."""
     with _boundary(input_file):
-        from .extract import extract_ops, ops_from_report
+        from accucmp.extract import extract_ops, ops_from_report
 
         _require_file(input_file)
         pairs = _pair_paths(source or [], dest or [])
@@ -483,7 +483,7 @@ def extract(
             pairs += [(p, p) for p in ops_from_report(from_report, input_file, parse_thresholds(threshold))]
         if not pairs:
             raise UsageProblem("nothing to copy: give -s /op/seqid/ or --from-report result.csv")
-        from .progress import progress_bar
+        from accucmp.cli.progress import progress_bar
 
         written = extract_ops(input_file, output_file, pairs, budget=_budget(max_bytes=max_bytes),
                               progress=lambda n: progress_bar("copying ops", n, quiet=quiet))
@@ -513,7 +513,7 @@ def export_command(
 ) -> None:
     """Convert between this project's dump format and the original Ascend layout (docs/FORMAT.md)."""
     with _boundary():
-        from .export import ExportError, run_export
+        from accucmp.report.export import ExportError, run_export
 
         if device_type not in ("keep", "npu", "cpu", "cuda"):
             raise UsageProblem(f"--device-type {device_type!r}: use keep, npu, cpu or cuda")
@@ -527,7 +527,7 @@ def export_command(
         typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors{skipped}")
 
 
-_PLUGIN_MODULES = ("accucmp.cli_convert", "accucmp.cli_golden", "accucmp.cli_demo", "accucmp.cli_whatif")
+_PLUGIN_MODULES = ("accucmp.cli.convert", "accucmp.cli.golden", "accucmp.cli.demo", "accucmp.cli.whatif")
 
 
 def _register_plugins(target: typer.Typer) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from .headline import middle_ellipsis
+from accucmp.report.headline import middle_ellipsis
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
@@ -60,7 +60,7 @@ def _order(table: pd.DataFrame) -> pd.DataFrame:
 
 def _verdict_module():
     try:
-        from . import verdict
+        from accucmp.compare import verdict
     except ImportError:
         return None
     return verdict
@@ -214,7 +214,7 @@ def describe_row(row: dict[str, Any]) -> str:
 
 def fit_width(console) -> int | None:
     """Columns the summary must fit: the terminal's; None off a terminal (lines are neither
-    shortened nor wrapped, for logs and `| less`: accucmp.cli._console sets fit_width).
+    shortened nor wrapped, for logs and `| less`: accucmp.cli.main._console sets fit_width).
     A console made elsewhere (a test's, the demo's) is fitted to its width."""
     if console is None:
         return 80
@@ -234,7 +234,7 @@ def headline_text(s: Summary, width: int | None) -> str:
     """The verdict sentence. Where `width` is known, an op name or module path longer than
     half of it is shortened in the middle (the csv keeps the full names); the rest of the
     sentence wraps at spaces on a terminal."""
-    from .headline import verdict_sentence
+    from accucmp.report.headline import verdict_sentence
 
     ff = s.first_failure
     if width is None or ff is None:
@@ -255,7 +255,7 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     names, module paths and tensor names are shortened in the middle, never broken across
     lines. The deciding bound ('why') ends each line, or goes on a line of its own below
     the op when the window is too narrow for both."""
-    from .headline import bound_clause
+    from accucmp.report.headline import bound_clause
 
     head = ("seqid", "op", "phase", "module", "tensor", "x allowed")
     body, whys = [], []
@@ -306,7 +306,7 @@ def _num(v: Any) -> float:
 def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None = None, top: int = 5,
                   summary: Summary | None = None) -> Summary:
     """Print the summary of `table`, or a `summary` already made (a streamed result: then
-    `table` may be None). The first line is the verdict sentence (accucmp/headline.py)."""
+    `table` may be None). The first line is the verdict sentence (accucmp/report/headline.py)."""
     from rich.console import Console
 
     console = console or Console()

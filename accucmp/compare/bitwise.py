@@ -19,7 +19,7 @@ import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
-from dumpfile.reader import DumpFile
+from dumpfile.read.reader import DumpFile
 
 CAUSED_HERE = "output bits differ from the golden's, its inputs are bit-identical: the difference arises here"
 OUTPUT_INHERITED = "output bits differ from the golden's (content hash); its inputs already differ"

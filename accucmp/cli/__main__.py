@@ -1,0 +1,4 @@
+"""`python -m accucmp.cli`: the same as the `accucmp` command."""
+from accucmp.cli.main import main
+
+main()
