@@ -2,7 +2,7 @@
 
 1. golden: one training step of a sample model on CPU in float32, dumped.
 2. target: the same step replayed from the golden dump (load mode: every op gets the
-   golden inputs) under emulated Ascend numerics (npu_dumper.emulation.emulate_npu:
+   golden inputs) under emulated Ascend numerics (npu_dumper.replay.emulation.emulate_npu:
    cube ops in float16) and, unless turned off, one planted fault (inject_fault: a
    non-cube op made 5% wrong, as a buggy device kernel would be).
 3. compare + verdict: one row per tensor; float16-level differences of the emulated
@@ -121,8 +121,8 @@ def pick_fault_site(golden_path: str | os.PathLike, rel: float = DEFAULT_REL) ->
     and not be a cube op (those are the emulation's float16 ops) nor a random one.
     """
     from dumpfile.read.reader import DumpFile
-    from npu_dumper.emulation import is_cube_op
-    from npu_dumper.recorded import is_random, resolve_op
+    from npu_dumper.replay.emulation import is_cube_op
+    from npu_dumper.replay.recorded import is_random, resolve_op
 
     calls: Counter = Counter()
     candidates: list[FaultSite] = []
@@ -152,7 +152,7 @@ def _writes_args(func) -> bool:
 
 def resolve_fault(fault: str | None, golden_path: str | os.PathLike) -> FaultSite | None:
     """--fault value -> FaultSite: 'auto', 'none', or OP[:REL[:CALL]]."""
-    from npu_dumper.emulation import parse_fault
+    from npu_dumper.replay.emulation import parse_fault
 
     if fault is None or fault.strip().lower() in (FAULT_NONE, "", "off", "no"):
         return None
@@ -189,7 +189,7 @@ def replay_on_emulated_npu(spec, size: str, seed: int, golden: Path, path: Path,
                            fault: FaultSite | None, saturate: bool = False) -> int:
     """The same step replayed from `golden` with NPU numerics (and the fault) below the dumper."""
     from npu_dumper import dumper
-    from npu_dumper.emulation import emulate_npu, inject_fault
+    from npu_dumper.replay.emulation import emulate_npu, inject_fault
 
     model, inputs = spec.build(seed=seed, size=size), spec.make_inputs(seed=seed, size=size)
     with contextlib.ExitStack() as device:
@@ -252,7 +252,7 @@ def map_to_kernels(target: Path, op: str, seqid: int, out_dir: Path, fault: Faul
     """Cut /op/seqid/ out of the target dump and map it to kernels on the emulated device."""
     from ir2tbe.acl_config import AclConfig
     from ir2tbe.runner import run_dump_file
-    from npu_dumper.emulation import emulate_npu, inject_fault
+    from npu_dumper.replay.emulation import emulate_npu, inject_fault
 
     from .extract import extract_ops
 

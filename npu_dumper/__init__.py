@@ -6,8 +6,6 @@ Importing it installs `torch.utils.dumper` (= npu_dumper.dumper) and
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.utils
 
@@ -17,19 +15,8 @@ from .load import load
 from .tensors import from_record, to_record
 from .replay.emulation import emulate_npu, inject_fault
 from .upcast import upcast, upcast_from_env
-# The replay package is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs
-# the golden replay (npu_dumper.replay.golden.replay), the name the issue and docs use.
 from . import replay
-from .replay import emulation as _emulation, golden as _golden, index as _index, \
-    overflow as _overflow, recorded as _recorded
-
-# The replay modes lived at npu_dumper.<name> before npu_dumper/replay/ gathered them:
-# scripts (and accucmp.demo) that import the old paths get the same module objects.
-for _old, _module in (("emulation", _emulation), ("golden", _golden), ("replay_index", _index),
-                      ("overflow", _overflow), ("recorded", _recorded)):
-    sys.modules.setdefault(f"{__name__}.{_old}", _module)
-    globals().setdefault(_old, _module)
-del _old, _module
+from .replay.golden import replay as golden_replay
 
 
 def get_op_map(*args, **kwargs):
@@ -42,4 +29,4 @@ torch.utils.dumper = dumper
 torch.utils.get_op_map = get_op_map
 
 __all__ = ["dumper", "load", "DumperError", "to_record", "from_record", "get_op_map",
-           "emulate_npu", "inject_fault", "replay", "upcast", "upcast_from_env"]
+           "emulate_npu", "inject_fault", "replay", "golden_replay", "upcast", "upcast_from_env"]

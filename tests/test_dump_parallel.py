@@ -315,7 +315,7 @@ def test_functional_collective_outputs_are_recorded_after_the_collective(runs):
 
 def test_golden_replay_of_a_rank_file_lists_collectives_with_the_reason(runs, tmp_path):
     import npu_dumper
-    res = npu_dumper.replay(runs / "ddp_a_rank1.h5", tmp_path / "g.h5")
+    res = npu_dumper.golden_replay(runs / "ddp_a_rank1.h5", tmp_path / "g.h5")
     why = {w for op, _, w in res.not_replayed if op.startswith("c10d.")}
     assert why == {"collective: its result depends on the other ranks; not replayed"}
     assert res.replayed > 50

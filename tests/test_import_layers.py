@@ -101,17 +101,15 @@ def test_acl_dump_policy_found_through_the_registry():
     assert "ir2tbe" in loaded
 
 
-def test_old_replay_paths_are_the_moved_modules():
-    """npu_dumper/replay/ gathered the replay modes; scripts importing the old paths get
-    the same module objects (so a monkeypatch through either path reaches the code)."""
-    import importlib
+def test_golden_replay_is_a_plain_function_and_replay_a_plain_package():
+    """npu_dumper.replay is the package of replay modes (no callable-module trick); golden
+    replay is the function npu_dumper.golden_replay."""
+    import types
 
     import npu_dumper
-    for old, new in (("golden", "golden"), ("recorded", "recorded"), ("emulation", "emulation"),
-                     ("overflow", "overflow"), ("replay_index", "index")):
-        moved = importlib.import_module(f"npu_dumper.replay.{new}")
-        assert importlib.import_module(f"npu_dumper.{old}") is moved
-        assert getattr(npu_dumper, old) is moved
-    from npu_dumper.emulation import emulate_npu
+    from npu_dumper.replay import golden
+    assert isinstance(npu_dumper.replay, types.ModuleType) and not callable(npu_dumper.replay)
+    assert npu_dumper.golden_replay is golden.replay
+    from npu_dumper.replay.emulation import emulate_npu
     assert emulate_npu is npu_dumper.emulate_npu
-    assert callable(npu_dumper.replay) and npu_dumper.replay.ReplayPolicy.__module__ == "npu_dumper.replay.load_replay"
+

@@ -18,27 +18,12 @@ The modes:
   emulation.py    emulate_npu / inject_fault: Ascend-like cube numerics and injected
                   errors, entered around a replay or a live run
 
-Calling the package runs golden replay, `npu_dumper.replay(dump_h5, out_h5, ...)`,
-the spelling README and docs/REPLAY.md use: `npu_dumper.replay` must be both this
-package (for `import npu_dumper.replay.load_replay`) and that function, and Python binds
-a package's submodule over any function of the same name on import, so the package
-itself is made callable.
+`npu_dumper.golden_replay(dump_h5, out_h5, ...)` is golden.replay (`accucmp golden` on the
+command line).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
 from .load_replay import ReplayError, ReplayPolicy, ReplaySummary, resolve_op
 
 __all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, dump_h5, out_h5, *args, **kwargs):
-        from .golden import replay as golden_replay
-        return golden_replay(dump_h5, out_h5, *args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

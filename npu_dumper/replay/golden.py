@@ -1,6 +1,6 @@
 """Golden replay: recompute every recorded op on its own, from its recorded inputs, in float64.
 
-    result = npu_dumper.replay("npu.h5", "golden.h5")          # or: accucmp golden -i ... -o ...
+    result = npu_dumper.golden_replay("npu.h5", "golden.h5")          # or: accucmp golden -i ... -o ...
     # then: accucmp compare -m npu.h5 -g golden.h5
 
 Each op sees exactly the inputs it saw on the device, so the comparison shows each op's
