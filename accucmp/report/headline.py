@@ -120,11 +120,6 @@ def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], t
     return f"PASS: {n_pass} tensors within bounds" + (f" ({others})" if others else "")
 
 
-def verdict_word(counts: Mapping[str, int]) -> str:
-    """'PASS' or 'FAIL', as the exit code of `accucmp compare` (0 / 1)."""
-    return "FAIL" if counts.get("fail", 0) or not counts.get("pass", 0) else "PASS"
-
-
 def middle_ellipsis(text: str, width: int) -> str:
     """'aten.native_layer_norm_backward.default' -> 'aten.native_l…kward.default' in `width`
     columns: both ends of op names and module paths say the most."""
