@@ -14,7 +14,7 @@ import torch.utils
 from .dumper import dumper
 from .errors import DumperError
 from .load import load
-from .tensors import from_record, to_record
+from .capture.tensors import from_record, to_record
 from .replay.emulation import emulate_npu, inject_fault
 from .upcast import upcast, upcast_from_env
 # The replay package is callable: npu_dumper.replay(dump_h5, out_h5, device=, dtype=) runs

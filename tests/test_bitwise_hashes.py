@@ -19,7 +19,7 @@ from accucmp import bitwise
 from accucmp.cli import app
 from dumpfile import schema as S
 from dumpfile.reader import DumpFile
-from npu_dumper.tensor_hash import content_hash
+from npu_dumper.capture.tensor_hash import content_hash
 
 
 def _np_hash(a: np.ndarray) -> int:

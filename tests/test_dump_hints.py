@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dumper
 from dumpfile.reader import DumpFile
-from npu_dumper import hints
+from npu_dumper.capture import hints
 
 
 class _NoteOnMm(TorchDispatchMode):
