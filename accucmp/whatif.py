@@ -284,7 +284,7 @@ def analyze_tensor(chunks: Iterable[np.ndarray], shape: tuple[int, ...], formats
 
 def analyze_histogram(hist: np.ndarray, amax: float, nonfinite: int, formats: list[str]) -> list[dict]:
     """Rows (one per plain format) for one tensor of a statistics dump from its histogram of
-    floor(log2|x|) (int64 pairs [e, count, ...], npu_dumper.tensor_hist) and its largest
+    floor(log2|x|) (int64 pairs [e, count, ...], npu_dumper.capture.tensor_hist) and its largest
     magnitude. What a histogram can tell (docs/WHATIF.md, "Statistics-only dumps"):
 
     underflow   exact but for values exactly at the rounding tie 2^k (k = the exponent of half

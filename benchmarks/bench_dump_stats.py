@@ -6,7 +6,7 @@ stats-only steps alternate for many rounds (the medians resist other work on a s
 machine). Prints the ratio, the model thread's CPU time per step (plain vs dumped: the
 dumper's own cost on that thread) and the writer thread's CPU time per step. Two more
 kinds: with log2 histograms (stats_histogram=True, for accucmp whatif), and the statistics
-dump with its content hashes (format 1.7, npu_dumper.tensor_hash)
+dump with its content hashes (format 1.7, npu_dumper.capture.tensor_hash)
 replaced by a constant, so the hashes' own cost shows side by side (issue 21: with hashes
 <= 1.3x plain).
 

@@ -30,10 +30,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_models import get_model  # noqa: E402
-from npu_dumper.capture import CaptureRegistry  # noqa: E402
-from npu_dumper.mode import DumpMode, OpFilter  # noqa: E402
-from npu_dumper.module_tracking import ModuleTracker  # noqa: E402
-from npu_dumper.policy import Policy  # noqa: E402
+from npu_dumper.capture.snapshots import CaptureRegistry  # noqa: E402
+from npu_dumper.capture.mode import DumpMode  # noqa: E402
+from npu_dumper.capture.selection import OpFilter  # noqa: E402
+from npu_dumper.capture.module_tracking import ModuleTracker  # noqa: E402
+from npu_dumper.capture.policy import Policy  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 

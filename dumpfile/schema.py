@@ -30,8 +30,8 @@ FORMAT_NAME = "npu_dumper.h5"
 #      attributes `step` and `parallel_layout`; `uninitialized` also marks destination-only
 #      inputs (`out=` arguments, collective output buffers)
 # 1.7: statistics-only dumps: column `hash` in the stats table (XXH3-64 of each tensor's
-#      bytes, npu_dumper.tensor_hash) and root attribute `content_hash` naming the algorithm;
-#      column `log2_hist` (histogram of log2|x|, npu_dumper.tensor_hist) filled when the
+#      bytes, npu_dumper.capture.tensor_hash) and root attribute `content_hash` naming the algorithm;
+#      column `log2_hist` (histogram of log2|x|, npu_dumper.capture.tensor_hist) filled when the
 #      dumper ran with stats_histogram=True (root attribute `log2_histogram`).
 FORMAT_VERSION = "1.7"
 # Readers accept any file whose major version they know.

@@ -37,9 +37,9 @@ STATS_ROW_DTYPE = np.dtype(
     [("seqid", np.int64), ("io", np.int8), ("name", _STR), ("Type", np.int16), ("dtype", _STR),
      ("shape", _SHAPE), ("DataType", np.int16), ("DeviceType", np.int16), ("uninitialized", np.bool_)]
     + [(f, np.float64) for f in S.STATS_FIELDS]
-    # 1.7: XXH3-64 of the tensor's bytes (npu_dumper.tensor_hash; 0 for non-tensor rows)
+    # 1.7: XXH3-64 of the tensor's bytes (npu_dumper.capture.tensor_hash; 0 for non-tensor rows)
     + [(S.STATS_HASH_FIELD, np.uint64)]
-    # 1.7: histogram of log2|x| (npu_dumper.tensor_hist), empty unless stats_histogram=True
+    # 1.7: histogram of log2|x| (npu_dumper.capture.tensor_hist), empty unless stats_histogram=True
     + [(S.STATS_HIST_FIELD, _SHAPE)]
     + [("value", _STR)])
 OP_ATTR_DTYPE = np.dtype([("seqid", np.int64), ("name", _STR), ("value", _STR)])

@@ -31,7 +31,7 @@ import torch
 from dumpfile.errors import DumpWriteError
 from dumpfile.safe_output import new_dir, open_append_nofollow, output_dir
 
-from npu_dumper.tensors import numpy_view
+from npu_dumper.capture.tensors import numpy_view
 
 from .acl_config import AclConfig
 from .dump_data import FORMAT_NCHW, FORMAT_ND, TensorToWrite, write_kernel_dump

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from npu_dumper.errors import DumperError
-from npu_dumper.policy import OpEvent, Policy, register_policy
+from npu_dumper.capture.policy import OpEvent, Policy, register_policy
 
 from .acl_config import AclConfig, AclConfigError, check_acl_dump_env, load_acl_config
 

@@ -24,8 +24,8 @@ from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from npu_dumper.dynamo_skip import no_dynamo_import
-from npu_dumper.opschema import op_info
+from npu_dumper.capture.dynamo_skip import no_dynamo_import
+from npu_dumper.capture.opschema import op_info
 
 # Ops never decomposed: their decompositions draw random numbers differently from the
 # native kernel, so the kernels' data would not be the op's data.

@@ -12,7 +12,7 @@ import torch.utils
 from .dumper import dumper
 from .errors import DumperError
 from .load import load
-from .tensors import from_record, to_record
+from .capture.tensors import from_record, to_record
 from .replay.emulation import emulate_npu, inject_fault
 from .upcast import upcast, upcast_from_env
 from . import replay

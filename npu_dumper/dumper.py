@@ -30,10 +30,11 @@ from dumpfile.writer import DumpWriter, set_attrs
 
 from .capture import CaptureRegistry
 from .errors import DumperError
-from .mode import DumpMode, OpFilter
-from .module_tracking import ModuleTracker
-from .policy import Policy, make_policy
-from .tensor_hash import HASH_ALGORITHM
+from .capture.mode import DumpMode
+from .capture.selection import OpFilter
+from .capture.module_tracking import ModuleTracker
+from .capture.policy import Policy, make_policy
+from .capture.tensor_hash import HASH_ALGORITHM
 from .stats_writer import StatsWriterThread
 from .writer_process import ProcessWriter
 from .writer_thread import WriterThread

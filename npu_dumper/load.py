@@ -9,7 +9,7 @@ from typing import Any
 from dumpfile import schema as S
 from dumpfile.read.reader import DumpFile, ValueRecord
 
-from .tensors import from_record
+from .capture.tensors import from_record
 
 
 class TorchDumpFile(DumpFile):

@@ -17,9 +17,9 @@ from dumpfile.stats_writer import value_rows
 from dumpfile.writer import set_attrs
 
 from .capture import ListOf, Named, TensorCapture, Value
-from .tensor_hash import content_hash
-from .tensor_hist import _EMPTY as _NO_HIST, log2_histogram
-from .tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
+from .capture.tensor_hash import content_hash
+from .capture.tensor_hist import _EMPTY as _NO_HIST, log2_histogram
+from .capture.tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
 from .writer_thread import OpJob, WriterThread
 
 

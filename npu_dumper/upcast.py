@@ -13,7 +13,7 @@ An op matches when
   - or it runs inside a module whose path is in `modules` or below one ("layers.3" covers
     "layers.3" and "layers.3.fc"), forward or backward: the backward ops are attributed to
     their forward module through the autograd node's metadata, as the dumper does
-    (npu_dumper.module_tracking).
+    (npu_dumper.capture.module_tracking).
 
 Nesting: a mode that should see the upcast inputs (emulate_npu, inject_fault, a dumper
 recording what the kernels got) is entered BEFORE (outside) upcast.
@@ -35,10 +35,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from .dynamo_skip import no_dynamo_import
+from .capture.dynamo_skip import no_dynamo_import
 from .replay.emulation import _written_tensors
 from .errors import DumperError
-from .module_tracking import ModuleTracker, backward_module
+from .capture.module_tracking import ModuleTracker, backward_module
 
 ENV_VAR = "NPU_DUMPER_UPCAST"
 

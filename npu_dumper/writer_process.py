@@ -27,7 +27,7 @@ from dumpfile.writer import DIRECT_WRITE_MIN_BYTES
 import torch
 
 from .capture import ListOf, Named, TensorCapture, Value
-from .tensors import storage_array
+from .capture.tensors import storage_array
 from .writer_thread import OpJob, WriterThread, _extent, _is_dense, _storage_dtype
 
 

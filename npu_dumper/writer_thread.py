@@ -47,8 +47,8 @@ from dumpfile.writer import DumpWriter, TensorMeta
 
 from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .errors import DumperError
-from .tensor_stats import tensor_stats
-from .tensors import numpy_view, storage_array
+from .capture.tensor_stats import tensor_stats
+from .capture.tensors import numpy_view, storage_array
 from .worker_threads import TaskHandle, run_in_thread
 
 

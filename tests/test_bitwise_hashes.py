@@ -18,8 +18,8 @@ import npu_dumper
 from accucmp.compare import bitwise
 from accucmp.cli.main import app
 from dumpfile import schema as S
+from npu_dumper.capture.tensor_hash import content_hash
 from dumpfile.read.reader import DumpFile
-from npu_dumper.tensor_hash import content_hash
 
 
 def _np_hash(a: np.ndarray) -> int:

@@ -84,7 +84,7 @@ def test_a_storage_resized_under_a_pending_capture_is_copied_first_and_unrecorde
     dispatched to the modes of the block (whose captures would alias the freed storage)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from npu_dumper.capture import CaptureRegistry, StorageGuard, TensorCapture
+    from npu_dumper.capture.snapshots import CaptureRegistry, StorageGuard, TensorCapture
 
     class Seen(TorchDispatchMode):
         ops: list = []

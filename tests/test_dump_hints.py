@@ -6,8 +6,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dumper
+from npu_dumper.capture import hints
 from dumpfile.read.reader import DumpFile
-from npu_dumper import hints
 
 
 class _NoteOnMm(TorchDispatchMode):

@@ -12,7 +12,7 @@ import npu_dumper
 import sample_models
 from dumpfile import DumpFile
 from dumpfile import schema as S
-from npu_dumper.tensors import from_record, to_record
+from npu_dumper.capture.tensors import from_record, to_record
 
 
 def dump_step(tmp_path, fn, name="d.h5", **kw):

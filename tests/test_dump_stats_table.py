@@ -197,7 +197,7 @@ def test_file_creation_failure_surfaces_in_the_users_thread(tmp_path):
 ])
 def test_fast_tensor_stats_equals_the_reference(make):
     from npu_dumper.stats_writer import fast_tensor_stats, in_memory_order
-    from npu_dumper.tensor_stats import tensor_stats
+    from npu_dumper.capture.tensor_stats import tensor_stats
     t = make()
     want = tensor_stats(t)
     got = fast_tensor_stats(in_memory_order(t))
@@ -217,7 +217,7 @@ def test_fast_tensor_stats_equals_the_reference(make):
 ])
 def test_sum_of_squares_of_large_tensors_is_accurate(make):
     # float32 row norms combined in float64: within 1e-7 of an exact float64 sum
-    from npu_dumper.tensor_stats import ROWS_FROM, sum_of_squares
+    from npu_dumper.capture.tensor_stats import ROWS_FROM, sum_of_squares
     t = make()
     assert t.numel() >= ROWS_FROM
     want = float((t.double() ** 2).sum())
@@ -239,7 +239,7 @@ def test_root_device_attributes_of_statistics_dumps(mlp_dumps, tmp_path):
 def test_batched_statistics_are_bit_identical_to_the_reference(threads):
     # many small tensors of repeated sizes (a layer's activations and gradients), some
     # transposed, NaN/Inf, constant, tiny spread, float64, and ones the batch leaves out
-    from npu_dumper.tensor_stats import ROWS_FROM, batch_tensor_stats, batchable, tensor_stats
+    from npu_dumper.capture.tensor_stats import ROWS_FROM, batch_tensor_stats, batchable, tensor_stats
     g = torch.Generator().manual_seed(0)
     ts = []
     for n in (2, 3, 7, 24, 96, 1000, 4097, 12288, ROWS_FROM - 1):
@@ -267,7 +267,7 @@ def test_statistics_dump_batches_small_tensors_and_keeps_op_time_values(tmp_path
     # ops queued behind each other are batched; an in-place write right after an op must
     # not change the statistics recorded for it (copy-on-write waits for the batch's copy)
     from torch.utils._python_dispatch import _disable_current_modes
-    from npu_dumper.tensor_stats import tensor_stats
+    from npu_dumper.capture.tensor_stats import tensor_stats
     p = tmp_path / "b.h5"
     x = torch.randn(64, 8)
     seen = []

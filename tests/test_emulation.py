@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample_models
-from npu_dumper import hints
+from npu_dumper.capture import hints
 from npu_dumper.replay.emulation import (
     CUBE_OPS, EmulationOrderError, FaultSpecError, emulate_npu, inject_fault, is_cube_op,
     parse_fault,

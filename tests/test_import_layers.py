@@ -95,7 +95,7 @@ def test_acl_dump_policy_found_through_the_registry():
     the provider it names, which registers itself."""
     loaded = _loaded_after_import("npu_dumper", (
         "import types\n"
-        "from npu_dumper.policy import make_policy\n"
+        "from npu_dumper.capture.policy import make_policy\n"
         "p = make_policy('load_with_acl_dump', types.SimpleNamespace(acl_config='x/acl.json'))\n"
         "assert type(p).__module__ == 'ir2tbe.acl_policy', type(p)\n"))
     assert "ir2tbe" in loaded

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from npu_dumper import inject_fault
-from npu_dumper.capture import op_info
+from npu_dumper.capture.opschema import op_info
 from accucmp.compare.pipeline import compare_dumps
 from accucmp.compare.op_policies import KNOWN_KERNEL_ERROR, ORIGIN_CAUSED, ORIGIN_INHERITED, TIE_INDICES, packet
 from accucmp.compare.verdict import apply_verdict, first_failure

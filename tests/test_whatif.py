@@ -200,7 +200,7 @@ def _frexp_hist(t):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                    torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64])
 def test_log2_histogram_counts_every_finite_nonzero_exponent(dtype):
-    from npu_dumper.tensor_hist import log2_histogram
+    from npu_dumper.capture.tensor_hist import log2_histogram
 
     x = torch.randn(2000, generator=torch.Generator().manual_seed(3)) * torch.logspace(-44, 37, 2000)
     x[::97] = 0.0

@@ -1,7 +1,7 @@
 """`accucmp compare --bitwise`: judge two statistics dumps by bit identity (content hashes).
 
 Statistics dumps of format 1.7+ hold an XXH3-64 hash of every tensor's bytes
-(npu_dumper.tensor_hash). Two runs on the same device and dtype (a determinism check) agree
+(npu_dumper.capture.tensor_hash). Two runs on the same device and dtype (a determinism check) agree
 bit for bit exactly where the hashes agree, so here a row passes when its hashes are equal
 and fails when they differ, whatever the statistics' tolerances would say. An output row
 whose op's input rows all agree is where the difference arises ("caused here"); a

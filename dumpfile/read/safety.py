@@ -174,6 +174,13 @@ def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> None
         if code not in ALLOWED_FILTERS:
             raise DumpFormatError(f"{path}: {where} uses HDF5 filter {code}, not one a dump writer "
                                   f"uses ({', '.join(sorted(ALLOWED_FILTERS.values()))}); refused")
+    # the declared size first: it costs nothing, and a dataset over the limit is refused
+    # before its chunks are inflated for the bomb check below (seconds per GiB)
+    declared = _declared_bytes(dsid)
+    limit = max_dataset_bytes() if limit is None else limit
+    if declared > limit:
+        raise DumpFormatError(f"{path}: {where} declares {declared} bytes, over the limit of {limit} "
+                              f"(set ${MAX_BYTES_ENV} to raise it); refused")
     if layout == h5d.CHUNKED:
         chunk = dcpl.get_chunk()
         n = 1
@@ -186,11 +193,6 @@ def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> None
         filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
         if h5z.FILTER_DEFLATE in filters:
             _check_deflated_chunks(dsid, filters, nbytes, path, where)
-    declared = _declared_bytes(dsid)
-    limit = max_dataset_bytes() if limit is None else limit
-    if declared > limit:
-        raise DumpFormatError(f"{path}: {where} declares {declared} bytes, over the limit of {limit} "
-                              f"(set ${MAX_BYTES_ENV} to raise it); refused")
 
 
 def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, where: str) -> None:

@@ -14,7 +14,7 @@ Two public context managers, each owning a private TorchDispatchMode:
     choice; it is how a saturating conversion treats NaN). Without it a value beyond
     65504 becomes inf, which is exactly what the overflow check should then find.
     Each cube op tells the dumper above it that it computed in float16
-    (npu_dumper.hints.note_compute_dtype), so the comparison reports fp16-level
+    (npu_dumper.capture.hints.note_compute_dtype), so the comparison reports fp16-level
     differences on those ops as expected rather than as failures.
 
 `inject_fault(op="aten.gelu.default", rel=0.05, call=None, seed=0)`
@@ -47,10 +47,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..dynamo_skip import no_dynamo_import
+from ..capture.dynamo_skip import no_dynamo_import
 from ..errors import DumperError
-from ..hints import note_compute_dtype, pop_compute_dtype
-from ..opschema import named_args, op_info
+from ..capture.hints import note_compute_dtype, pop_compute_dtype
+from ..capture.opschema import named_args, op_info
 
 aten = torch.ops.aten
 
@@ -123,7 +123,7 @@ def is_cube_op(func) -> bool:
 def _is_recording_mode(mode) -> bool:
     """The dumper's DumpMode, or another mode that declares `records_ops = True`.
     (By class, not by module name: a move of the mode fails here loudly.)"""
-    from ..mode import DumpMode
+    from ..capture.mode import DumpMode
     return getattr(mode, "records_ops", False) or isinstance(mode, DumpMode)
 
 

@@ -30,7 +30,7 @@ from dumpfile.errors import DumpError
 from dumpfile.read.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.writer import DumpWriter, TensorMeta
 
-from ..opschema import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
+from ..capture.opschema import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
 from ..errors import DumperError
 from .recorded import load_call, tensor_to_storage
 

@@ -41,9 +41,9 @@ from dumpfile.read.reader import DumpFile, ValueRecord, corrupt_dump_error
 
 from ..errors import DumperError
 from ..opmap import OpMap, get_op_map
-from ..capture import _is_dtensor
-from ..opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
-from ..policy import OpEvent, Policy
+from ..capture.snapshots import _is_dtensor
+from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
+from ..capture.policy import OpEvent, Policy
 from .recorded import NotReplayable, draws_random, non_overlapping, resolve_op
 from .index import read_catalog
 from .matching import Candidate, find_input, mismatch, op_packet

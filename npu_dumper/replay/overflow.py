@@ -30,8 +30,8 @@ from torch.utils._pytree import tree_flatten
 from dumpfile import schema as S
 
 from ..errors import DumperError
-from ..opschema import named_args, op_info
-from ..policy import OpEvent, Policy
+from ..capture.opschema import named_args, op_info
+from ..capture.policy import OpEvent, Policy
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 

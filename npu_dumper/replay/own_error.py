@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
-from ..opschema import named_returns, op_info
+from ..capture.opschema import named_returns, op_info
 from .recorded import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}

@@ -23,7 +23,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import OpRecord, ValueRecord
 
-from ..opschema import op_info
+from ..capture.opschema import op_info
 from .matching import find_input
 
 # torch dtype name -> torch dtype, for every dtype the format stores

@@ -1,6 +1,6 @@
 """How the dispatch mode's per-op pipeline is extended (dump, load-replay, overflow, ACL dump).
 
-The mode (npu_dumper/mode.py) owns interception, seqids, phase/module attribution,
+The mode (npu_dumper/capture/mode.py) owns interception, seqids, phase/module attribution,
 snapshots and the writer thread. Everything a mode of operation changes is a
 Policy with these hooks, called for every *eligible* op (outermost, not a skipped
 view op, passing the user's filters), in this order:

@@ -12,10 +12,6 @@ Where the schema does not tell the truth (batch norm writes its running stats wi
 `(a!)`, c10d collectives write their tensors, `empty` returns garbage) the facts are
 amended from registries keyed by op overload packet, kept as data (as
 torch/utils/flop_counter.py keeps its formulas); `register_op` adds to them.
-
-(npu_dumper.capture holds a copy of this code while the dump hot path is reworked in
-parallel; tests/test_opschema.py asserts both give the same facts and names, so that
-capture can import from here instead.)
 """
 
 from __future__ import annotations

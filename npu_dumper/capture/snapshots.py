@@ -1,4 +1,4 @@
-"""Op-time snapshots of an op's arguments and results, and the per-op schema facts.
+"""Op-time snapshots of an op's arguments and results.
 
 A tensor is captured as a *detached alias* (a new TensorImpl sharing the storage,
 so autograd's reference counts on the user's tensor are untouched) plus its layout
@@ -17,16 +17,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-
 from dumpfile import schema as S
 
 from .tensors import _DTYPE_NAME, UNSTORED_DTYPES, dtype_name
-
-# ---- per-op schema facts and policy registries: one place, npu_dumper/opschema.py ----
-from .opschema import (  # noqa: E402,F401  (re-exported: capture's users import them from here)
-    COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, FUNCTIONAL_COLLECTIVE_NAMESPACES, HIDDEN_WRITES, LATE_OPS,
-    OPAQUE_ARGS, OPAQUE_RETURNS, OUT_BUFFERS, RESIZE_OPS, UNINITIALIZED_OUTPUTS, OpInfo, named_args,
-    named_returns, op_info)
 
 
 # ---- captured values -------------------------------------------------------------
