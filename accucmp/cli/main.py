@@ -19,11 +19,9 @@ import sys
 import typer
 
 from accucmp.cli import compare as _compare
+from accucmp.cli.boundary import boundary
+from accucmp.cli.options import add_version_option
 from dumpfile import cli_boundary
-from accucmp.cli.boundary import Status, UsageProblem, boundary  # noqa: F401 (the public names)
-from accucmp.cli.compare import exit_code_for, exit_code_for_counts  # noqa: F401
-from accucmp.cli.options import (FORMATS, add_version_option, parse_algorithms, parse_formats,  # noqa: F401
-                                 parse_thresholds)
 
 app = typer.Typer(
     name="accucmp",
