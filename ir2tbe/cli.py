@@ -3,21 +3,22 @@
     ir2tbe run output.h5 --acl-config acl.json [--device cpu|cuda]
     ir2tbe map gelu -i output.h5
 
-A thin typer layer over ir2tbe.runner / ir2tbe.kernels. Domain errors become one
-line on stderr and exit code 2.
+A thin typer layer over ir2tbe.runner / ir2tbe.kernels. Every failure leaves through
+the one boundary accucmp shares (dumpfile/cli_boundary.py): bad input one line and exit
+2, a bug of ours exit 3 with its traceback in a log file (README, "Exit codes").
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Optional
 
 import typer
 
-EXIT_BAD_INPUT = 2
+from dumpfile.cli_boundary import boundary, fail, require_file
+
+PROG = "ir2tbe"
 
 app = typer.Typer(
     name="ir2tbe",
@@ -33,30 +34,6 @@ from dumpfile.version import add_version_option  # noqa: E402  (light: typer onl
 add_version_option(app, "ir2tbe")
 
 
-def _fail(msg: object) -> None:
-    typer.echo(f"ir2tbe: error: {' '.join(str(msg).split())}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-@contextlib.contextmanager
-def _boundary(where: Path) -> Iterator[None]:
-    """Any failure on a bad file: one line that names it, exit 2, no traceback
-    (IR2TBE_DEBUG=1 re-raises the unexpected ones)."""
-    from dumpfile.errors import DumpError
-
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except DumpError as e:
-        _fail(e)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, RecursionError, MemoryError) as e:
-        if os.environ.get("IR2TBE_DEBUG"):
-            raise
-        msg = f"{type(e).__name__}: {e}"
-        _fail(msg if str(where) in msg else f"{where}: {msg}")
-
-
 @app.command("run")
 def run_command(
     dump: Annotated[Path, typer.Argument(help="Dump (or extracted ops) to replay, e.g. output.h5.")],
@@ -68,52 +45,37 @@ def run_command(
         "--op", help="Only these ops (name, short name or glob); repeatable.")] = None,
 ) -> None:
     """Replay each op of DUMP from its recorded inputs and dump every kernel it runs (CANN layout)."""
-    with _boundary(dump):
-        _require_file(dump)
+    with boundary(dump, prog=PROG):
+        require_file(dump)
         _run(dump, acl_config, device, dump_path, op)
 
 
-def _require_file(p: Path) -> None:
-    from dumpfile.errors import DumpFormatError
-
-    if not p.exists():
-        raise DumpFormatError(f"{p}: no such file")
-    if not p.is_file():
-        raise DumpFormatError(f"{p}: not a regular file (a directory, FIFO or device is not a dump)")
-
-
 def _run(dump, acl_config, device, dump_path, op) -> None:
-    from dumpfile.errors import DumpError
-
     from .acl_config import AclConfigWarning, check_acl_dump_env, load_acl_config
 
-    try:
-        check_acl_dump_env()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", AclConfigWarning)
-            config = load_acl_config(acl_config)
-        for w in caught:
-            typer.echo(f"ir2tbe: warning: {w.message}", err=True)
-        if not config.enabled:
-            typer.echo(f"ir2tbe: warning: {acl_config}: dump_op_switch is \"off\": kernels run but no dumps "
-                       "are written (set it to \"on\")", err=True)
-        from .runner import run_dump_file
+    check_acl_dump_env()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AclConfigWarning)
+        config = load_acl_config(acl_config)
+    for w in caught:
+        typer.echo(f"ir2tbe: warning: {w.message}", err=True)
+    if not config.enabled:
+        typer.echo(f"ir2tbe: warning: {acl_config}: dump_op_switch is \"off\": kernels run but no dumps "
+                   "are written (set it to \"on\")", err=True)
+    _check_device(device)
+    from .runner import run_dump_file
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = run_dump_file(dump, config, device=device, dump_path=dump_path, ops=op)
-    except DumpError as e:
-        _fail(e)
-    except RuntimeError as e:   # e.g. an unknown --device string
-        _fail(f"{dump}: {e}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_dump_file(dump, config, device=device, dump_path=dump_path, ops=op)
     typer.echo(result.summary())
     if not result.ops:
-        _fail(f"{dump}: no op to map" + (f" matching {', '.join(op)}" if op else ""))
+        raise fail(PROG, f"{dump}: no op to map" + (f" matching {', '.join(op)}" if op else ""))
     if not result.mapped:
         # never exit 0 having mapped nothing: the usual cause is an op copied with h5copy on
         # its own whose input is a view of a tensor stored in an op that was not copied
         why = "; ".join(f"{o.op} {o.seqid}: {o.why_not}" for o in result.skipped[:3])
-        _fail(f"{dump}: mapped 0 of {len(result.ops)} op(s) ({why})")
+        raise fail(PROG, f"{dump}: mapped 0 of {len(result.ops)} op(s) ({why})")
 
 
 @app.command("map")
@@ -124,32 +86,28 @@ def map_command(
     seqid: Annotated[Optional[int], typer.Option("--seqid", help="Which call (default: the first).")] = None,
 ) -> None:
     """List the kernels an op runs, with shapes, using one of its recorded calls (nothing is written)."""
-    with _boundary(dump):
-        _require_file(dump)
+    with boundary(dump, prog=PROG):
+        require_file(dump)
         _map(op, dump, device, seqid)
 
 
 def _map(op, dump, device, seqid) -> None:
-    from dumpfile.errors import DumpError
+    from dumpfile.read.reader import DumpFile
+    from npu_dumper.replay.recorded import load_call
 
-    try:
-        from dumpfile.read.reader import DumpFile
-        from npu_dumper.replay.recorded import load_call
+    from .kernels import lower_to_kernels
+    from .runner import op_matches
 
-        from .kernels import lower_to_kernels
-        from .runner import op_matches
-
-        with DumpFile(dump) as df:
-            recs = [r for r in df.ops() if op_matches(r.op, [op]) and (seqid is None or r.seqid == seqid)]
-            if not recs:
-                _fail(f"{dump}: no recorded call of {op}" + (f" with seqid {seqid}" if seqid else ""))
-            rec = recs[0]
-            call = load_call(rec, device=device, allow_random=True)
-            if not call.ok:
-                _fail(f"{dump}: {rec.op} {rec.seqid}: {call.why_not}")
-            mapping = lower_to_kernels(call.func, call.args, call.kwargs)
-    except DumpError as e:
-        _fail(e)
+    with DumpFile(dump) as df:
+        recs = [r for r in df.ops() if op_matches(r.op, [op]) and (seqid is None or r.seqid == seqid)]
+        if not recs:
+            raise fail(PROG, f"{dump}: no recorded call of {op}" + (f" with seqid {seqid}" if seqid else ""))
+        rec = recs[0]
+        _check_device(device)
+        call = load_call(rec, device=device, allow_random=True)
+        if not call.ok:
+            raise fail(PROG, f"{dump}: {rec.op} {rec.seqid}: {call.why_not}")
+        mapping = lower_to_kernels(call.func, call.args, call.kwargs)
     typer.echo(f"{rec.op} (seqid {rec.seqid}) -> {len(mapping.kernels)} kernel(s); "
                f"decomposed vs native max abs diff: {mapping.max_abs_diff}")
     for k in mapping.kernels:
@@ -163,8 +121,28 @@ def _map(op, dump, device, seqid) -> None:
         typer.echo(f"      note: {n}")
 
 
+def _check_device(device: str) -> None:
+    """A --device this machine cannot run on is the user's choice (exit 2), said before any
+    op runs; torch raises RuntimeError for a bad name, AssertionError for CUDA missing."""
+    import torch
+
+    try:
+        torch.empty(0, device=torch.device(device))
+    except (RuntimeError, AssertionError) as e:
+        raise fail(PROG, f"--device {device!r}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
-    app(args=argv, prog_name="ir2tbe")
+    import sys
+
+    from dumpfile import cli_boundary
+
+    cli_boundary.command_args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with boundary(prog=PROG):      # typer's own parsing, an import that fails
+            app(args=argv, prog_name="ir2tbe")
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

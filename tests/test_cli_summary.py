@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accucmp.cli.main import UsageProblem, normalize_argv, parse_algorithms, parse_formats, parse_thresholds
+from accucmp.cli.boundary import UsageProblem
+from accucmp.cli.main import normalize_argv
+from accucmp.cli.options import parse_algorithms, parse_formats, parse_thresholds
 from accucmp.report.outputs import read_result_csv, to_json, write_results
 from accucmp.report.html import render_html
 from accucmp.report.summary import describe_row, summarize

@@ -1,3 +1,3 @@
-"""The command line: one typer app (`main`), its shared options and the boundary that turns
-domain errors into one line and an exit code. Sub-commands with many options live in their
-own module (convert, demo, golden, whatif)."""
+"""The command line: one typer app (`main.py`), the boundary every command runs in
+(`boundary.py`: one line and a Status exit code per failure), shared options and output,
+and the commands by concern (compare.py, dumps.py, convert, demo, golden, whatif)."""

@@ -1,9 +1,9 @@
 """`accucmp convert -d DIR_OR_FILES -out OUT`: kernel dumps -> .npy/.txt (torch-free).
 
-Registered into accucmp.cli.main's app by register(app). Exit codes: 0 all converted,
-1 some files failed (each named on stderr, the rest converted), 2 bad usage or bad
-input (nothing to convert, no file converted, an existing output without --force, a
-cap reached, output not writable).
+Registered into accucmp.cli.main's app by register(app). Exit codes (Status): 0 all
+converted, 1 some files failed (each named on stderr, the rest converted), 2 bad usage or
+bad input (nothing to convert, no file converted, an existing output without --force, a
+cap reached, output not writable), 3 a bug of ours.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from accucmp.cli.boundary import Status, UsageProblem, boundary, fail
 from accucmp.cli.options import MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles
-
-EXIT_SOME_FAILED = 1
-EXIT_BAD_INPUT = 2
 
 
 def _split(values: list[str]) -> list[str]:
@@ -39,26 +37,22 @@ def convert_command(
     max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
     """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
-    from accucmp.cli.main import _boundary
-
-    with _boundary(*_split(dump)):  # anything unexpected: still one line naming the input
+    with boundary(*_split(dump)):
         _convert(dump, out, fmt, 0 if quiet else verbose, force, max_files, max_bytes)
 
 
 def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
-    from dumpfile.errors import DumpError, DumpWriteError
+    from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
     from accucmp.convert import FORMATS, convert_paths
 
     from accucmp.cli.options import budget
 
     if fmt not in FORMATS:
-        typer.echo(f"accucmp: error: --format {fmt!r}: use one of {', '.join(FORMATS)}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise UsageProblem(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     sources = _split(dump)
     missing = [src for src in sources if not Path(src).exists()]
     if missing:     # a typo in -d is bad input (exit 2), not a kernel dump that failed to convert
-        typer.echo(f"accucmp: error: {missing[0]}: no such file or directory", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise DumpFormatError(f"{missing[0]}: no such file or directory")
     out_dir = str(out) if out is not None else "."
     try:
         from accucmp.convert import find_dump_files
@@ -69,28 +63,25 @@ def _convert(dump, out, fmt, verbose, force, max_files, max_bytes) -> None:
         total = len(find_dump_files(list(sources))[0]) if verbose >= 1 and watched() else None
         with progress_bar("converting", total, quiet=verbose < 1) as advance:
             result = convert_paths(sources, out_dir, fmt, force=force, budget=caps, advance=advance)
-    except DumpWriteError as e:       # names the output (or the option) itself
-        typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+    except DumpWriteError:            # names the output (or the option) itself
+        raise
     except (DumpError, OSError) as e:
-        typer.echo(f"accucmp: error: {out_dir}: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise fail("accucmp", f"{out_dir}: {e}") from None
     if verbose >= 2:
         for src, files in result.converted:
             typer.echo(f"{src} -> {len(files)} file(s)")
     for _, why in result.failed:
         typer.echo(f"accucmp: convert failed: {' '.join(why.split())}", err=True)
     if not result.converted and not result.failed:
-        typer.echo(f"accucmp: error: no kernel dump files found in {', '.join(sources)}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise fail("accucmp", f"no kernel dump files found in {', '.join(sources)}")
     if not result.converted:          # nothing converted: bad input, each file's line says why
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise typer.Exit(Status.BAD_INPUT)
     if verbose >= 1:
         n_files = sum(len(f) for _, f in result.converted)
         typer.echo(f"converted {len(result.converted)} dump file(s) into {n_files} file(s) in {out_dir}"
                    + (f"; {len(result.failed)} failed" if result.failed else ""))
     if result.failed:
-        raise typer.Exit(EXIT_SOME_FAILED)
+        raise typer.Exit(Status.FINDINGS)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from accucmp.cli.boundary import Status, boundary
+from accucmp.cli.progress import console
 from accucmp.demo import DEFAULT_MODEL, DEFAULT_SIZE, FAULT_AUTO
 
 _MODELS_HELP = "mlp (the benchmark MLP), resnet, shufflenet, lstm_lm, transformer"
@@ -34,14 +36,12 @@ def demo_command(
     Exit 0 when the demo shows what it should (the planted fault is the first failing
     op; with --fault none: nothing fails), 1 otherwise, 2 on bad input.
     """
-    from accucmp.cli.main import _boundary, _console
-
-    with _boundary():
+    with boundary():
         from accucmp.demo import run_demo
 
         result = run_demo(model, out, size=size, fault=fault, seed=seed, saturate=saturate,
-                          map_kernels=kernels, console=_console(), top=top)
-    raise typer.Exit(0 if result.ok else 1)
+                          map_kernels=kernels, console=console(), top=top)
+    raise typer.Exit(Status.OK if result.ok else Status.FINDINGS)
 
 
 def register(app: typer.Typer) -> None:

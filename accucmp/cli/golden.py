@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from accucmp.cli.boundary import UsageProblem, boundary, require_file
 from accucmp.cli.options import Force
 
 
@@ -35,10 +36,8 @@ def golden_command(
     from dumpfile.errors import DumpError, DumpFormatError
     from dumpfile.safe_output import check_target, output_path
 
-    from accucmp.cli.main import _boundary, _require_file
-
-    with _boundary(input):  # anything unexpected: one line (ACCUCMP_DEBUG=1: the traceback)
-        _require_file(input)
+    with boundary(input):
+        require_file(input)
         from dumpfile import DumpFile
 
         with DumpFile(input):   # a bad input is named first (torch-free, before minutes of replay)
@@ -46,29 +45,34 @@ def golden_command(
         if os.path.lexists(output) and os.path.exists(output) and os.path.samefile(input, output):
             raise DumpFormatError(f"{output}: golden output would overwrite the dump it replays")
         check_target(output, force=force)       # before minutes of replay, not after
-        try:
-            from npu_dumper.replay.golden import replay
+        _check_device(device)
+        from npu_dumper.replay.golden import replay
 
-            # written to a temporary file beside OUTPUT, put in place when complete:
-            # never through a link at OUTPUT, never over a file without --force
-            with output_path(output, force=force) as tmp:
-                try:
-                    result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
-                                    dump_inputs=dump_inputs,
-                                    progress=None if progress and not quiet else False)
-                except DumpError as e:   # the user knows OUTPUT, not its temporary name
-                    e.args = tuple(str(a).replace(tmp, str(output)) for a in e.args) if e.args else e.args
-                    raise
-                if result.total == 0:   # nothing recomputed is not a golden
-                    raise DumpFormatError(f"{input}: dump holds no op; nothing to recompute")
-            result.path = str(output)
-        except DumpError as e:
-            typer.echo(f"accucmp: error: {' '.join(str(e).split())}", err=True)
-            raise typer.Exit(2)
-        except RuntimeError as e:  # e.g. an unavailable --device
-            typer.echo(f"accucmp: error: {input}: {' '.join(str(e).split())}", err=True)
-            raise typer.Exit(2)
+        # written to a temporary file beside OUTPUT, put in place when complete:
+        # never through a link at OUTPUT, never over a file without --force
+        with output_path(output, force=force) as tmp:
+            try:
+                result = replay(input, tmp, device=device, dtype=dtype, remap_devices=remap_devices,
+                                dump_inputs=dump_inputs,
+                                progress=None if progress and not quiet else False)
+            except DumpError as e:   # the user knows OUTPUT, not its temporary name
+                e.args = tuple(str(a).replace(tmp, str(output)) for a in e.args) if e.args else e.args
+                raise
+            if result.total == 0:   # nothing recomputed is not a golden
+                raise DumpFormatError(f"{input}: dump holds no op; nothing to recompute")
+        result.path = str(output)
         typer.echo(result.summary())
+
+
+def _check_device(device: str) -> None:
+    """A --device this machine cannot run on is the user's choice (exit 2), said before the
+    replay starts; torch raises RuntimeError for a bad name, AssertionError for CUDA missing."""
+    import torch
+
+    try:
+        torch.empty(0, device=torch.device(device))
+    except (RuntimeError, AssertionError) as e:
+        raise UsageProblem(f"--device {device!r}: {' '.join(str(e).split())}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,7 @@
 """Options shared by the commands that write files (--force, --max-files, --max-bytes),
 declared once so every command spells and documents them the same way (docs/CLI.md,
-"Outputs"). Light: typer only; the rules themselves live in dumpfile.safe_output."""
+"Outputs"), and the parsers of option values several commands take (--threshold, --format,
+--alg). Light: typer only; the output rules themselves live in dumpfile.safe_output."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from accucmp.cli.boundary import UsageProblem
 from dumpfile.safe_output import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, OutputBudget, format_size, parse_size
 
 Force = Annotated[bool, typer.Option(
@@ -26,6 +28,46 @@ MAX_BYTES = format_size(DEFAULT_MAX_BYTES)
 
 def budget(max_files: int = DEFAULT_MAX_FILES, max_bytes: str | int = DEFAULT_MAX_BYTES) -> OutputBudget:
     return OutputBudget(max_files=max_files, max_bytes=parse_size(max_bytes))
+
+
+# ---- option values (plain functions, tested directly) ---------------------------
+def parse_thresholds(items: list[str] | None) -> dict[str, float] | None:
+    """["CosineSimilarity=0.99", "RelativeEuclideanDistance=0.05,KL=1e-3"] -> dict."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip():
+                raise UsageProblem(f"--threshold {part!r}: expected NAME=VALUE")
+            try:
+                out[name.strip()] = float(value)
+            except ValueError:
+                raise UsageProblem(f"--threshold {part!r}: {value!r} is not a number") from None
+    return out
+
+
+FORMATS = ("csv", "json", "jsonl", "html", "xlsx")
+
+
+def parse_formats(value: str) -> list[str]:
+    names = [f.strip().lower() for f in value.split(",") if f.strip()]
+    bad = [f for f in names if f not in FORMATS]
+    if bad:
+        raise UsageProblem(f"--format: unknown format(s) {', '.join(bad)} (choose from {', '.join(FORMATS)})")
+    if "csv" not in names:
+        names.insert(0, "csv")  # the csv is the result; `report` re-reads it
+    return list(dict.fromkeys(names))
+
+
+def parse_algorithms(value: str | None) -> list[str] | None:
+    if value is None or value.strip().lower() in ("", "all"):
+        return None
+    return [a.strip() for a in value.split(",") if a.strip()]
 
 
 # ---- the verdict's one tolerance knob (issue 22) ---------------------------------

@@ -1,5 +1,6 @@
-"""Progress bars for the commands that can take more than a second (ls --stats, extract,
-convert; compare and golden have their own): rich, on stderr, only when a person watches
+"""Terminal output: the console results are printed on (`console()`), and progress bars
+for the commands that can take more than a second (ls --stats, extract, convert; compare
+and golden have their own): rich, on stderr, only when a person watches
 (stdout and stderr both an interactive terminal) and never with --quiet, so logs, pipes
 and CI output hold only the results."""
 
@@ -33,3 +34,29 @@ def progress_bar(label: str, total: int | None, *, quiet: bool = False) -> Itera
                   console=Console(file=sys.stderr), transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+_PLAIN_WIDTH = 1000
+
+
+def console():
+    """The console commands print results on (stdout). On a terminal the summary fits the
+    window (summary.fit_width); piped (a log, CI, `| less`) lines are plain and never wrapped
+    (rich's default is 80 columns) nor shortened, so commands and paths copy-paste whole."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own handling exits with 1, which here means "some tensors fail":
+            # hand the error to the boundary, which exits as for any other cut-off output
+            self.quiet = True
+            raise BrokenPipeError
+
+    out = _Console(stderr=False, highlight=False, soft_wrap=False)
+    if out.is_terminal:
+        out.fit_width = out.width
+        return out
+    # the width only sizes tables, which take what their content needs
+    out = _Console(stderr=False, highlight=False, soft_wrap=True, width=_PLAIN_WIDTH)
+    out.fit_width = None
+    return out

@@ -1,4 +1,4 @@
-"""`accucmp whatif` (and `bisect`, `calibrate` when present): registered by accucmp/cli/main.py.
+"""`accucmp whatif`, `bisect` and `calibrate`: registered by accucmp/cli/main.py.
 
 Thin typer layer; the work is in accucmp/whatif.py (numpy only, never torch) and
 accucmp/bisect.py (runs the user's script in subprocesses; never imports torch either).
@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from accucmp.cli.boundary import UsageProblem, boundary, require_file
+
 
 def whatif_command(
     dump: Annotated[Path, typer.Argument(help="A full dump (.h5), e.g. of an fp32 run.")],
@@ -22,16 +24,14 @@ def whatif_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output path.")] = False,
 ) -> None:
     """Predict underflow/subnormal/overflow shares, rounding error and MXFP8 block loss of every recorded tensor per low-precision format."""
-    from accucmp.cli.main import UsageProblem, _boundary, _require_file
-
-    with _boundary():
+    with boundary(dump):
         from accucmp.whatif import parse_dtypes, run_whatif, summarize
 
         try:
             formats = parse_dtypes(dtype)
         except ValueError as e:
             raise UsageProblem(str(e)) from None
-        _require_file(dump)
+        require_file(dump)
         path, rows = run_whatif(dump, formats, out, select=select, chunk_elements=chunk_elements)
         if not quiet:
             for line in summarize(rows, formats, top=top):
@@ -53,9 +53,7 @@ def bisect_command(
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds per script run.")] = None,
 ) -> None:
     """Find the smallest set of ops / module subtrees whose upcast brings the loss within tolerance of the golden."""
-    from accucmp.cli.main import UsageProblem, _boundary, _require_file
-
-    with _boundary():
+    with boundary():
         from accucmp.bisect import (BisectError, ScriptRunner, Suspect, bisect, command_line,
                              read_golden, split_names, suspects_from_compare)
 
@@ -65,7 +63,7 @@ def bisect_command(
             suspects = [Suspect("op", n) for n in split_names(ops)]
             suspects += [Suspect("module", n) for n in split_names(modules)]
             if from_compare is not None:
-                _require_file(from_compare)
+                require_file(from_compare)
                 suspects += suspects_from_compare(from_compare, by)
             if not suspects:
                 raise UsageProblem("no suspects: give --from-compare result.csv, --ops or --modules")
@@ -90,13 +88,11 @@ def calibrate_command(
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for noise_floor.csv.")] = Path("."),
 ) -> None:
     """Per-tensor noise floor from two golden runs; use it with `compare --noise-floor`."""
-    from accucmp.cli.main import _boundary, _require_file
-
-    with _boundary():
+    with boundary(golden, second):
         from accucmp.compare.calibrate import calibrate
 
-        _require_file(golden)
-        _require_file(second)
+        require_file(golden)
+        require_file(second)
         path, n = calibrate(golden, second, out)
         typer.echo(f"wrote {path} ({n} tensors)")
 

@@ -214,7 +214,7 @@ def describe_row(row: dict[str, Any]) -> str:
 
 def fit_width(console) -> int | None:
     """Columns the summary must fit: the terminal's; None off a terminal (lines are neither
-    shortened nor wrapped, for logs and `| less`: accucmp.cli.main._console sets fit_width).
+    shortened nor wrapped, for logs and `| less`: accucmp.cli.progress.console sets fit_width).
     A console made elsewhere (a test's, the demo's) is fitted to its width."""
     if console is None:
         return 80
