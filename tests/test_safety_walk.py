@@ -123,3 +123,21 @@ def test_listing_check_refuses_an_external_op_group_and_a_foreign_catalog(files,
     with pytest.raises(DumpFormatError) as e:
         DumpFile(cat, check="listing")
     assert str(e.value) == f"{cat}: /{S.CATALOG_PATH} is a virtual dataset (its data lies in other files); refused"
+
+
+def test_a_child_that_cannot_run_leaves_the_walk_to_the_parent(files, fresh, monkeypatch):
+    _, deep, _ = files
+    monkeypatch.setenv(safety.CHILD_WALK_ENV, "0")
+    monkeypatch.setattr(safety, "_CHILD", "import sys; sys.exit(1)")     # e.g. h5py not importable
+    walked = []
+    real = safety._check_file
+    monkeypatch.setattr(safety, "_check_file", lambda *a: (walked.append(a[1]), real(*a)))
+    with pytest.raises(DumpFormatError, match="external link"):
+        DumpFile(deep)
+    assert walked == [deep]
+    # killed (memory, a crash inside HDF5): refused, not retried in the caller
+    monkeypatch.setattr(safety, "_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    walked.clear()
+    with pytest.raises(DumpFormatError, match="was killed .signal 9.; refused"):
+        DumpFile(deep)
+    assert walked == []
