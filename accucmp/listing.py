@@ -91,7 +91,9 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
     advance() (or None), called once per op walked (accucmp/cli/progress.py)."""
     pattern = re.compile(select) if select else None
     # one file: any HDF5 failure below is this file's (the light walk reads it directly)
-    with DumpFile(path) as f, h5_errors(f.path), \
+    # without --stats the catalog is all it reads: the whole-file check only if it must
+    # read further (dumpfile.read.safety.check_listing)
+    with DumpFile(path, check="full" if stats else "listing") as f, h5_errors(f.path), \
             (progress(len(f)) if progress is not None else contextlib.nullcontext()) as advance:
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
@@ -111,6 +113,7 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
             if not stats and not f.is_table:   # table (stats 1.1) files: values from the rows below
                 vals = _catalog_values(catalog.get(op.path)) if catalog else None
                 if vals is None:
+                    f.check_all()
                     vals = _light_values(f, op.path)
                 # (only an op with no outputs can have raised: no attribute read per op)
                 raised = "" if any(v.side == "out" for v in vals) else _raised(op)
@@ -121,6 +124,8 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                 raised = "" if any(v.side == "out" for v in vals) else _raised(op)
                 lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
                 continue
+            if not f.is_table:
+                f.check_all()
             vals = []
             for side, label, rec in _flatten("in", op.inputs()) + _flatten("out", op.outputs()):
                 if rec.is_tensor:

@@ -28,6 +28,7 @@ _LAUNCH = ("import resource, runpy, sys; n = int(sys.argv[1]); "
 def _commands(hostile: str, good: str, out: str) -> dict[str, list[str]]:
     return {
         "ls": ["ls", hostile, "--plain", "--stats"],
+        "ls_catalog": ["ls", hostile, "--plain"],
         "compare": ["compare", "-m", hostile, "-g", good, "-o", os.path.join(out, "cmp"), "-p", "-q"],
         "compare_as_golden": ["compare", "-m", good, "-g", hostile, "-o", os.path.join(out, "cmpg"), "-p", "-q"],
         "extract": ["extract", "-i", hostile, "-o", os.path.join(out, "x.h5"), "-s", hostile_corpus.VICTIM_OP],
@@ -87,6 +88,27 @@ def test_every_command_refuses_in_one_line(results, case):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
                 assert marker not in f.read(), os.path.join(dirpath, name)
+
+
+# `ls` without --stats lists from the catalog and reads nothing under the op groups
+# (dumpfile.read.safety.check_listing): what lies there is not reached, so not refused either;
+# what lies at the op groups' level (or is the file itself) is
+REFUSED_BY_A_LISTING = {"external_link_group", "fifo_as_dump"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_listing_never_reaches_outside_the_file(results, case):
+    cases, marker, folder, done = results
+    r = done[(case, "ls_catalog")]
+    err = r.stderr.decode("utf-8", "replace")
+    where = f"{case}/ls: {err!r}"
+    assert marker not in r.stdout and "Traceback" not in err, where
+    if case in REFUSED_BY_A_LISTING:
+        lines = err.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and cases[case] in lines[0], where
+    else:
+        # the victim listed as the catalog recorded it, nothing followed
+        assert r.returncode == 0 and b"result: float32[4, 16]" in r.stdout, where
 
 
 def test_the_good_dump_still_reads(results):

@@ -312,8 +312,11 @@ class _TableOpRecord(OpRecord):
 class DumpFile:
     """A dump opened for reading. Use as a context manager or call close()."""
 
-    def __init__(self, path: str | os.PathLike, *, require_dump: bool = True):
+    def __init__(self, path: str | os.PathLike, *, require_dump: bool = True, check: str = "full"):
+        """`check="listing"`: only what a listing from the catalog reads is checked
+        (safety.check_listing); call check_all() before reading anything else."""
         self.path = os.fspath(path)
+        self._checked = False
         # before anything opens it (h5py.is_hdf5 too): a FIFO would block forever
         safety.check_regular(self.path)
         try:
@@ -333,11 +336,21 @@ class DumpFile:
         try:
             with h5_errors(self.path):
                 # links and dataset layouts: nothing read may come from outside this file
-                safety.check_file(self.h5, self.path)
+                if check != "listing" or not safety.check_listing(self.h5, self.path):
+                    safety.check_file(self.h5, self.path)
+                    self._checked = True
                 self._validate(require_dump)
         except BaseException:
             self.close()
             raise
+
+    def check_all(self) -> None:
+        """The whole file's check (safety.check_file), when the file was opened with
+        check="listing": before reading anything but the catalog, index and op attributes."""
+        if not self._checked:
+            with h5_errors(self.path):
+                safety.check_file(self.h5, self.path)
+            self._checked = True
 
     def _open(self) -> h5py.File:
         """The file, read-only. One whose writer died after its last flush, maybe inside the
