@@ -19,6 +19,7 @@ import torch
 import xxhash
 
 from .tensor_stats import storage_ordered
+from .tensors import numpy_view
 
 HASH_ALGORITHM = "xxh3_64"
 
@@ -32,4 +33,6 @@ def content_hash(t: torch.Tensor) -> int:
     flat = t.reshape(-1)
     if flat.dtype != torch.uint8:
         flat = flat.view(torch.uint8)
-    return xxhash.xxh3_64_intdigest(memoryview(flat.numpy()))
+    # numpy_view, not .numpy(): `t` may view the user's own storage (the writer rebuilds
+    # captures from it), and .numpy() would leave that storage non-resizable for good
+    return xxhash.xxh3_64_intdigest(numpy_view(flat))
