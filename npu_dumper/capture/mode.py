@@ -18,11 +18,10 @@ from dumpfile.errors import DumpError
 from . import hints
 from .dynamo_skip import no_dynamo_import
 from .module_tracking import ModuleTracker, backward_module
-from .opschema import op_info
 from .policy import OpEvent, Policy
 from .selection import OpFilter, user_stack_line
 from .snapshots import CaptureRegistry, StorageGuard, TensorCapture
-from .walk import ArgWalk, OpPlan, tensor_dtypes, tensors_in
+from .walk import ArgWalk, OpPlan, op_plan, tensor_dtypes, tensors_in
 from ..writer_thread import OpJob, WriterThread
 
 _current_node = torch._C._current_autograd_node
@@ -93,7 +92,7 @@ class DumpMode(TorchDispatchMode):
             self._guard.__exit__(None, None, None)
 
     def _plan(self, func) -> OpPlan:
-        plan = self._ops[id(func)] = OpPlan(func, op_info(func), str(func))
+        plan = self._ops[id(func)] = op_plan(func)
         return plan
 
     # ---- the pipeline ----------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from dumpfile import schema as S
 
-from .opschema import OpInfo
+from .opschema import OpInfo, op_info
 from .snapshots import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .tensors import UNSTORED_DTYPES, dtype_name
 
@@ -59,6 +59,19 @@ class OpPlan:
         self.written_outputs = tuple((pos, an, st, 1 if an in bumped else 0)
                                      for pos, an, st, _, _ in self.args
                                      if an in info.written_outputs)
+
+
+_PLANS: dict[Any, OpPlan] = {}
+
+
+def op_plan(func: Any) -> OpPlan:
+    """The plan of op overload `func`, made once per process (op_info's facts are cached
+    per overload too; a dump block per training step would otherwise re-plan every op)."""
+    info = op_info(func)
+    plan = _PLANS.get(func)
+    if plan is None or plan.info is not info:      # (register_op drops an op's facts)
+        plan = _PLANS[func] = OpPlan(func, info, str(func))
+    return plan
 
 
 def _passed(pos: int, name: str, args: tuple, kwargs: dict, missing: Any) -> Any:
