@@ -11,6 +11,16 @@ Then the same steps run under cProfile.
 
     python benchmarks/profile_dump.py [--steps N] [--top K] [--no-profile] [MODEL ...]
 
+On a machine shared with other work, times move by more than the differences being
+measured; instruction counts do not. `--only KIND` (plain / empty / mode) runs two warm-up
+steps of each kind and then N steps of one kind, untimed, to be counted by callgrind:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/profile_dump.py --only mode --steps 6 shufflenet
+
+(the difference of the `I refs` totals of `--only mode` and `--only plain`, divided by N,
+is the mode's instructions per step; the start-up cancels out).
+
 Models: the sample models (bench_models.py) and `gpt2` (a tiny Hugging Face GPT-2 from its
 config, when transformers is importable). One thread (torch.set_num_threads(1)).
 """
@@ -85,6 +95,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--only", choices=("plain", "empty", "mode"),
+                    help="untimed: run --steps steps of this kind only (for callgrind)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name in args.models:
@@ -95,6 +107,20 @@ def main() -> None:
         step = got
         step()
         mode_step(step)                                   # warm-up: op tables
+        if args.only:
+            step()
+            with EmptyMode():
+                step()
+            mode_step(step)
+            for _ in range(args.steps):
+                if args.only == "plain":
+                    step()
+                elif args.only == "empty":
+                    with EmptyMode():
+                        step()
+                else:
+                    mode_step(step)
+            continue
         plain, moded, empty = [], [], []
         ops = 0
         clock = time.process_time

@@ -147,3 +147,18 @@ def test_bitwise_needs_hashes(tmp_path):
     assert r.exit_code == 2
     line = r.output.strip()
     assert len(line.splitlines()) == 1 and "full.h5" in line and "content hashes" in line
+
+
+def test_hashing_leaves_the_users_storage_resizable(tmp_path):
+    """The statistics writer hashes captures rebuilt on the user's own storage: reading
+    its bytes must not mark that storage non-resizable (Tensor.numpy() does, for good),
+    or the model's later resize_ (an out= op growing its output) fails."""
+    x = torch.randn(4)
+    with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "s.h5"), stats_only=True):
+        x * 2
+    x.resize_(100)                          # raised "storage that is not resizable"
+    assert x.numel() == 100
+    y = torch.randn(3)
+    h = content_hash(y)
+    y.resize_(50)
+    assert h == _np_hash(y[:3].numpy())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import h5py
 import numpy as np
 import pytest
@@ -195,6 +197,33 @@ def test_non_tensor_args_are_stored(tmp_path):
         n = ops[3].inputs()
         assert n["device"].read() == "cpu" and n["device"].type == S.TYPE_DEVICE
         assert n["layout"].read() == "strided"
+
+
+def test_repeated_values_keep_their_own_type_and_sign(tmp_path):
+    """The walk shares one record among equal scalars and int lists (capture/walk.py):
+    values that compare equal but differ (2 and 2.0; 0 and False; 0.0 and -0.0; [3, 2]
+    and [3.0, 2.0]) must still each be stored as what the op got."""
+    x = torch.randn(2, 3)
+
+    def fn():
+        for alpha in (2, 2.0, 0.0, -0.0, -0.0, 2):
+            torch.ops.aten.add.Tensor(x, x, alpha=alpha)
+        b = torch.tensor([True, False])
+        torch.ops.aten.add.Tensor(b, b, alpha=False)
+
+    path, _ = dump_step(tmp_path, fn)
+    with DumpFile(path) as f:
+        ops = f.ops()
+        alphas = [op.inputs()["alpha"].read() for op in ops[:7]]
+        assert [type(a) for a in alphas] == [int, float, float, float, float, int, bool]
+        assert alphas == [2, 2.0, 0.0, 0.0, 0.0, 2, False]
+        assert [math.copysign(1, a) for a in alphas[2:5]] == [1, -1, -1]
+    from npu_dumper.capture.snapshots import CaptureRegistry
+    from npu_dumper.capture.walk import ArgWalk
+    walk = ArgWalk(CaptureRegistry())
+    got = [walk.node(v, "Scalar[]", [], False).value for v in ([3, 2], [3.0, 2.0], (3, 2), [3, 2])]
+    assert got == [[3, 2], [3.0, 2.0], [3, 2], [3, 2]]
+    assert [[type(v) for v in g] for g in got] == [[int, int], [float, float], [int, int], [int, int]]
 
 
 def test_inplace_ops_record_pre_op_inputs_and_later_writes_do_not_leak(tmp_path):

@@ -2,6 +2,7 @@
 
     mode.py            DumpMode, the TorchDispatchMode: seqid, phase, module, the policy pipeline
     selection.py       OpFilter (which ops are recorded), the user's stack line
+    walk.py            an op's arguments and results as records, from a plan per op overload
     opschema.py        an op's schema facts (argument names, writes, out=, views) and registries
     policy.py          the hooks a mode runs around each op; the registry of policy providers
     snapshots.py       TensorCapture (an op-time alias, copied before a write), the record

@@ -21,15 +21,18 @@ METADATA_KEY = "npu_dumper.module"
 
 class ModuleTracker:
     def __init__(self):
-        self._stack: list[str] = []
+        # the paths of the modules whose forward is running, innermost last (the dispatch
+        # mode reads it directly, once per op)
+        self.stack: list[str] = []
         self._names: dict[int, str] = {}       # id(module) -> path, for the current root
         self._root: Any = None
         self._handles: list = []
-        self._untagged: list[tuple[Any, str]] = []   # (weakref to a forward output, module)
+        # (weakref to a forward output, module) not yet tagged on its grad_fn (tag_pending)
+        self.untagged: list[tuple[Any, str]] = []
 
     @property
     def current(self) -> str:
-        return self._stack[-1] if self._stack else ""
+        return self.stack[-1] if self.stack else ""
 
     @property
     def root(self) -> Any:
@@ -39,7 +42,7 @@ class ModuleTracker:
     @property
     def in_forward(self) -> bool:
         """A module's forward is running (its path may be "", the root's own code)."""
-        return bool(self._stack)
+        return bool(self.stack)
 
     def __enter__(self):
         self._handles = [register_module_forward_pre_hook(self._pre),
@@ -51,7 +54,7 @@ class ModuleTracker:
         for h in self._handles:
             h.remove()
         self._handles = []
-        self._stack.clear()
+        self.stack.clear()
 
     def _root_names(self) -> dict[int, str]:
         """id(module) -> path under the current root (built at the first lookup)."""
@@ -60,7 +63,7 @@ class ModuleTracker:
         return self._names
 
     def _name_of(self, module) -> str:
-        if not self._stack:
+        if not self.stack:
             if self._root is module:
                 return ""
             if self._root is not None:
@@ -80,12 +83,12 @@ class ModuleTracker:
 
     def _pre(self, module, args):
         self.tag_pending()
-        self._stack.append(self._name_of(module))
+        self.stack.append(self._name_of(module))
 
     def _post(self, module, args, output):
         self.tag_pending()
-        if self._stack:
-            self._stack.pop()
+        if self.stack:
+            self.stack.pop()
 
     # ---- backward attribution -----------------------------------------------------
     def note_outputs(self, outputs: list, module: str) -> None:
@@ -99,14 +102,14 @@ class ModuleTracker:
             return
         for t in outputs:
             try:
-                self._untagged.append((weakref.ref(t), module))
+                self.untagged.append((weakref.ref(t), module))
             except TypeError:
                 pass
 
     def tag_pending(self) -> None:
-        if not self._untagged:
+        if not self.untagged:
             return
-        items, self._untagged = self._untagged, []
+        items, self.untagged = self.untagged, []
         for ref, module in items:
             t = ref()
             if t is None:

@@ -21,30 +21,39 @@ raising npu_dumper.errors.DumperError subclasses), `end(session)` at exit (summa
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-@dataclass
 class OpEvent:
-    func: Any                      # torch._ops.OpOverload
-    name: str                      # str(func): "aten.addmm.default"
-    args: tuple
-    kwargs: dict
-    seqid: int                     # live stream position, 1-based, every eligible op
-    phase: str                     # "forward" / "backward"
-    module: str = ""
-    grad_fn: str = ""
-    stack: str = ""
-    outputs: Any = None            # the op's return value, after it ran
-    store_op: str = ""             # name written to the file (defaults to name)
-    store_seqid: int = 0           # seqid written to the file (defaults to seqid)
-    group_attrs: dict = field(default_factory=dict)  # extra per-op attributes to write
-    notes: dict = field(default_factory=dict)        # scratch space shared between policies
+    """One eligible op as the policies see it. A slotted class with a plain __init__, not a
+    dataclass: one is made per recorded op in the model's thread, and the dataclass (two
+    default_factory dicts and __post_init__) cost three times as much."""
 
-    def __post_init__(self):
-        self.store_op = self.store_op or self.name
-        self.store_seqid = self.store_seqid or self.seqid
+    __slots__ = ("func", "name", "args", "kwargs", "seqid", "phase", "module", "grad_fn",
+                 "stack", "outputs", "store_op", "store_seqid", "group_attrs", "notes")
+
+    def __init__(self, func: Any, name: str, args: tuple, kwargs: dict, seqid: int, phase: str,
+                 module: str = "", grad_fn: str = "", stack: str = "", outputs: Any = None,
+                 store_op: str = "", store_seqid: int = 0, group_attrs: dict | None = None,
+                 notes: dict | None = None):
+        self.func = func                  # torch._ops.OpOverload
+        self.name = name                  # str(func): "aten.addmm.default"
+        self.args = args
+        self.kwargs = kwargs
+        self.seqid = seqid                # live stream position, 1-based, every eligible op
+        self.phase = phase                # "forward" / "backward"
+        self.module = module
+        self.grad_fn = grad_fn
+        self.stack = stack
+        self.outputs = outputs            # the op's return value, after it ran
+        self.store_op = store_op or name          # name written to the file
+        self.store_seqid = store_seqid or seqid   # seqid written to the file
+        # extra per-op attributes to write; scratch space shared between policies
+        self.group_attrs = {} if group_attrs is None else group_attrs
+        self.notes = {} if notes is None else notes
+
+    def __repr__(self) -> str:
+        return f"OpEvent({self.name} #{self.seqid} {self.phase} {self.module!r})"
 
 
 class Policy:

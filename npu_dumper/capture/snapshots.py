@@ -23,7 +23,8 @@ from .tensors import _DTYPE_NAME, UNSTORED_DTYPES, dtype_name
 
 
 # ---- captured values -------------------------------------------------------------
-_DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
+# device -> (name, has data (not meta), its tensors are rebuilt from their storage)
+_DEVICE_FACTS: dict[torch.device, tuple[str, bool, bool]] = {}
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # devices whose tensors are exactly (storage, offset, shape, stride, dtype)
 _REBUILT_DEVICES = frozenset({"cpu", "cuda"})
@@ -32,10 +33,17 @@ _DK_NEG = torch._C.DispatchKey.Negative
 _DK_CONJ = torch._C.DispatchKey.Conjugate
 
 
-def _has_neg_or_conj(keys) -> bool:
-    """Whether a tensor's dispatch keys carry the negative or conjugate bit (read from
-    the key set: `is_neg()`/`is_conj()` release the GIL)."""
-    return keys.has(_DK_NEG) or keys.has(_DK_CONJ)
+# dispatch key set (raw) -> 1 if it has the conjugate bit, + 2 if the negative bit. Read from
+# the key set: `is_neg()` releases the GIL.
+_KEY_BITS: dict[int, int] = {}
+
+
+def _key_bits(raw: int) -> int:
+    keys = torch._C.DispatchKeySet.from_raw_repr(raw)
+    bits = (1 if keys.has(_DK_CONJ) else 0) | (2 if keys.has(_DK_NEG) else 0)
+    if len(_KEY_BITS) < 4096:
+        _KEY_BITS[raw] = bits
+    return bits
 
 
 _DTENSOR_TYPE: list = []
@@ -140,46 +148,58 @@ class TensorCapture:
                  "offset", "device", "nbytes", "uninitialized", "owner", "lock", "done",
                  "_torch_dtype", "extra", "__weakref__")
 
-    def __init__(self, t: torch.Tensor, gen: dict, *, clone: bool, uninitialized: bool = False,
+    def __init__(self, t: torch.Tensor, gen: dict, clone: bool = False, uninitialized: bool = False,
                  version_bump: int = 0):
         # Called with the dispatch mode off: detach()/clone() here are not recorded.
         # On the common path (a plain CPU/CUDA tensor) everything read from `t` keeps the
         # GIL. `.data`, `.detach()`, `is_inference()`, `is_neg()` and dispatcher calls
         # release it, and with the writer thread waiting, each release costs the model's
         # thread a hand-over (40-170 us each, measured with a busy second thread on the
-        # reference 2-core machine).
-        self.extra = None
-        if type(t) not in _PLAIN_TENSOR_TYPES and _is_dtensor(t):
-            # a DTensor: its data is the local shard (a plain tensor); the layout that makes
-            # it part of a global tensor is written as the `dtensor` attribute
-            self.extra = {S.ATTR_DTENSOR: dtensor_spec_json(t)}
-            t = t._local_tensor
-        if type(t) not in _PLAIN_TENSOR_TYPES:
-            t = _unwrap(t)
+        # reference 2-core machine). This runs for every tensor of every recorded op:
+        # each call into torch here costs ~0.1-0.5 us.
+        extra = None
+        plain = type(t) in _PLAIN_TENSOR_TYPES
+        if not plain:
+            if _is_dtensor(t):
+                # a DTensor: its data is the local shard (a plain tensor); the layout that
+                # makes it part of a global tensor is written as the `dtensor` attribute
+                extra = {S.ATTR_DTENSOR: dtensor_spec_json(t)}
+                t = t._local_tensor
+            if type(t) not in _PLAIN_TENSOR_TYPES:
+                t = _unwrap(t)
+            plain = type(t) in _PLAIN_TENSOR_TYPES
+        self.extra = extra
         device = t.device
-        names = _DEVICE_NAMES.get(device)
-        if names is None:       # str(device) and device.type cost ~0.3 us each, per tensor
-            names = _DEVICE_NAMES[device] = (str(device), device.type)
+        facts = _DEVICE_FACTS.get(device)
+        if facts is None:       # str(device) and device.type cost ~0.3 us each, per tensor
+            facts = _DEVICE_FACTS[device] = (str(device), device.type != "meta",
+                                             device.type in _REBUILT_DEVICES)
         numel = t.numel()
-        strided = t.layout is _STRIDED and names[1] != "meta"
+        strided = t.layout is _STRIDED and facts[1]
         storage = t.untyped_storage() if strided and numel else None
         try:
-            self.ptr = storage.data_ptr() if storage is not None else 0
+            ptr = storage.data_ptr() if storage is not None else 0
         except RuntimeError:    # a wrapper subclass with no storage of its own
-            storage, self.ptr = None, 0
+            storage, ptr = None, 0
+        self.ptr = ptr
         # Dedup keys are valid while the storage lives (its address cannot be reused).
         # Storage Python objects are preserved with their StorageImpl, so a weakref to one
         # dies exactly when the storage is freed; it holds no reference autograd could see.
         self.owner = weakref.ref(storage) if storage is not None else None
-        self.gen = gen.get(self.ptr, 0)
-        keys = torch._C._dispatch_keys(t)
-        neg_conj = _has_neg_or_conj(keys)
-        if neg_conj or self.extra is not None:
+        # the negative / conjugate bits, from the dispatch key set (read once per distinct
+        # key set: each call into the key set object costs ~0.5 us in the model's thread)
+        raw = torch._C._dispatch_keys(t).raw_repr()
+        bits = _KEY_BITS.get(raw)
+        if bits is None:
+            bits = _key_bits(raw)
+        if bits or extra is not None:
             # `gen` is part of the writers' dedup and view keys: a conj/neg view of a storage
             # holds other values than the storage (x and x.conj() must not share a dataset),
             # and the same local shard under another DTensor layout is another record
-            self.gen = (self.gen, keys.has(_DK_CONJ), keys.has(_DK_NEG),
-                        self.extra[S.ATTR_DTENSOR] if self.extra else None)
+            self.gen = (gen.get(ptr, 0), bool(bits & 1), bool(bits & 2),
+                        extra[S.ATTR_DTENSOR] if extra else None)
+        else:
+            self.gen = gen.get(ptr, 0)
         # an inference tensor has no version counter (reading it raises): writes to it are
         # still seen through the registry's write generation
         # `version_bump`: the output of an in-place or out= op is captured below autograd's
@@ -192,16 +212,18 @@ class TensorCapture:
         self._torch_dtype = dt = t.dtype
         self.dtype = _DTYPE_NAME.get(dt) or dtype_name(dt)
         self.shape = tuple(t.shape)
-        self.stride = tuple(t.stride()) if strided else ()
-        self.offset = t.storage_offset() if strided else 0
-        self.device = names[0]
+        if strided:
+            self.stride = t.stride()        # (a tuple already)
+            self.offset = t.storage_offset()
+        else:
+            self.stride, self.offset = (), 0
+        self.device = facts[0]
         self.nbytes = numel * t.element_size()
         self.uninitialized = uninitialized
         self.lock = threading.Lock()
         self.done = False
-        if (storage is not None and not clone and type(t) in _PLAIN_TENSOR_TYPES
-                and names[1] in _REBUILT_DEVICES and self._torch_dtype not in UNSTORED_DTYPES
-                and not neg_conj):
+        if storage is not None and not clone and plain and facts[2] and not bits \
+                and dt not in UNSTORED_DTYPES:
             # Keep the storage; the writer thread rebuilds the view (`tensor`). Holding
             # the storage, like an alias, leaves autograd's counts on `t` untouched.
             self._storage = storage
@@ -211,7 +233,7 @@ class TensorCapture:
             # subclasses and other devices (an NPU tensor's format lives on the tensor)
             # keep an alias: `.data` (no autograd history) for a plain tensor; a
             # subclass decides what its detach() means.
-            alias = t.data if type(t) in _PLAIN_TENSOR_TYPES else t.detach()
+            alias = t.data if plain else t.detach()
             self._storage = None
             self._tensor = alias.clone() if clone else alias
 

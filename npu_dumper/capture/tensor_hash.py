@@ -19,6 +19,7 @@ import torch
 import xxhash
 
 from .tensor_stats import storage_ordered
+from .tensors import _NUMPY_OF, numpy_view
 
 HASH_ALGORITHM = "xxh3_64"
 
@@ -29,7 +30,13 @@ def content_hash(t: torch.Tensor) -> int:
     t = storage_ordered(t)
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
+    if t.dtype in _NUMPY_OF:
+        # contiguous on the CPU (storage_ordered): its bytes as they lie, without the two
+        # torch calls of a byte view (each releases the GIL the model's thread then waits for)
+        return xxhash.xxh3_64_intdigest(numpy_view(t))
     flat = t.reshape(-1)
     if flat.dtype != torch.uint8:
         flat = flat.view(torch.uint8)
-    return xxhash.xxh3_64_intdigest(memoryview(flat.numpy()))
+    # numpy_view, not .numpy(): `t` may view the user's own storage (the writer rebuilds
+    # captures from it), and .numpy() would leave that storage non-resizable for good
+    return xxhash.xxh3_64_intdigest(numpy_view(flat))

@@ -193,7 +193,8 @@ def rows_stats(m: torch.Tensor) -> list[list[float]]:
     """fast_tensor_stats of each row of the contiguous matrix `m` (rows of >= 2 elements,
     fewer than ROWS_FROM), bit-identical: see the note above."""
     n = m.shape[1]
-    rows = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).tolist()
+    mn, mx = torch.aminmax(m, dim=1)        # (one pass for both; min and max are exact)
+    rows = torch.stack((mn, mx, m.sum(1), (m * m).sum(1)), dim=1).tolist()
     out = []
     for i, (fmn, fmx, total, sumsq) in enumerate(rows):
         stats = None
