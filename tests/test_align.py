@@ -1,0 +1,148 @@
+"""Aligning op streams that compute one thing with different ops (accucmp/compare/align.py):
+real dumps of two runs, the target with the fused op, the golden with its decomposition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
+from npu_dumper import inject_fault
+from accucmp.compare.pipeline import CompareError, compare_dumps
+from accucmp.compare.verdict import apply_verdict
+
+
+class _Attn(nn.Module):
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.fused, self.qkv = fused, nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v)
+        return ((q @ k.transpose(-2, -1)) / 8 ** 0.5).softmax(-1) @ v
+
+
+class _Linear(nn.Module):
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.fused, self.lin = fused, nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x) if self.fused else x @ self.lin.weight.t() + self.lin.bias
+
+
+class _Norm(nn.Module):
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.fused, self.ln = fused, nn.LayerNorm(16)
+
+    def forward(self, x):
+        if self.fused:
+            return self.ln(x)
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + self.ln.eps) * self.ln.weight + self.ln.bias
+
+
+class _Net(nn.Module):
+    def __init__(self, block, fused: bool):
+        super().__init__()
+        self.block, self.out = block(fused), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.block(x)
+        if h.dim() == 4:
+            h = h.transpose(1, 2).reshape(2, 5, 16)
+        return self.out(torch.relu(h))
+
+
+def _dump(path, block, fused, fault=None):
+    torch.manual_seed(0)
+    net, x = _Net(block, fused), torch.randn(2, 5, 16)
+    ctx = inject_fault(fault, rel=0.07, call=1) if fault else torch.no_grad.__new__(torch.no_grad)
+    import contextlib
+    ctx = inject_fault(fault, rel=0.07, call=1) if fault else contextlib.nullcontext()
+    with ctx, torch.utils.dumper(dump_path=str(path), use_dump=True):
+        net(x).sum().backward()
+    return str(path)
+
+
+def _compare(tmp_path, block, fault=None, **kw):
+    t = _dump(tmp_path / "t.h5", block, True, fault)
+    g = _dump(tmp_path / "g.h5", block, False)
+    res = compare_dumps(t, g, **kw)
+    return apply_verdict(res.table), res.meta
+
+
+def _regions(table):
+    return table[table["MatchedBy"] == "region"]
+
+
+def test_sdpa_against_matmul_softmax_matmul(tmp_path):
+    table, meta = _compare(tmp_path, _Attn)
+    reg = _regions(table)
+    fwd = reg[reg["Phase"] == "forward"]
+    bwd = reg[reg["Phase"] == "backward"]
+    assert set(fwd["NPUDump"]) == {"aten._scaled_dot_product_flash_attention_for_cpu"}
+    assert "aten._softmax" in fwd["GoldenOp"].iloc[0] and "aten.bmm" in fwd["GoldenOp"].iloc[0]
+    assert "output" in set(fwd["IO"])
+    assert set(bwd["NPUDump"]) == {"aten._scaled_dot_product_flash_attention_for_cpu_backward"}
+    assert {"grad_query", "grad_value"} <= {n.split(":")[-1] for n in bwd[bwd["IO"] == "output"]["TensorName"]}
+    assert len(meta["aligned_regions"]) == 2 and "≈" in meta["aligned_regions"][0]
+    assert (reg["Result"] == "pass").all()                  # clean: the region's rows pass
+    assert (table["Result"] != "fail").all()
+    # ops left over are listed as unmatched, never judged
+    assert (table[table["MatchedBy"] == "unmatched"]["Result"] == "unmatched").all()
+
+
+def test_fault_inside_fused_attention_is_named(tmp_path):
+    table, _ = _compare(tmp_path, _Attn, fault="aten._scaled_dot_product_flash_attention_for_cpu")
+    fails = table[table["Result"] == "fail"]
+    first = fails.iloc[0]
+    assert first["MatchedBy"] == "region" and first["IO"] == "output"
+    assert first["NPUDump"] == "aten._scaled_dot_product_flash_attention_for_cpu"
+    # its inputs agree: the region is where the error starts
+    ins = _regions(table)[(_regions(table)["Phase"] == "forward") & (_regions(table)["IO"] == "input")]
+    assert len(ins) and (ins["Result"] == "pass").all()
+
+
+def test_addmm_against_mm_add(tmp_path):
+    table, meta = _compare(tmp_path, _Linear)
+    reg = _regions(table)
+    fwd = reg[reg["Phase"] == "forward"]
+    assert set(fwd["NPUDump"]) == {"aten.addmm"} and set(fwd["GoldenOp"]) == {"aten.mm+aten.add.Tensor"}
+    assert (reg["Result"] == "pass").all() and (table["Result"] != "fail").all()
+    bad, _ = _compare(tmp_path, _Linear, fault="aten.addmm")
+    first = bad[bad["Result"] == "fail"].iloc[0]
+    assert first["MatchedBy"] == "region" and first["NPUDump"] == "aten.addmm" and first["IO"] == "output"
+
+
+def test_layer_norm_against_decomposition(tmp_path):
+    table, meta = _compare(tmp_path, _Norm)
+    reg = _regions(table)
+    fwd = reg[(reg["Phase"] == "forward") & (reg["IO"] == "output")]
+    assert "aten.native_layer_norm" in set(fwd["NPUDump"])
+    assert "aten.rsqrt" in fwd["GoldenOp"].iloc[0]
+    assert (reg["Result"] == "pass").all() and (table["Result"] != "fail").all()
+    bad, _ = _compare(tmp_path, _Norm, fault="aten.native_layer_norm")
+    first = bad[bad["Result"] == "fail"].iloc[0]
+    assert first["MatchedBy"] == "region" and first["NPUDump"] == "aten.native_layer_norm"
+
+
+def test_align_map_module_rename(tmp_path):
+    """Different module paths cannot be inferred: the override file maps them."""
+    import dataclasses  # noqa: F401
+    t = _dump(tmp_path / "t.h5", _Linear, True)
+    g = _dump(tmp_path / "g.h5", _Linear, False)
+    amap = tmp_path / "map.txt"
+    amap.write_text("# target = golden\nop aten.addmm = aten.mm + aten.add\n")
+    res = compare_dumps(t, g, align_map=str(amap))
+    assert any("(op map)" in r for r in res.meta["aligned_regions"])
+    bad = tmp_path / "bad.txt"
+    bad.write_text("modul a = b\n")
+    with pytest.raises(CompareError, match=r"bad.txt:1: expected"):
+        compare_dumps(t, g, align_map=str(bad))
