@@ -63,7 +63,6 @@ class _Net(nn.Module):
 def _dump(path, block, fused, fault=None):
     torch.manual_seed(0)
     net, x = _Net(block, fused), torch.randn(2, 5, 16)
-    ctx = inject_fault(fault, rel=0.07, call=1) if fault else torch.no_grad.__new__(torch.no_grad)
     import contextlib
     ctx = inject_fault(fault, rel=0.07, call=1) if fault else contextlib.nullcontext()
     with ctx, torch.utils.dumper(dump_path=str(path), use_dump=True):
@@ -114,7 +113,7 @@ def test_addmm_against_mm_add(tmp_path):
     table, meta = _compare(tmp_path, _Linear)
     reg = _regions(table)
     fwd = reg[reg["Phase"] == "forward"]
-    assert set(fwd["NPUDump"]) == {"aten.addmm"} and set(fwd["GoldenOp"]) == {"aten.mm+aten.add.Tensor"}
+    assert set(fwd["NPUDump"]) == {"aten.addmm"} and set(fwd["GoldenOp"]) == {"aten.mm+aten._unsafe_view+aten.add.Tensor"}
     assert (reg["Result"] == "pass").all() and (table["Result"] != "fail").all()
     bad, _ = _compare(tmp_path, _Linear, fault="aten.addmm")
     first = bad[bad["Result"] == "fail"].iloc[0]
@@ -135,14 +134,32 @@ def test_layer_norm_against_decomposition(tmp_path):
 
 def test_align_map_module_rename(tmp_path):
     """Different module paths cannot be inferred: the override file maps them."""
-    import dataclasses  # noqa: F401
     t = _dump(tmp_path / "t.h5", _Linear, True)
     g = _dump(tmp_path / "g.h5", _Linear, False)
     amap = tmp_path / "map.txt"
-    amap.write_text("# target = golden\nop aten.addmm = aten.mm + aten.add\n")
+    amap.write_text("# target = golden\nop aten.addmm = aten.mm + aten._unsafe_view + aten.add\n")
     res = compare_dumps(t, g, align_map=str(amap))
     assert any("(op map)" in r for r in res.meta["aligned_regions"])
     bad = tmp_path / "bad.txt"
     bad.write_text("modul a = b\n")
     with pytest.raises(CompareError, match=r"bad.txt:1: expected"):
         compare_dumps(t, g, align_map=str(bad))
+
+
+def test_cli_align_map_and_bad_map(tmp_path):
+    import subprocess
+    import sys
+    t = _dump(tmp_path / "t.h5", _Linear, True)
+    g = _dump(tmp_path / "g.h5", _Linear, False)
+    good = tmp_path / "map.json"
+    good.write_text('{"ops": {"aten.addmm": "aten.mm+aten._unsafe_view+aten.add"}}')
+    run = lambda m: subprocess.run([sys.executable, "-m", "accucmp.cli", "compare", "-m", t, "-g", g,  # noqa: E731
+                                    "-o", str(tmp_path / "out"), "--align-map", str(m)],
+                                   capture_output=True, text=True)
+    ok = run(good)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "aligned region (op map): aten.addmm ≈ aten.mm+aten._unsafe_view+aten.add.Tensor" in ok.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"opz": {}}')
+    res = run(bad)
+    assert res.returncode == 2 and "bad.json: expected" in res.stderr and "Traceback" not in res.stderr

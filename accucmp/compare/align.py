@@ -8,7 +8,9 @@ sides. This module runs after it, on the unmatched ops only:
 
 1. A *gap* is a stretch of unmatched ops (both sides) between two paired ops; ops of one
    computation sit in the same gap because the ops around them pair.
-2. In a gap, each side's ops form *runs*: consecutive ops of one (phase, module path).
+2. In a gap, each side's ops form *runs*: consecutive ops of one (phase, module path);
+   a target run meets golden runs of the same phase whose module is the same, an ancestor
+   or a descendant (a decomposition written in a parent's forward).
 3. A target run and a golden run of the same (phase, module) -- or the module/op names the
    override file maps onto each other -- form one *region* when their external inputs
    (tensors a run reads that no op of the run produced) agree: every external input of the
@@ -306,6 +308,12 @@ def _runs(ops: list[OpRecord]) -> list[list[OpRecord]]:
     return out
 
 
+def _nested(a: str, b: str) -> bool:
+    """One module path is the other or inside it: x @ W.t() + b written in a block's forward
+    runs in `block`, the nn.Linear it replaces in `block.lin`."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def _find_seq(ops: list[OpRecord], names: tuple[str, ...], used: set[int]) -> list[int] | None:
     n = len(names)
     for s in range(len(ops) - n + 1):
@@ -342,7 +350,7 @@ def _align_gap(ts: list[OpRecord], gs: list[OpRecord], amap: AlignMap | None) ->
         mapped = amap.modules.get(mod) if amap else None
         want = (t_run[0].phase, mapped if mapped is not None else mod)
         for j, g_run in enumerate(g_runs):
-            if j in taken_g or (g_run[0].phase, g_run[0].module) != want:
+            if j in taken_g or g_run[0].phase != want[0] or not _nested(g_run[0].module, want[1]):
                 continue
             r = _try_region(t_run, g_run, "module map" if mapped is not None else "inferred")
             if r is not None:
@@ -389,3 +397,12 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
             regions += found
         i = j
     return out, regions
+
+
+def notes(regions: list[Region], show: int = 3) -> list[str]:
+    """The summary's lines on aligned regions (the csv has their rows, MatchedBy "region")."""
+    if not regions:
+        return []
+    head = f"{len(regions)} region(s) where the runs used different ops aligned many-to-one"
+    return [head + ": " + "; ".join(r.description for r in regions[:show])
+            + (f"; ... ({len(regions) - show} more)" if len(regions) > show else "")]
