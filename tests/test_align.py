@@ -163,3 +163,68 @@ def test_cli_align_map_and_bad_map(tmp_path):
     bad.write_text('{"opz": {}}')
     res = run(bad)
     assert res.returncode == 2 and "bad.json: expected" in res.stderr and "Traceback" not in res.stderr
+
+
+def _adam_dump(path, foreach, fault=None):
+    import contextlib
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3)), torch.randn(4, 8)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2, foreach=foreach)
+    net(x).sum().backward()
+    ctx = inject_fault(fault, rel=0.07, call=1) if fault else contextlib.nullcontext()
+    with ctx, torch.utils.dumper(dump_path=str(path), use_dump=True):
+        opt.step()
+    return str(path)
+
+
+def test_foreach_adam_against_per_parameter_adam(tmp_path):
+    g = _adam_dump(tmp_path / "g.h5", False)
+    res = compare_dumps(_adam_dump(tmp_path / "t.h5", True), g)
+    table = apply_verdict(res.table)
+    reg = _regions(table)
+    assert len(res.meta["aligned_regions"]) == 1
+    assert reg["NPUDump"].iloc[0].startswith("aten._foreach_add_.Tensor+aten._foreach_lerp_.Scalar")
+    assert "ops)" in reg["GoldenOp"].iloc[0]                 # the per-parameter ops, shortened
+    outs = reg[reg["IO"] == "output"]
+    # the four parameters' updates, each against its own per-parameter result
+    assert sorted(outs["Shape"]) == ["(3)", "(3,8)", "(8)", "(8,8)"]
+    assert (reg["Result"] == "pass").all() and (table["Result"] != "fail").all()
+    bad = apply_verdict(compare_dumps(_adam_dump(tmp_path / "f.h5", True, "aten._foreach_sqrt"), g).table)
+    fails = bad[bad["Result"] == "fail"]
+    assert len(fails) and (fails["MatchedBy"] == "region").all() and (fails["IO"] == "output").all()
+
+
+def _gpt2_dump(path, impl, fault=None):
+    import contextlib
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=impl)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    if model.config._attn_implementation != impl:
+        pytest.skip(f"transformers gives {model.config._attn_implementation!r} for {impl!r}")
+    x = torch.randint(0, 96, (2, 12))
+    ctx = inject_fault(fault, rel=0.07, call=2) if fault else contextlib.nullcontext()
+    with ctx, torch.utils.dumper(dump_path=str(path), use_dump=True):
+        F.cross_entropy(model(input_ids=x).logits.flatten(0, 1), x.flatten()).backward()
+    return str(path)
+
+
+def test_gpt2_sdpa_against_eager(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    g = _gpt2_dump(tmp_path / "g.h5", "eager")
+    res = compare_dumps(_gpt2_dump(tmp_path / "t.h5", "sdpa"), g)
+    table = apply_verdict(res.table)
+    # every attention of both layers, forward and backward, is one region
+    reg = _regions(table).drop_duplicates(["Phase", "Module"])
+    assert sorted(zip(reg["Phase"], reg["Module"])) == [
+        (p, f"transformer.h.{i}.attn") for p in ("backward", "forward") for i in (0, 1)]
+    assert res.meta["unmatched_target_ops"] == 0
+    # the eager path's own mask building (where, arange, ...) is listed, not judged
+    assert res.meta["unmatched_golden_ops"] > 0
+    assert "aten.where.self" in set(table[table["Result"] == "unmatched"]["NPUDump"])
+    assert (table["Result"] != "fail").all()
+    bad = apply_verdict(compare_dumps(_gpt2_dump(tmp_path / "f.h5", "sdpa",
+                                                 "aten._scaled_dot_product_flash_attention_for_cpu"), g).table)
+    first = bad[bad["Result"] == "fail"].iloc[0]
+    assert (first["MatchedBy"], first["Module"], first["IO"]) == ("region", "transformer.h.1.attn", "output")

@@ -119,6 +119,7 @@ class _Tensor:
     shape: tuple
     key: tuple | None    # (shape, dtype, digest) when read; None when too large / unreadable
     value: np.ndarray | None
+    sorted: np.ndarray | None = None
 
 
 def _leaves(values) -> dict[str, ValueRecord]:
@@ -152,7 +153,10 @@ class _Run:
 
     @property
     def label(self) -> str:
-        return "+".join(_short(o.op) for o in self.ops)
+        names = [_short(o.op) for o in self.ops]
+        if len(names) > 12:           # a per-parameter optimizer: hundreds of ops
+            return "+".join(names[:8]) + f"+... ({len(names)} ops)"
+        return "+".join(names)
 
 
 def _analyse(ops: list[OpRecord]) -> _Run:
@@ -195,7 +199,9 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _sorted(t: _Tensor) -> np.ndarray:
-    return np.sort(t.value.reshape(-1).astype(np.float64))
+    if t.sorted is None:          # kept: a tensor meets every same-sized one of the other run
+        t.sorted = np.sort(t.value.reshape(-1).astype(np.float64))
+    return t.sorted
 
 
 def _distance(a: _Tensor, b: _Tensor, layouts: bool | str = False) -> float:
@@ -362,6 +368,37 @@ def _align_gap(ts: list[OpRecord], gs: list[OpRecord], amap: AlignMap | None) ->
     return regions
 
 
+# Paired ops between two stretches of unmatched ops of one (phase, module) do not split
+# them: a per-parameter optimizer pairs its .item() calls with the foreach one's by name
+# between the parameters' unmatched ops. Up to this many paired ops in a row are bridged.
+MAX_BRIDGE = 8
+
+
+def _unmatched(p) -> bool:
+    return p.target is None or p.golden is None
+
+
+def _key(p) -> tuple[str, str]:
+    op = p.target if p.target is not None else p.golden
+    return (op.phase, op.module)
+
+
+def _gap_end(pairs: list, i: int) -> int:
+    """End (exclusive) of the gap starting at unmatched pairs[i], bridging short runs of
+    paired ops of the same (phase, module) as the unmatched ops on both sides of them."""
+    j = i
+    while True:
+        while j < len(pairs) and _unmatched(pairs[j]):
+            j += 1
+        k = j
+        while k < len(pairs) and not _unmatched(pairs[k]) and k - j < MAX_BRIDGE:
+            k += 1
+        if (k == j or k >= len(pairs) or not _unmatched(pairs[k])
+                or not all(_key(pairs[m]) == _key(pairs[j - 1]) == _key(pairs[k]) for m in range(j, k))):
+            return j
+        j = k
+
+
 def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[Region]]:
     """Replace unmatched ops that form regions by one region pair each (placed where the
     region's last target op stood); the other pairs are kept, in order."""
@@ -371,16 +408,14 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
     regions: list[Region] = []
     i = 0
     while i < len(pairs):
-        if pairs[i].target is not None and pairs[i].golden is not None:
+        if not _unmatched(pairs[i]):
             out.append(pairs[i])
             i += 1
             continue
-        j = i
-        while j < len(pairs) and (pairs[j].target is None or pairs[j].golden is None):
-            j += 1
+        j = _gap_end(pairs, i)
         gap = pairs[i:j]
-        ts = [p.target for p in gap if p.target is not None]
-        gs = [p.golden for p in gap if p.golden is not None]
+        ts = [p.target for p in gap if _unmatched(p) and p.target is not None]
+        gs = [p.golden for p in gap if _unmatched(p) and p.golden is not None]
         found = _align_gap(ts, gs, amap) if ts and gs else []
         if not found:
             out += gap
@@ -388,6 +423,9 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
             last = {id(r.target_ops[-1]): r for r in found}
             inside = {id(o) for r in found for o in r.target_ops + r.golden_ops}
             for p in gap:
+                if not _unmatched(p):
+                    out.append(p)
+                    continue
                 side = p.target if p.target is not None else p.golden
                 r = last.get(id(p.target)) if p.target is not None else None
                 if r is not None:
@@ -397,7 +435,6 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
             regions += found
         i = j
     return out, regions
-
 
 def notes(regions: list[Region], show: int = 3) -> list[str]:
     """The summary's lines on aligned regions (the csv has their rows, MatchedBy "region")."""
