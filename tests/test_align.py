@@ -228,3 +228,40 @@ def test_gpt2_sdpa_against_eager(tmp_path, monkeypatch):
                                                  "aten._scaled_dot_product_flash_attention_for_cpu"), g).table)
     first = bad[bad["Result"] == "fail"].iloc[0]
     assert (first["MatchedBy"], first["Module"], first["IO"]) == ("region", "transformer.h.1.attn", "output")
+
+
+class _Manual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x @ self.inner.weight.t() + self.inner.bias
+
+
+class _Renamed(nn.Module):
+    """The golden's module path differs (block.proj vs block.lin): not inferable."""
+
+    def __init__(self, fused: bool):
+        super().__init__()
+        self.fused = fused
+        if fused:
+            self.lin = nn.Linear(16, 16)
+        else:
+            self.proj = _Manual()
+
+    def forward(self, x):
+        return self.lin(x) if self.fused else self.proj(x)
+
+
+def test_align_map_module_paths(tmp_path):
+    t = _dump(tmp_path / "t.h5", _Renamed, True)
+    g = _dump(tmp_path / "g.h5", _Renamed, False)
+    plain = apply_verdict(compare_dumps(t, g).table)
+    assert not len(_regions(plain)) and (plain["Result"] == "unmatched").any()
+    amap = tmp_path / "map.txt"
+    amap.write_text("module block.lin = block.proj\n")
+    res = compare_dumps(t, g, align_map=str(amap))
+    table = apply_verdict(res.table)
+    assert any("(module map): aten.addmm ≈ aten.mm" in r for r in res.meta["aligned_regions"])
+    assert (_regions(table)["Result"] == "pass").all() and (table["Result"] != "fail").all()

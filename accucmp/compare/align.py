@@ -279,8 +279,18 @@ class Region:
         return f"aligned region ({self.how}): {self.target_label} ≈ {self.golden_label}"
 
 
-def _try_region(t_ops, g_ops, how: str) -> Region | None:
-    tr, gr = _analyse(t_ops), _analyse(g_ops)
+def _analysed(ops: list[OpRecord], cache: dict | None) -> _Run:
+    """_analyse, once per run (a run meets several candidate runs; reading is the cost)."""
+    if cache is None:
+        return _analyse(ops)
+    key = tuple(id(o) for o in ops)
+    if key not in cache:
+        cache[key] = _analyse(ops)
+    return cache[key]
+
+
+def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | None:
+    tr, gr = _analysed(t_ops, cache), _analysed(g_ops, cache)
     few, many = (tr.inputs, gr.inputs) if len(tr.inputs) <= len(gr.inputs) else (gr.inputs, tr.inputs)
     ins = _pair_close(few, many, CLOSE_REL, layouts=True)
     # inferred: most external inputs of the side with fewer have a partner (a fused op's
@@ -331,6 +341,7 @@ def _find_seq(ops: list[OpRecord], names: tuple[str, ...], used: set[int]) -> li
 
 def _align_gap(ts: list[OpRecord], gs: list[OpRecord], amap: AlignMap | None) -> list[Region]:
     regions: list[Region] = []
+    cache: dict = {}
     used_t: set[int] = set()
     used_g: set[int] = set()
     # 1. op mappings of the override file: the named op sequences, wherever they are in the gap
@@ -358,7 +369,7 @@ def _align_gap(ts: list[OpRecord], gs: list[OpRecord], amap: AlignMap | None) ->
         for j, g_run in enumerate(g_runs):
             if j in taken_g or g_run[0].phase != want[0] or not _nested(g_run[0].module, want[1]):
                 continue
-            r = _try_region(t_run, g_run, "module map" if mapped is not None else "inferred")
+            r = _try_region(t_run, g_run, "module map" if mapped is not None else "inferred", cache)
             if r is not None:
                 taken_g.add(j)
                 used_t.update(pos_t[id(o)] for o in t_run)
