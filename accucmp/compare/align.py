@@ -43,6 +43,11 @@ MAX_READ_ELEMENTS = 1 << 22
 # "Close by value" for external inputs that are not bit-identical: an inherited upstream
 # error of a few percent still aligns; a different tensor of the same shape does not.
 CLOSE_REL = 0.1
+# Inference reads every unmatched op's tensors and compares runs pairwise: a gap of more
+# unmatched ops than this on a side (two unrelated runs) is left as it is, and a run pair
+# with more tensor pairs to weigh than MAX_TENSOR_PAIRS is not a region.
+MAX_GAP_OPS = 2000
+MAX_TENSOR_PAIRS = 250_000
 
 
 class AlignMapError(ValueError):
@@ -292,6 +297,8 @@ def _analysed(ops: list[OpRecord], cache: dict | None) -> _Run:
 def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | None:
     tr, gr = _analysed(t_ops, cache), _analysed(g_ops, cache)
     few, many = (tr.inputs, gr.inputs) if len(tr.inputs) <= len(gr.inputs) else (gr.inputs, tr.inputs)
+    if max(len(few) * len(many), len(tr.outputs) * len(gr.outputs)) > MAX_TENSOR_PAIRS:
+        return None
     ins = _pair_close(few, many, CLOSE_REL, layouts=True)
     # inferred: most external inputs of the side with fewer have a partner (a fused op's
     # backward reads its saved logsumexp where a decomposition reads its saved softmax)
@@ -427,7 +434,7 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
         gap = pairs[i:j]
         ts = [p.target for p in gap if _unmatched(p) and p.target is not None]
         gs = [p.golden for p in gap if _unmatched(p) and p.golden is not None]
-        found = _align_gap(ts, gs, amap) if ts and gs else []
+        found = _align_gap(ts, gs, amap) if ts and gs and max(len(ts), len(gs)) <= MAX_GAP_OPS else []
         if not found:
             out += gap
         else:
