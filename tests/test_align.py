@@ -265,3 +265,17 @@ def test_align_map_module_paths(tmp_path):
     table = apply_verdict(res.table)
     assert any("(module map): aten.addmm ≈ aten.mm" in r for r in res.meta["aligned_regions"])
     assert (_regions(table)["Result"] == "pass").all() and (table["Result"] != "fail").all()
+
+
+def test_statistics_only_dumps_align_by_shape(tmp_path):
+    """No values stored: regions are found by shapes, outputs paired with the last ops'."""
+    def dump(path, fused):
+        torch.manual_seed(0)
+        net, x = _Net(_Linear, fused), torch.randn(2, 5, 16)
+        with torch.utils.dumper(use_dump=True, dump_path=str(path), stats_only=True):
+            net(x).sum().backward()
+        return str(path)
+    table = apply_verdict(compare_dumps(dump(tmp_path / "t.h5", True), dump(tmp_path / "g.h5", False)).table)
+    out = _regions(table)[(_regions(table)["Phase"] == "forward") & (_regions(table)["IO"] == "output")]
+    assert list(out["GroundTruthPath"]) == ["/aten.add.Tensor/3/output/result"]   # not the mm's
+    assert (table["Result"] != "fail").all()

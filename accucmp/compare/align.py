@@ -211,13 +211,15 @@ def _sorted(t: _Tensor) -> np.ndarray:
 
 def _distance(a: _Tensor, b: _Tensor, layouts: bool | str = False) -> float:
     """0 identical, else relative max error; inf for a shape mismatch. Unread tensors of one
-    shape count as a weak match (0.5) so outputs-only or huge tensors still align by shape.
+    shape count as a weak match (CLOSE_REL) so statistics-only or huge tensors still align by shape.
     `layouts`: a tensor of another shape but as many elements is compared by its sorted
     values, so k against the k.transpose(-2, -1) a decomposition copies still matches;
     "reshape": only when the flat element order agrees (bmm's [B*H, S, D] against [B, H, S, D])."""
     if a.shape != b.shape:
-        if not layouts or a.value is None or b.value is None or a.value.size != b.value.size:
+        if not layouts or int(np.prod(a.shape)) != int(np.prod(b.shape)):
             return float("inf")
+        if a.value is None or b.value is None:
+            return CLOSE_REL          # unread (statistics-only): as weak as a same-shape match
         try:
             by_values = _rel_err(_sorted(a), _sorted(b)) + 1e-9     # behind a same-shape partner
             if layouts == "reshape":
@@ -230,7 +232,7 @@ def _distance(a: _Tensor, b: _Tensor, layouts: bool | str = False) -> float:
     if a.key is not None and b.key is not None and a.key[2] == b.key[2]:
         return 0.0
     if a.value is None or b.value is None:
-        return 0.5
+        return CLOSE_REL              # at the limit: behind every partner seen to be close
     try:
         return _rel_err(a.value, b.value)
     except (TypeError, ValueError):
@@ -308,7 +310,11 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
         ins = [(t, g) for g, t in ins]
     # rows compare element by element: inputs met in another layout only served the alignment
     in_pairs = [(t, g) for t, g in ins if t.shape == g.shape]
-    outs = _pair_close(tr.outputs, gr.outputs, float("inf"), layouts="reshape")
+    # ties (statistics-only dumps: every same-shaped output is as close) go to the later
+    # outputs: a decomposition's mm result is not what its add hands on
+    outs = _pair_close(tr.outputs[::-1], gr.outputs[::-1], float("inf"), layouts="reshape")
+    order = {id(t): k for k, t in enumerate(tr.outputs)}
+    outs.sort(key=lambda p: order[id(p[0])])
     if not outs:
         return None
     # the last op's outputs are what the computation hands on; keep pairs that involve one
