@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from accucmp.cli.boundary import Status, UsageProblem, boundary, require_file
-from accucmp.cli.options import (MAX_BYTES, MAX_FILES, Force, MaxBytes, MaxFiles, Tolerance, budget,
+from accucmp.cli.options import (MAX_BYTES, MAX_FILES, AlignMapFile, Force, MaxBytes, MaxFiles, Tolerance, budget,
                                  parse_algorithms, parse_formats, parse_thresholds, with_tolerance)
 from accucmp.cli.progress import console as _console
 
@@ -66,6 +66,7 @@ def compare(
     max_bytes: MaxBytes = MAX_BYTES,
     noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
     noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
+    align_map: AlignMapFile = None,
     bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash (its bits) equals the golden's; names the first op whose output bits differ and whether its inputs already did.")] = False,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
@@ -84,6 +85,8 @@ def compare(
         if my_dump.is_dir() and golden_dump.is_dir():
             from accucmp.compare.ranks import run_folder_compare
 
+            if align_map is not None:
+                raise UsageProblem("--align-map takes two files, not folders")
             if summary_json is not None:
                 raise UsageProblem("--summary-json takes two files; folders write their summary json "
                                    "next to the per-rank csvs")
@@ -110,7 +113,8 @@ def compare(
                                     thresholds=thresholds, top=top, force=force,
                                     adjust=_adjusters(_noise_floor_adjuster(noise_floor, noise_factor),
                                                       _bitwise_adjuster(bitwise, my_dump, golden_dump)),
-                                    jsonl_path=jsonl_path, on_rows=on_rows)
+                                    jsonl_path=jsonl_path, on_rows=on_rows,
+                                    align_map=str(align_map) if align_map else None)
         if jsonl_path is not None and not result.rows:
             jsonl_path.unlink(missing_ok=True)
         _require_ops(result, my_dump, golden_dump, select)

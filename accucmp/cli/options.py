@@ -5,6 +5,7 @@ declared once so every command spells and documents them the same way (docs/CLI.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -85,3 +86,10 @@ def with_tolerance(thresholds: dict[str, float] | None, tolerance: float | None)
 
 # ---- --version: in dumpfile.version, shared with ir2tbe (which sits below accucmp) ----
 from dumpfile.version import DISTRIBUTION, add_version_option, package_version  # noqa: E402,F401
+
+
+# ---- aligning different op streams (issue 20 item 4, accucmp/compare/align.py) ------
+AlignMapFile = Annotated[Optional[Path], typer.Option(
+    "--align-map", help="Override file for aligning ops the two runs compute differently: "
+                        "'module TARGET = GOLDEN' / 'op A+B = C+D+E' lines, or the same as JSON "
+                        "(docs/COMPARE.md, \"Aligning different op streams\").")]

@@ -38,8 +38,9 @@ REPLAY_MODES = (S.MODE_LOAD, S.MODE_GOLDEN)
 class OpPair:
     target: OpRecord | None
     golden: OpRecord | None
-    matched_by: str = ""     # "seqid", "name", "map", "unmatched"
+    matched_by: str = ""     # "seqid", "name", "map", "region", "unmatched"
     reason: str = ""
+    region: object = None    # align.Region when matched_by == "region" (ops of different streams)
 
 
 @functools.lru_cache(maxsize=1 << 14)       # called per op of both dumps, names repeat

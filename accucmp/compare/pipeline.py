@@ -31,7 +31,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.lowlevel import UNSUPPORTED, read_open_attr
 from dumpfile.read.reader import DumpFile, ValueRecord, chunk_slabs, decode_raw, h5_errors
 
-from accucmp.compare import matching
+from accucmp.compare import align, matching
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
 
 BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
@@ -546,7 +546,8 @@ def _open(path, role: str) -> DumpFile:
 
 
 def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
-                  chunk_elements: int = 1 << 22, golden_fp64: str | None = None) -> CompareResult:
+                  chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
+                  align_map: str | None = None) -> CompareResult:
     """Compare every tensor of `target` against its pair in `golden`.
 
     Returns a CompareResult whose table has one row per tensor (BASE_COLUMNS, one
@@ -554,15 +555,23 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
     sorted in execution order; `.meta` holds paths, modes and counts. `jobs` > 1
     compares in that many worker processes (threads where fork is unavailable);
     0 picks one per core when there are many ops (auto_jobs). Results do not
-    depend on it.
+    depend on it. `align_map`: override file for aligning different op streams (align.py).
     """
+    amap = _load_align_map(align_map)
     algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
     try:
-        return _compare_files(*files, algs, pattern, jobs, chunk_elements)
+        return _compare_files(*files, algs, pattern, jobs, chunk_elements, amap)
     finally:
         for f in files:
             if f is not None:
                 f.close()
+
+
+def _load_align_map(path: str | None):
+    try:
+        return align.load_map(path)
+    except align.AlignMapError as e:
+        raise CompareError(str(e)) from e
 
 
 def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, select: str | None):
@@ -620,14 +629,15 @@ class CompareStream:
 
 def stream_compare(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
                    chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
-                   batch_rows: int = 4096) -> CompareStream:
+                   batch_rows: int = 4096, align_map: str | None = None) -> CompareStream:
     """compare_dumps as a stream of row batches (see CompareStream): the same rows, the
     same order, for results larger than memory (`accucmp compare` writes them to the csv
     as they come). A batch holds whole ops and about `batch_rows` rows."""
+    amap = _load_align_map(align_map)
     algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
     opened = [f for f in files if f is not None]
     try:
-        setup = _setup(*files, algs, pattern, jobs, chunk_elements)
+        setup = _setup(*files, algs, pattern, jobs, chunk_elements, amap)
     except BaseException:
         for f in opened:
             f.close()
@@ -641,7 +651,8 @@ def _attr_text(v) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements) -> "_Setup":
+def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements,
+           amap=None) -> "_Setup":
     """Pair the ops of two open dumps; everything a comparison needs before reading tensors."""
     from dumpfile.golden_info import read_not_replayed
 
@@ -702,6 +713,11 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
             warnings.append(f"seqids do not line up: {bad} of {both} ops paired by seqid have different names, "
                             f"so {gf.path} is not the file {tf.path} was replayed from"
                             + (f" ({src})" if src else "") + "; paired by aligning the op streams instead")
+    # Independent runs that computed one thing with different ops (fused attention vs
+    # bmm+softmax+bmm): the ops both sides left unmatched, aligned many-to-one (align.py)
+    regions = []
+    if not replay:
+        pairs, regions = align.align_pairs(pairs, amap)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
     # side; the other side's tensors are not "unmatched", they were never asked for.
@@ -724,7 +740,8 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
         "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
                       "ops_left_out": filtered_out},
-        "notes": [subset_note] if subset_note else [],
+        "notes": ([subset_note] if subset_note else []) + align.notes(regions),
+        "aligned_regions": [r.description for r in regions],
         "rows": None, "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
@@ -742,8 +759,9 @@ class _Setup:
     inherit: bool                   # carry precision forward (independent runs, not replays)
 
 
-def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements):
-    setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements)
+def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements,
+                   amap=None):
+    setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements, amap)
     rows: list[dict[str, Any]] = []
     for part in _row_batches(setup):
         rows += part
@@ -934,6 +952,8 @@ def _worker_start(work: _Work, paths: dict[int, str | None]) -> None:
         for op in (pair.target, pair.golden):
             if op is not None:
                 op.file = opened[id(op.file)]
+        if pair.region is not None:
+            pair.region.rebind(opened)
     if work.ff is not None:
         work.ff = opened[id(work.ff)]
     _WORKER["work"] = work
@@ -959,6 +979,10 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
     phase = any_op.phase
     module = any_op.module
     t_ts, g_ts = _op_tensors(t_op, eager), _op_tensors(g_op, eager)
+    region = pair.region
+    if region is not None:      # an aligned region: its external inputs and final outputs
+        t_ts = _OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype)
+        g_ts = _OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
     precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
@@ -1007,6 +1031,8 @@ def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, sta
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare
                     fp = _light_record(ff, g.path, g.name, eager) if g.path in ff.h5 else None
                 fp = fp if fp is not None and fp.is_tensor else None
+            if region is not None:
+                row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
             tasks.append(_Task(start + len(tasks), row, t, g, fp))
     return tasks
 
