@@ -6,51 +6,38 @@ pair (metrics.py; small tensors read whole, large ones streamed in chunks of
 `chunk_elements`, both sides in lockstep, so peak memory is bounded by the chunk
 size) -> a pandas table sorted in execution order. No verdict here: verdict.py
 applies thresholds to the table, and can be re-run on a saved csv.
+
+The stages around it: rows.py makes an op pair's Tasks (row + the two value records,
+read through dumpfile/read/light.py), parallel.py decides where rows are computed,
+precision.py builds the table and carries PrecisionDtype forward. This module keeps
+the entry points, the setup of a comparison and _Comparer (the metrics of one Task);
+it is ~470 lines because setup (option checks, op pairing, metadata) and the comparer
+are each one piece and splitting them further would scatter one flow.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5py import h5o
 import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read.light import LightTensor, light_record, light_values, ll_attr, str_attr
+from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
 
 from accucmp.compare import matching
 from accucmp.compare.parallel import auto_jobs, row_batches
+from accucmp.compare.precision import PrecisionCarry, to_frame
+from accucmp.compare.rows import (  # noqa: F401  (the columns and statuses are public here too)
+    BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_RANDOM_REPLAYED,
+    STATUS_SIZE_MISMATCH, STATUS_STATS, STATUS_UNINITIALIZED, STATUS_UNMATCHED, TAIL_COLUMNS, Task,
+    check_record, shape_str, tasks_for_pair)
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
-
-BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
-TAIL_COLUMNS = [
-    "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
-    "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
-    "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
-    # load-replay with rounded inputs: the target against float64 on the inputs it got
-    # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
-    "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
-]
-FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
-
-# CompareStatus values: why a row has (or lacks) metrics; the verdict keys on these.
-STATUS_COMPARED = "compared"
-STATUS_STATS = "stats"                  # statistics-only: lower bounds / exact std
-STATUS_UNMATCHED = "unmatched"
-STATUS_UNINITIALIZED = "uninitialized"  # output of an empty-like op
-STATUS_EMPTY = "empty"
-STATUS_RANDOM_REPLAYED = "random_replayed"  # a random op's outputs were copied from the golden
-STATUS_SIZE_MISMATCH = "size_mismatch"
-STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
-
 
 class CompareError(DumpError):
     """A comparison could not be set up (bad regex, unknown metric)."""
@@ -60,81 +47,6 @@ class CompareError(DumpError):
 class CompareResult:
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Task:
-    order: int
-    row: dict[str, Any]
-    target: ValueRecord | None
-    golden: ValueRecord | None
-    fp64: ValueRecord | None = None
-
-
-def _dtype_of(rec: ValueRecord) -> str:
-    if rec.dtype:
-        return rec.dtype
-    try:
-        return str(rec.file.h5[rec.path].dtype) if rec.type == S.TYPE_TENSOR else ""
-    except (KeyError, TypeError, ValueError):
-        return ""
-
-
-def _shape_str(shape) -> str:
-    return "(" + ",".join(str(int(s)) for s in shape) + ")"
-
-
-def _check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
-    """(shape, numel) from the attributes, checked against the stored data."""
-    where = f"{rec.file.path}: {rec.path}"
-    try:
-        shape = rec.shape
-    except (ValueError, TypeError) as e:
-        raise DumpFormatError(f"{where}: unreadable shape attribute ({e})") from e
-    if any(s < 0 for s in shape):
-        raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if rec.type == S.TYPE_TENSOR:
-        if isinstance(rec, LightTensor):
-            stored = rec.stored_size
-        else:
-            stored = int(rec.file.h5[rec.path].size or 0)
-        if rec.dtype == "complex32":
-            stored //= 2
-        if S.ATTR_SHAPE in rec.attrs and stored != numel:
-            raise DumpFormatError(f"{where}: shape attribute {_shape_str(shape)} ({numel} elements) "
-                                  f"disagrees with the stored data ({stored} elements)")
-    return shape, numel
-
-
-def _least_precise(dtypes) -> str:
-    """The floating dtype with the largest unit roundoff, '' when none is floating."""
-    best, best_u = "", -1.0
-    for d in dtypes:
-        u = S.UNIT_ROUNDOFF.get(d)
-        if u is not None and u > best_u:
-            best, best_u = d, u
-    return best
-
-
-def _inherit_precision(table: pd.DataFrame, carry: "_PrecisionCarry | None" = None) -> None:
-    """Independent runs: every op works on what earlier ops computed, so a tensor carries the
-    rounding error of the least precise dtype computed in before it (a bf16 model's logits
-    cast to fp32 for the loss hold bf16 error, not fp32 error). PrecisionDtype becomes the
-    least precise of the row's own and of every earlier row's (execution order, both runs;
-    `carry` holds what earlier batches of a streamed comparison saw).
-    Not for replays: there every op starts from the golden's own inputs."""
-    if table.empty or "PrecisionDtype" not in table:
-        return
-    coarsest, coarsest_u, out = ("", -1.0, []) if carry is None else (carry.coarsest, carry.coarsest_u, [])
-    for d in table["PrecisionDtype"].tolist():
-        u = S.UNIT_ROUNDOFF.get(d) if isinstance(d, str) else None
-        if u is not None and u > coarsest_u:
-            coarsest, coarsest_u = d, u
-        out.append(coarsest if u is not None and coarsest_u > u else d)
-    table["PrecisionDtype"] = out
-    if carry is not None:
-        carry.coarsest, carry.coarsest_u = coarsest, coarsest_u
 
 
 class _Comparer:
@@ -152,7 +64,7 @@ class _Comparer:
             return rec.iter_chunks_into(self.chunk)
         return rec.iter_chunks(self.chunk)
 
-    def run(self, task: _Task) -> dict[str, Any]:
+    def run(self, task: Task) -> dict[str, Any]:
         row = task.row
         t, g = task.target, task.golden
         try:
@@ -164,8 +76,8 @@ class _Comparer:
         return row
 
     def _compare(self, task, row, t, g):
-        t_shape, t_n = _check_record(t)
-        g_shape, g_n = _check_record(g)
+        t_shape, t_n = check_record(t)
+        g_shape, g_n = check_record(g)
         if t.uninitialized or g.uninitialized:
             row["CompareStatus"] = STATUS_UNINITIALIZED
             row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
@@ -183,8 +95,8 @@ class _Comparer:
             return
         if t_n != g_n:
             row["CompareStatus"] = STATUS_SIZE_MISMATCH
-            row["CompareFailReason"] = (f"size mismatch: target {_shape_str(t_shape)} ({t_n} elements), "
-                                        f"golden {_shape_str(g_shape)} ({g_n} elements)")
+            row["CompareFailReason"] = (f"size mismatch: target {shape_str(t_shape)} ({t_n} elements), "
+                                        f"golden {shape_str(g_shape)} ({g_n} elements)")
             return
         if t_n == 0:
             row["CompareStatus"] = STATUS_EMPTY
@@ -196,7 +108,7 @@ class _Comparer:
         f = task.fp64
         fp = None
         if f is not None:
-            f_shape, f_n = _check_record(f)
+            f_shape, f_n = check_record(f)
             if f_n == t_n and not f.is_stats and not f.uninitialized:
                 fp = (TensorComparison(algorithms=("RelativeEuclideanDistance",)),
                       TensorComparison(algorithms=("RelativeEuclideanDistance",)))
@@ -274,72 +186,6 @@ def _stats_of(chunks) -> dict[str, float]:
     return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
             "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
             "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
-
-
-_B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
-_B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
-_B_OWN_ERROR = S.OP_OWN_ERROR.encode()
-_B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
-# Tensors up to this many elements are read when their record is made (at most a
-# few ops' worth are held at a time: see _compare_files).
-_EAGER_ELEMENTS = 1 << 14
-
-
-@dataclass
-class _OpTensors:
-    inputs: dict[str, ValueRecord]
-    outputs: dict[str, ValueRecord]
-    compute_dtype: str
-    random_outputs_replayed: bool = False
-    input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
-    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
-
-
-def _op_tensors(op, eager: int = 0) -> _OpTensors:
-    if op is None:
-        return _OpTensors({}, {}, "")
-    f = op.file
-    if getattr(f, "is_table", False):      # statistics table file (format 1.1): no op groups
-        a = op.attrs
-        return _OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
-                          str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
-                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
-    path = op.path
-    # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
-    with h5_errors(f.path):
-        op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
-        ins = matching.tensor_leaves(light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
-        outs = matching.tensor_leaves(light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
-        cd = str_attr(op_id, _B_COMPUTE, "")
-        return _OpTensors(ins, outs, cd, bool(ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(str_attr(op_id, _B_INPUT_DTYPES, "")),
-                          _own_errors(str_attr(op_id, _B_OWN_ERROR, "")))
-
-
-def _own_errors(text: Any) -> dict:
-    """The op attribute own_error ({output: [RED, max abs, max |ref|]}); {} when absent or bad
-    (a damaged attribute only loses the refinement: the row is judged against the golden)."""
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-    if not text:
-        return {}
-    try:
-        d = json.loads(text)
-    except ValueError:
-        return {}
-    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
-
-
-def _split_dtypes(text: Any) -> tuple[str, ...]:
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-    return tuple(d for d in text.split(",") if d)
-
-
-def _op_dtypes(ot: _OpTensors) -> list[str]:
-    """Every dtype the op touched: stored tensors, the inputs' dtypes when only those were
-    recorded (a load-replay dump), and the compute dtype."""
-    out = [_dtype_of(r) for r in (*ot.inputs.values(), *ot.outputs.values())]
-    return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
 # A fixed 2 MiB HDF5 metadata cache (HDF5's initial size, without growth): walking
@@ -568,44 +414,25 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
     rows: list[dict[str, Any]] = []
     for part in row_batches(setup, _open):
         rows += part
-    table = _to_frame(rows, setup.columns, 0, _PrecisionCarry() if setup.inherit else None)
+    table = to_frame(rows, setup.columns, 0, PrecisionCarry() if setup.inherit else None)
     meta = setup.meta
     meta["rows"] = len(table)
     return CompareResult(table, meta)
 
 
-class _PrecisionCarry:
-    """_inherit_precision's running state, carried from one batch to the next."""
-
-    def __init__(self):
-        self.coarsest, self.coarsest_u = "", -1.0
-
-
-def _to_frame(rows: list[dict[str, Any]], columns: list[str], start: int,
-              carry: "_PrecisionCarry | None") -> pd.DataFrame:
-    """Rows (in execution order, the first being row number `start`) as the result table."""
-    table = pd.DataFrame(rows, columns=columns)
-    table["Index"] = np.arange(start, start + len(table), dtype=np.int64)
-    if carry is not None:
-        _inherit_precision(table, carry)
-    for c in ("SeqId", "GoldenSeqId"):
-        table[c] = table[c].astype("Int64")
-    return table
-
-
 def _frames(setup: _Setup, batch_rows: int):
     """The comparison as DataFrames of about `batch_rows` rows, whole ops each (the
     verdict's per-op hints need an op's rows together)."""
-    carry = _PrecisionCarry() if setup.inherit else None
+    carry = PrecisionCarry() if setup.inherit else None
     start, rows = 0, []
     for part in row_batches(setup, _open):
         rows += part
         if len(rows) >= batch_rows:
-            yield _to_frame(rows, setup.columns, start, carry)
+            yield to_frame(rows, setup.columns, start, carry)
             start += len(rows)
             rows = []
     if rows or start == 0:
-        yield _to_frame(rows, setup.columns, start, carry)
+        yield to_frame(rows, setup.columns, start, carry)
         start += len(rows)
     setup.meta["rows"] = start
 
@@ -623,20 +450,20 @@ class _Work:
 
     @property
     def eager(self) -> int:
-        return min(_EAGER_ELEMENTS, self.comparer.chunk)
+        return min(EAGER_ELEMENTS, self.comparer.chunk)
 
     def tasks(self, lo: int, hi: int):
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
         for pair in self.pairs[lo:hi]:
-            yield from _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
+            yield from tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
                                        self.ios)
 
-    def pair_tasks(self, pair: matching.OpPair) -> list["_Task"]:
-        return _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager, self.ios)
+    def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
+        return tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager, self.ios)
 
     @staticmethod
-    def computes(task: "_Task") -> bool:
+    def computes(task: "Task") -> bool:
         """Whether the task's metrics are computed (both sides present, not a replayed random op)."""
         return task.target is not None and task.golden is not None \
             and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED
@@ -650,69 +477,3 @@ class _Work:
         return rows
 
 
-
-def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
-                    replay: bool, eager: int = 0,
-                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[_Task]:
-    t_op, g_op = pair.target, pair.golden
-    any_op = t_op or g_op
-    phase = any_op.phase
-    module = any_op.module
-    t_ts, g_ts = _op_tensors(t_op, eager), _op_tensors(g_op, eager)
-    precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
-    compute = t_ts.compute_dtype or g_ts.compute_dtype
-    tasks = []
-    for io in ios:
-        t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
-        g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
-        for name, t, g in matching.pair_tensors(t_vals, g_vals):
-            row: dict[str, Any] = {c: math.nan for c in metric_cols}
-            row.update({
-                "NPUDump": t_op.op if t_op else g_op.op,
-                "NPUDumpPath": t.path if t else "",
-                "GroundTruthPath": g.path if g else "",
-                "DataType": _dtype_of(t) if t else "",
-                "Shape": _safe_shape(t) if t else "",
-                "CompareFailReason": "",
-                # golden-only rows keep a SeqId only where both files share the numbering
-                "SeqId": t_op.seqid if t_op else (g_op.seqid if replay else pd.NA),
-                "Phase": phase, "Module": module,
-                "GoldenDataType": _dtype_of(g) if g else "",
-                "GoldenShape": _safe_shape(g) if g else "",
-                "GoldenSeqId": g_op.seqid if g_op else pd.NA,
-                "GoldenOp": g_op.op if g_op else "",
-                "IO": io, "TensorName": name,
-                "PrecisionDtype": precision, "ComputeDtype": compute,
-                "Uninitialized": bool((t is not None and t.uninitialized) or (g is not None and g.uninitialized)),
-                "CompareStatus": "", "MatchedBy": pair.matched_by,
-                "NonFiniteMismatch": 0, "TargetNonFinite": 0, "GoldenNonFinite": 0,
-            })
-            if t is None or g is None:
-                row["CompareStatus"] = STATUS_UNMATCHED
-                row["CompareFailReason"] = pair.reason or (
-                    f"No data match with {t.path} in golden dump data." if t is not None
-                    else f"No data match with {g.path} in my dump data.")
-                row["MatchedBy"] = "unmatched"
-            elif io == S.OUTPUT_GROUP and (t_ts.random_outputs_replayed or g_ts.random_outputs_replayed):
-                row["CompareStatus"] = STATUS_RANDOM_REPLAYED
-                row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
-                                            "(no device reproduces another's random numbers): not compared")
-            elif pair.reason:
-                row["CompareFailReason"] = pair.reason
-            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
-            if own is not None:
-                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
-            fp = None
-            if ff is not None and g is not None:
-                with h5_errors(ff.path):     # damage in the fp64 file stops the compare
-                    fp = light_record(ff, g.path, g.name, eager) if g.path in ff.h5 else None
-                fp = fp if fp is not None and fp.is_tensor else None
-            tasks.append(_Task(start + len(tasks), row, t, g, fp))
-    return tasks
-
-
-def _safe_shape(rec: ValueRecord) -> str:
-    try:
-        return _shape_str(rec.shape)
-    except (ValueError, TypeError):
-        return "?"
