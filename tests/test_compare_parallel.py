@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from accucmp.compare import parallel as P
 from accucmp.compare import pipeline as C
 from accucmp.compare.pipeline import auto_jobs, compare_dumps
 from dumpfile.read.reader import _strides_are_dense
@@ -36,7 +37,7 @@ def test_processes_threads_and_in_process_give_equal_tables(dumps, monkeypatch):
     t, g = dumps
     one = compare_dumps(t, g, chunk_elements=64).table
     procs = compare_dumps(t, g, jobs=2, chunk_elements=64).table
-    monkeypatch.setattr(C, "_FORK", None)        # as where fork is unavailable
+    monkeypatch.setattr(P, "_FORK", None)        # as where fork is unavailable
     threads = compare_dumps(t, g, jobs=3, chunk_elements=64).table
     pd.testing.assert_frame_equal(one, procs, check_exact=True)
     pd.testing.assert_frame_equal(one, threads, check_exact=True)
@@ -57,12 +58,12 @@ def test_worker_errors_reach_the_caller(dumps, monkeypatch):
 
 def test_auto_jobs_stays_in_process_for_few_ops():
     assert auto_jobs(10) == 1
-    assert 1 <= auto_jobs(10_000) <= C.AUTO_JOBS_MAX
+    assert 1 <= auto_jobs(10_000) <= P.AUTO_JOBS_MAX
 
 
 def test_spans_cover_every_pair_once():
     for n, jobs in ((1, 2), (7, 2), (1000, 3), (100_000, 4)):
-        spans = C._spans(n, jobs)
+        spans = P._spans(n, jobs)
         assert spans[0][0] == 0 and spans[-1][1] == n
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 

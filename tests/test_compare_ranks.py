@@ -309,7 +309,7 @@ def test_two_file_compare_still_forks_after_a_folder_compare(ddp_runs, monkeypat
     fork guard must not take it for a busy thread (compare would fall back to threads)."""
     import threading
 
-    from accucmp.compare import pipeline as compare
+    from accucmp.compare import parallel as compare
 
     dask_threads = [t for t in threading.enumerate() if t.name.startswith("Dask-Offload")]
     assert dask_threads
@@ -320,7 +320,7 @@ def test_two_file_compare_still_forks_after_a_folder_compare(ddp_runs, monkeypat
 
 @pytest.mark.parametrize("path", ["processes", "threads"])
 def test_streamed_batches_from_workers_keep_order_and_whole_ops(tmp_path, monkeypatch, path):
-    from accucmp.compare import pipeline as C
+    from accucmp.compare import parallel as C
 
     t, g = _mixed_pair(tmp_path)
     want = apply_verdict(compare_dumps(t, g).table)

@@ -67,7 +67,7 @@ def test_idle_threads_retire_and_new_ones_start(monkeypatch):
 
 def test_compare_still_forks_its_workers_after_a_dump_in_the_same_process(tmp_path):
     """Idle pool threads hold no lock: compare's fork guard lets them pass, not others."""
-    from accucmp.compare import pipeline as compare
+    from accucmp.compare import parallel as compare
 
     assert compare.IDLE_DUMPER_THREAD_NAME == wt.IDLE_NAME
     with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / "d.h5")):

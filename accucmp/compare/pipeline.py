@@ -6,56 +6,38 @@ pair (metrics.py; small tensors read whole, large ones streamed in chunks of
 `chunk_elements`, both sides in lockstep, so peak memory is bounded by the chunk
 size) -> a pandas table sorted in execution order. No verdict here: verdict.py
 applies thresholds to the table, and can be re-run on a saved csv.
+
+The stages around it: rows.py makes an op pair's Tasks (row + the two value records,
+read through dumpfile/read/light.py), parallel.py decides where rows are computed,
+precision.py builds the table and carries PrecisionDtype forward. This module keeps
+the entry points, the setup of a comparison and _Comparer (the metrics of one Task);
+it is ~470 lines because setup (option checks, op pairing, metadata) and the comparer
+are each one piece and splitting them further would scatter one flow.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import threading
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import h5py
-from h5py import h5a, h5d, h5g, h5o, h5s
 import numpy as np
 import pandas as pd
 
-from dumpfile.read import legacy
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read.lowlevel import UNSUPPORTED, read_open_attr
-from dumpfile.read.reader import DumpFile, ValueRecord, chunk_slabs, decode_raw, h5_errors
+from dumpfile.read.light import LightTensor
+from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
 
 from accucmp.compare import align, matching
+from accucmp.compare.parallel import auto_jobs, row_batches
+from accucmp.compare.precision import PrecisionCarry, to_frame
+from accucmp.compare.rows import (  # noqa: F401  (the columns and statuses are public here too)
+    BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_RANDOM_REPLAYED,
+    STATUS_SIZE_MISMATCH, STATUS_STATS, STATUS_UNINITIALIZED, STATUS_UNMATCHED, TAIL_COLUMNS, Task,
+    check_record, shape_str, tasks_for_pair)
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
-
-BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
-TAIL_COLUMNS = [
-    "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
-    "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
-    "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
-    # load-replay with rounded inputs: the target against float64 on the inputs it got
-    # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
-    "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
-]
-FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
-
-# CompareStatus values: why a row has (or lacks) metrics; the verdict keys on these.
-STATUS_COMPARED = "compared"
-STATUS_STATS = "stats"                  # statistics-only: lower bounds / exact std
-STATUS_UNMATCHED = "unmatched"
-STATUS_UNINITIALIZED = "uninitialized"  # output of an empty-like op
-STATUS_EMPTY = "empty"
-STATUS_RANDOM_REPLAYED = "random_replayed"  # a random op's outputs were copied from the golden
-STATUS_SIZE_MISMATCH = "size_mismatch"
-STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
-
 
 class CompareError(DumpError):
     """A comparison could not be set up (bad regex, unknown metric)."""
@@ -65,81 +47,6 @@ class CompareError(DumpError):
 class CompareResult:
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Task:
-    order: int
-    row: dict[str, Any]
-    target: ValueRecord | None
-    golden: ValueRecord | None
-    fp64: ValueRecord | None = None
-
-
-def _dtype_of(rec: ValueRecord) -> str:
-    if rec.dtype:
-        return rec.dtype
-    try:
-        return str(rec.file.h5[rec.path].dtype) if rec.type == S.TYPE_TENSOR else ""
-    except (KeyError, TypeError, ValueError):
-        return ""
-
-
-def _shape_str(shape) -> str:
-    return "(" + ",".join(str(int(s)) for s in shape) + ")"
-
-
-def _check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
-    """(shape, numel) from the attributes, checked against the stored data."""
-    where = f"{rec.file.path}: {rec.path}"
-    try:
-        shape = rec.shape
-    except (ValueError, TypeError) as e:
-        raise DumpFormatError(f"{where}: unreadable shape attribute ({e})") from e
-    if any(s < 0 for s in shape):
-        raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if rec.type == S.TYPE_TENSOR:
-        if isinstance(rec, _LightTensor):
-            stored = rec.stored_size
-        else:
-            stored = int(rec.file.h5[rec.path].size or 0)
-        if rec.dtype == "complex32":
-            stored //= 2
-        if S.ATTR_SHAPE in rec.attrs and stored != numel:
-            raise DumpFormatError(f"{where}: shape attribute {_shape_str(shape)} ({numel} elements) "
-                                  f"disagrees with the stored data ({stored} elements)")
-    return shape, numel
-
-
-def _least_precise(dtypes) -> str:
-    """The floating dtype with the largest unit roundoff, '' when none is floating."""
-    best, best_u = "", -1.0
-    for d in dtypes:
-        u = S.UNIT_ROUNDOFF.get(d)
-        if u is not None and u > best_u:
-            best, best_u = d, u
-    return best
-
-
-def _inherit_precision(table: pd.DataFrame, carry: "_PrecisionCarry | None" = None) -> None:
-    """Independent runs: every op works on what earlier ops computed, so a tensor carries the
-    rounding error of the least precise dtype computed in before it (a bf16 model's logits
-    cast to fp32 for the loss hold bf16 error, not fp32 error). PrecisionDtype becomes the
-    least precise of the row's own and of every earlier row's (execution order, both runs;
-    `carry` holds what earlier batches of a streamed comparison saw).
-    Not for replays: there every op starts from the golden's own inputs."""
-    if table.empty or "PrecisionDtype" not in table:
-        return
-    coarsest, coarsest_u, out = ("", -1.0, []) if carry is None else (carry.coarsest, carry.coarsest_u, [])
-    for d in table["PrecisionDtype"].tolist():
-        u = S.UNIT_ROUNDOFF.get(d) if isinstance(d, str) else None
-        if u is not None and u > coarsest_u:
-            coarsest, coarsest_u = d, u
-        out.append(coarsest if u is not None and coarsest_u > u else d)
-    table["PrecisionDtype"] = out
-    if carry is not None:
-        carry.coarsest, carry.coarsest_u = coarsest, coarsest_u
 
 
 class _Comparer:
@@ -153,11 +60,11 @@ class _Comparer:
     def _chunks(self, rec: ValueRecord, numel: int):
         if self._read_whole(rec, numel):
             return iter([np.asarray(rec.read()).reshape(-1)])
-        if isinstance(rec, _LightTensor) and rec.fast and rec.stored_shape:
+        if isinstance(rec, LightTensor) and rec.fast and rec.stored_shape:
             return rec.iter_chunks_into(self.chunk)
         return rec.iter_chunks(self.chunk)
 
-    def run(self, task: _Task) -> dict[str, Any]:
+    def run(self, task: Task) -> dict[str, Any]:
         row = task.row
         t, g = task.target, task.golden
         try:
@@ -169,8 +76,8 @@ class _Comparer:
         return row
 
     def _compare(self, task, row, t, g):
-        t_shape, t_n = _check_record(t)
-        g_shape, g_n = _check_record(g)
+        t_shape, t_n = check_record(t)
+        g_shape, g_n = check_record(g)
         if t.uninitialized or g.uninitialized:
             row["CompareStatus"] = STATUS_UNINITIALIZED
             row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
@@ -188,8 +95,8 @@ class _Comparer:
             return
         if t_n != g_n:
             row["CompareStatus"] = STATUS_SIZE_MISMATCH
-            row["CompareFailReason"] = (f"size mismatch: target {_shape_str(t_shape)} ({t_n} elements), "
-                                        f"golden {_shape_str(g_shape)} ({g_n} elements)")
+            row["CompareFailReason"] = (f"size mismatch: target {shape_str(t_shape)} ({t_n} elements), "
+                                        f"golden {shape_str(g_shape)} ({g_n} elements)")
             return
         if t_n == 0:
             row["CompareStatus"] = STATUS_EMPTY
@@ -201,7 +108,7 @@ class _Comparer:
         f = task.fp64
         fp = None
         if f is not None:
-            f_shape, f_n = _check_record(f)
+            f_shape, f_n = check_record(f)
             if f_n == t_n and not f.is_stats and not f.uninitialized:
                 fp = (TensorComparison(algorithms=("RelativeEuclideanDistance",)),
                       TensorComparison(algorithms=("RelativeEuclideanDistance",)))
@@ -279,246 +186,6 @@ def _stats_of(chunks) -> dict[str, float]:
     return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
             "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
             "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
-
-
-# Reading every attribute of every dataset (DumpFile.values) costs ~10 HDF5
-# attribute reads per tensor, and h5py's high-level objects cost ~50-90 us each to
-# create; on thousands of small tensors that dominated the compare. These read only
-# what a comparison needs, through h5py's low-level API: one group opened per
-# input/output side, members opened relative to it, attributes read only when
-# present. Storage dtypes that say the torch dtype by themselves skip the "dtype"
-# attribute; ambiguous ones (uint8/uint16 raw bits, float16 pairs) read it.
-_UNAMBIGUOUS_STORAGE = {np.dtype(k): k for k in ("float32", "float64", "int8", "int16", "int32", "int64",
-                                                 "bool", "complex64", "complex128", "uint32", "uint64")}
-_B_TYPE, _B_DTYPE, _B_SHAPE = S.ATTR_TYPE.encode(), S.ATTR_DTYPE.encode(), S.ATTR_SHAPE.encode()
-_B_UNINIT, _B_ORDER = S.ATTR_UNINITIALIZED.encode(), b"order"
-_B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
-_B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
-_B_OWN_ERROR = S.OP_OWN_ERROR.encode()
-_B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
-_FAST_READ_KINDS = frozenset("biufc")
-# Tensors up to this many elements are read when their record is made (at most a
-# few ops' worth are held at a time: see _compare_files).
-_EAGER_ELEMENTS = 1 << 14
-
-
-def _ll_attr(oid, name: bytes, default=None):
-    """An attribute of a low-level object id, as h5py's attrs[name] returns it; `default` when absent."""
-    if not h5a.exists(oid, name):
-        return default
-    value = read_open_attr(h5a.open(oid, name))
-    if value is UNSUPPORTED:
-        return h5py.AttributeManager(_IdHolder(oid))[name.decode()]
-    return value
-
-
-class _IdHolder:
-    """What h5py.AttributeManager needs of its parent: an `id`."""
-
-    def __init__(self, oid):
-        self.id = oid
-
-
-def _str_attr(oid, name: bytes, default: str = "") -> str:
-    v = _ll_attr(oid, name)
-    if v is None or isinstance(v, h5py.Empty):
-        return default
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
-
-def _link_names(gid) -> list[str]:
-    names: list[bytes] = []
-    gid.links.iterate(names.append)     # name order, as Group.keys()
-    return [n.decode("utf-8", "surrogateescape") for n in names]
-
-
-def _light_record(f: DumpFile, path: str, name: str, eager: int = 0) -> ValueRecord:
-    """The record at `path` (opened from the file root)."""
-    return _light_member(f, f.h5.id, path.encode("utf-8", "surrogateescape"), path, name, eager)
-
-
-def _light_member(f: DumpFile, parent_id, link: bytes, path: str, name: str, eager: int) -> ValueRecord:
-    """The record of `link` in the open group `parent_id`; tensors of at most `eager`
-    elements are read now, while their dataset is open (reopening one by path costs
-    as much as reading it)."""
-    oid = h5o.open(parent_id, link)
-    is_group = isinstance(oid, h5g.GroupID)
-    code = _ll_attr(oid, _B_TYPE)
-    if code is None:
-        code = S.TYPE_LIST if is_group else S.TYPE_TENSOR
-    code = int(code)
-    if code in S.LIST_TYPES:
-        rec = ValueRecord(f, path, name, code, {S.ATTR_TYPE: code})
-        kids = sorted(_link_names(oid) if is_group else [],
-                      key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 1 << 62, k))
-        rec.children = [_light_member(f, oid, k.encode("utf-8", "surrogateescape"), f"{path}/{k}", k, eager)
-                        for k in kids]
-        return rec
-    if code not in S.TENSOR_TYPES:
-        # a plain value (int, None, dtype...): compare skips it, so its other attributes are not read
-        return ValueRecord(f, path, name, code, {S.ATTR_TYPE: code})
-    if code != S.TYPE_TENSOR or is_group:
-        return f._record(path, name)          # views, statistics, odd layouts: the reader's full record
-    stored_shape, stored_dtype = oid.shape, oid.dtype
-    fast = stored_shape is not None and stored_dtype.kind in _FAST_READ_KINDS and stored_dtype.subdtype is None
-    attrs: dict[str, Any] = {S.ATTR_TYPE: code}
-    if f.attrs.get(S.ROOT_FORMAT) is None:
-        # an original-layout file (or a legacy export): the dtype is the original's DataType
-        # (Half stored as F32) or source_dtype (bfloat16 as float32), not the storage's
-        attrs[S.ATTR_DTYPE] = legacy.dtype_of(
-            {k: v for k in (S.ATTR_DATA_TYPE, S.ATTR_SOURCE_DTYPE)
-             if (v := _ll_attr(oid, k.encode())) is not None}, stored_dtype)
-    else:
-        dtype = _UNAMBIGUOUS_STORAGE.get(stored_dtype)
-        attrs[S.ATTR_DTYPE] = dtype or _str_attr(oid, _B_DTYPE, str(stored_dtype))
-    shape = _ll_attr(oid, _B_SHAPE)
-    if shape is not None:
-        attrs[S.ATTR_SHAPE] = shape
-    uninit = _ll_attr(oid, _B_UNINIT)
-    if uninit is not None:
-        attrs[S.ATTR_UNINITIALIZED] = uninit
-    rec = _LightTensor(f, path, name, code, attrs)
-    rec.stored_shape = stored_shape
-    rec.stored_dtype = stored_dtype
-    rec.fast = fast
-    if fast and rec.stored_size <= eager:
-        arr = np.empty(stored_shape, dtype=stored_dtype)
-        try:
-            if arr.size:
-                oid.read(h5s.ALL, h5s.ALL, arr)
-            rec.data = arr
-        except (OSError, ValueError, TypeError, KeyError):
-            pass                              # read() tries again and reports the error on the row
-    return rec
-
-
-class _LightTensor(ValueRecord):
-    """A plain tensor record that reads through the low-level API.
-
-    It holds no open HDF5 object: HDF5 scans every object open in a file when an
-    attribute is opened, so keeping thousands of datasets open (as h5py objects
-    cached per record did) made each attribute read cost 50-200 us.
-    """
-
-    stored_shape: tuple[int, ...] | None = None
-    stored_dtype: Any = None
-    fast: bool = False
-    data: np.ndarray | None = None            # the stored array, when read eagerly
-
-    @property
-    def stored_size(self) -> int:
-        if self.stored_shape is None:
-            return 0
-        return math.prod(int(d) for d in self.stored_shape)
-
-    def read(self):
-        if self.data is not None:
-            return decode_raw(self.data, self.dtype)
-        if not self.fast:
-            return super().read()             # empty dataspace, strings, compounds: the reader's way
-        arr = np.empty(self.stored_shape, dtype=self.stored_dtype)
-        if arr.size:
-            with h5_errors(self.file.path, self.path):
-                h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape")).read(h5s.ALL, h5s.ALL, arr)
-        return decode_raw(arr, self.dtype)
-
-    def iter_chunks_into(self, chunk_elements: int):
-        """As DumpFile.iter_chunks (same pieces: the metrics' summation order depends on
-        them), read into one reused buffer: a fresh 16 MiB array per piece costs page
-        faults comparable to the read. A piece is valid until the next is asked for."""
-        shape = tuple(int(d) for d in self.stored_shape)
-        slabs = list(chunk_slabs(shape, chunk_elements))
-        with h5_errors(self.file.path, self.path):
-            dsid = h5d.open(self.file.h5.id, self.path.encode("utf-8", "surrogateescape"))
-            fspace = dsid.get_space()
-            buf = np.empty(max((math.prod(c) for _, c in slabs), default=1), dtype=self.stored_dtype)
-        for start, count in slabs:
-            out = buf[:math.prod(count)].reshape(count)
-            # a generator: the guard goes around each read, not around the consumer's code
-            with h5_errors(self.file.path, self.path):
-                fspace.select_hyperslab(start, count)
-                dsid.read(h5s.create_simple(out.shape), fspace, out)
-            yield decode_raw(out, self.dtype).reshape(-1)
-
-
-def _light_values(f: DumpFile, group_path: str, op_id=None, side: str = "", eager: int = 0
-                  ) -> dict[str, ValueRecord]:
-    try:
-        gid = h5o.open(op_id, side.encode()) if op_id is not None else h5o.open(f.h5.id, group_path.encode())
-    except KeyError:
-        # a side the op has no group for has no values; any other failure to open it is
-        # damage and must raise (read as "absent", it hid a damaged op's tensors)
-        exists = op_id.links.exists(side.encode()) if op_id is not None else group_path in f.h5
-        if exists:
-            raise
-        return {}
-    if not isinstance(gid, h5g.GroupID):
-        return {}
-    names = _link_names(gid)
-    order = _ll_attr(gid, _B_ORDER)
-    if order is not None:
-        present = set(names)
-        listed = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(order).reshape(-1)]
-        names = [n for n in listed if n in present] + [n for n in names if n not in set(listed)]
-    return {n: _light_member(f, gid, n.encode("utf-8", "surrogateescape"), f"{group_path}/{n}", n, eager)
-            for n in names}
-
-
-@dataclass
-class _OpTensors:
-    inputs: dict[str, ValueRecord]
-    outputs: dict[str, ValueRecord]
-    compute_dtype: str
-    random_outputs_replayed: bool = False
-    input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
-    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
-
-
-def _op_tensors(op, eager: int = 0) -> _OpTensors:
-    if op is None:
-        return _OpTensors({}, {}, "")
-    f = op.file
-    if getattr(f, "is_table", False):      # statistics table file (format 1.1): no op groups
-        a = op.attrs
-        return _OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
-                          str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
-                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
-    path = op.path
-    # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
-    with h5_errors(f.path):
-        op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
-        ins = matching.tensor_leaves(_light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
-        outs = matching.tensor_leaves(_light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
-        cd = _str_attr(op_id, _B_COMPUTE, "")
-        return _OpTensors(ins, outs, cd, bool(_ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(_str_attr(op_id, _B_INPUT_DTYPES, "")),
-                          _own_errors(_str_attr(op_id, _B_OWN_ERROR, "")))
-
-
-def _own_errors(text: Any) -> dict:
-    """The op attribute own_error ({output: [RED, max abs, max |ref|]}); {} when absent or bad
-    (a damaged attribute only loses the refinement: the row is judged against the golden)."""
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-    if not text:
-        return {}
-    try:
-        d = json.loads(text)
-    except ValueError:
-        return {}
-    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
-
-
-def _split_dtypes(text: Any) -> tuple[str, ...]:
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-    return tuple(d for d in text.split(",") if d)
-
-
-def _op_dtypes(ot: _OpTensors) -> list[str]:
-    """Every dtype the op touched: stored tensors, the inputs' dtypes when only those were
-    recorded (a load-replay dump), and the compute dtype."""
-    out = [_dtype_of(r) for r in (*ot.inputs.values(), *ot.outputs.values())]
-    return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
 # A fixed 2 MiB HDF5 metadata cache (HDF5's initial size, without growth): walking
@@ -763,62 +430,29 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
                    amap=None):
     setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements, amap)
     rows: list[dict[str, Any]] = []
-    for part in _row_batches(setup):
+    for part in row_batches(setup, _open):
         rows += part
-    table = _to_frame(rows, setup.columns, 0, _PrecisionCarry() if setup.inherit else None)
+    table = to_frame(rows, setup.columns, 0, PrecisionCarry() if setup.inherit else None)
     meta = setup.meta
     meta["rows"] = len(table)
     return CompareResult(table, meta)
 
 
-class _PrecisionCarry:
-    """_inherit_precision's running state, carried from one batch to the next."""
-
-    def __init__(self):
-        self.coarsest, self.coarsest_u = "", -1.0
-
-
-def _to_frame(rows: list[dict[str, Any]], columns: list[str], start: int,
-              carry: "_PrecisionCarry | None") -> pd.DataFrame:
-    """Rows (in execution order, the first being row number `start`) as the result table."""
-    table = pd.DataFrame(rows, columns=columns)
-    table["Index"] = np.arange(start, start + len(table), dtype=np.int64)
-    if carry is not None:
-        _inherit_precision(table, carry)
-    for c in ("SeqId", "GoldenSeqId"):
-        table[c] = table[c].astype("Int64")
-    return table
-
-
 def _frames(setup: _Setup, batch_rows: int):
     """The comparison as DataFrames of about `batch_rows` rows, whole ops each (the
     verdict's per-op hints need an op's rows together)."""
-    carry = _PrecisionCarry() if setup.inherit else None
+    carry = PrecisionCarry() if setup.inherit else None
     start, rows = 0, []
-    for part in _row_batches(setup):
+    for part in row_batches(setup, _open):
         rows += part
         if len(rows) >= batch_rows:
-            yield _to_frame(rows, setup.columns, start, carry)
+            yield to_frame(rows, setup.columns, start, carry)
             start += len(rows)
             rows = []
     if rows or start == 0:
-        yield _to_frame(rows, setup.columns, start, carry)
+        yield to_frame(rows, setup.columns, start, carry)
         start += len(rows)
     setup.meta["rows"] = start
-
-
-def _row_batches(setup: _Setup):
-    """Row dicts in execution order, a list per piece of whole ops."""
-    work, jobs = setup.work, setup.jobs
-    tf, gf, ff = setup.files
-    pairs = work.pairs
-    if jobs > 1 and len(pairs) > 1 and _FORK is not None and _safe_to_fork():
-        yield from _rows_in_processes(work, tf, gf, ff, jobs)
-    elif jobs > 1 and len(pairs) > 1:
-        yield from _rows_in_threads(work, jobs)
-    else:
-        for lo, hi in _spans(len(pairs), 1):
-            yield work.rows(lo, hi)
 
 
 @dataclass
@@ -834,211 +468,30 @@ class _Work:
 
     @property
     def eager(self) -> int:
-        return min(_EAGER_ELEMENTS, self.comparer.chunk)
+        return min(EAGER_ELEMENTS, self.comparer.chunk)
 
     def tasks(self, lo: int, hi: int):
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
         for pair in self.pairs[lo:hi]:
-            yield from _tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
+            yield from tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
                                        self.ios)
+
+    def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
+        return tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager, self.ios)
+
+    @staticmethod
+    def computes(task: "Task") -> bool:
+        """Whether the task's metrics are computed (both sides present, not a replayed random op)."""
+        return task.target is not None and task.golden is not None \
+            and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED
 
     def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
         rows = []
         for task in self.tasks(lo, hi):
             rows.append(task.row)
-            if task.target is not None and task.golden is not None \
-                    and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED:
+            if self.computes(task):
                 self.comparer.run(task)
         return rows
 
 
-# The name npu_dumper.worker_threads gives its pooled threads while they wait for work
-# (a dump earlier in this process leaves them for a while); kept equal by a test.
-IDLE_DUMPER_THREAD_NAME = "npu_dumper-idle"
-
-
-def _safe_to_fork() -> bool:
-    """Fork only when no other thread can hold a lock (h5py's among them) that would stay
-    held forever in the child: the main thread alone, or with idle dumper pool threads,
-    which wait on a condition of their own and hold nothing. Dask's offload pool thread
-    outlives a folder compare's client (distributed keeps it for the process); without a
-    client (whose event-loop thread would be listed) nothing hands it work, and it never
-    touches HDF5."""
-    me = threading.current_thread()
-    return me is threading.main_thread() and all(
-        t is me or (t.daemon and (t.name == IDLE_DUMPER_THREAD_NAME or t.name.startswith(_DASK_OFFLOAD)))
-        for t in threading.enumerate())
-
-
-_DASK_OFFLOAD = "Dask-Offload"
-
-
-AUTO_JOBS_MIN_PAIRS = 500      # below this, starting workers costs more than it saves
-AUTO_JOBS_MAX = 4
-
-
-def auto_jobs(n_pairs: int) -> int:
-    """jobs=0: one worker per available core (at most AUTO_JOBS_MAX) for many ops, else 1."""
-    if n_pairs < AUTO_JOBS_MIN_PAIRS:
-        return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, AUTO_JOBS_MAX))
-
-
-def _spans(n: int, jobs: int) -> list[tuple[int, int]]:
-    # pieces small enough to balance uneven ops over the workers, large enough
-    # that handing one over costs little next to comparing it
-    step = max(1, min(256, n // (jobs * 8)))
-    return [(i, min(n, i + step)) for i in range(0, n, step)]
-
-
-def _rows_in_threads(work: _Work, jobs: int):
-    """Where processes cannot fork: one reader thread, metrics on `jobs` threads (numpy
-    releases the GIL on large blocks), a bounded window of tasks in flight. Yields row
-    lists of whole ops, in order, as their metrics complete."""
-    pending: deque = deque()          # (row, future or None), in execution order
-    done: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for pair in work.pairs:
-            for task in _tasks_for_pair(pair, work.ff, work.metric_cols, 0, work.replay, work.eager, work.ios):
-                fut = None
-                if task.target is not None and task.golden is not None \
-                        and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED:
-                    fut = pool.submit(work.comparer.run, task)
-                pending.append((task.row, fut))
-                while len(pending) > 2 * jobs:
-                    row, fut = pending.popleft()
-                    if fut is not None:
-                        fut.result()
-                    done.append(row)
-            if len(done) >= 256:
-                # a piece ends with a whole op: wait for this op's rows still in flight
-                while pending:
-                    row, fut = pending.popleft()
-                    if fut is not None:
-                        fut.result()
-                    done.append(row)
-                yield done
-                done = []
-        while pending:
-            row, fut = pending.popleft()
-            if fut is not None:
-                fut.result()
-            done.append(row)
-    if done:
-        yield done
-
-
-# Worker processes: forked, so they inherit the pairs and settings (nothing but
-# (lo, hi) is sent to them) and open the dumps again (an HDF5 handle must not be
-# shared across a fork). HDF5 serialises every call within a process (h5py's lock),
-# so threads cannot read two tensors at once; processes can.
-try:
-    import multiprocessing as _mp
-
-    _FORK = _mp.get_context("fork")
-except (ImportError, ValueError):
-    _FORK = None
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_start(work: _Work, paths: dict[int, str | None]) -> None:
-    opened = {key: (_open(path, "worker") if path else None) for key, path in paths.items()}
-    for pair in work.pairs:
-        for op in (pair.target, pair.golden):
-            if op is not None:
-                op.file = opened[id(op.file)]
-        if pair.region is not None:
-            pair.region.rebind(opened)
-    if work.ff is not None:
-        work.ff = opened[id(work.ff)]
-    _WORKER["work"] = work
-
-
-def _worker_rows(span: tuple[int, int]) -> list[dict[str, Any]]:
-    return _WORKER["work"].rows(*span)
-
-
-def _rows_in_processes(work: _Work, tf: DumpFile, gf: DumpFile, ff: DumpFile | None, jobs: int):
-    """Row lists of spans of whole ops, in order, from forked workers."""
-    paths = {id(f): f.path for f in (tf, gf, ff) if f is not None}
-    spans = _spans(len(work.pairs), jobs)
-    with _FORK.Pool(min(jobs, len(spans)), initializer=_worker_start, initargs=(work, paths)) as pool:
-        yield from pool.imap(_worker_rows, spans)
-
-
-def _tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
-                    replay: bool, eager: int = 0,
-                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[_Task]:
-    t_op, g_op = pair.target, pair.golden
-    any_op = t_op or g_op
-    phase = any_op.phase
-    module = any_op.module
-    t_ts, g_ts = _op_tensors(t_op, eager), _op_tensors(g_op, eager)
-    region = pair.region
-    if region is not None:      # an aligned region: its external inputs and final outputs
-        t_ts = _OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype)
-        g_ts = _OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
-    precision = _least_precise(_op_dtypes(t_ts) + _op_dtypes(g_ts))
-    compute = t_ts.compute_dtype or g_ts.compute_dtype
-    tasks = []
-    for io in ios:
-        t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
-        g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
-        for name, t, g in matching.pair_tensors(t_vals, g_vals):
-            row: dict[str, Any] = {c: math.nan for c in metric_cols}
-            row.update({
-                "NPUDump": t_op.op if t_op else g_op.op,
-                "NPUDumpPath": t.path if t else "",
-                "GroundTruthPath": g.path if g else "",
-                "DataType": _dtype_of(t) if t else "",
-                "Shape": _safe_shape(t) if t else "",
-                "CompareFailReason": "",
-                # golden-only rows keep a SeqId only where both files share the numbering
-                "SeqId": t_op.seqid if t_op else (g_op.seqid if replay else pd.NA),
-                "Phase": phase, "Module": module,
-                "GoldenDataType": _dtype_of(g) if g else "",
-                "GoldenShape": _safe_shape(g) if g else "",
-                "GoldenSeqId": g_op.seqid if g_op else pd.NA,
-                "GoldenOp": g_op.op if g_op else "",
-                "IO": io, "TensorName": name,
-                "PrecisionDtype": precision, "ComputeDtype": compute,
-                "Uninitialized": bool((t is not None and t.uninitialized) or (g is not None and g.uninitialized)),
-                "CompareStatus": "", "MatchedBy": pair.matched_by,
-                "NonFiniteMismatch": 0, "TargetNonFinite": 0, "GoldenNonFinite": 0,
-            })
-            if t is None or g is None:
-                row["CompareStatus"] = STATUS_UNMATCHED
-                row["CompareFailReason"] = pair.reason or (
-                    f"No data match with {t.path} in golden dump data." if t is not None
-                    else f"No data match with {g.path} in my dump data.")
-                row["MatchedBy"] = "unmatched"
-            elif io == S.OUTPUT_GROUP and (t_ts.random_outputs_replayed or g_ts.random_outputs_replayed):
-                row["CompareStatus"] = STATUS_RANDOM_REPLAYED
-                row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
-                                            "(no device reproduces another's random numbers): not compared")
-            elif pair.reason:
-                row["CompareFailReason"] = pair.reason
-            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
-            if own is not None:
-                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
-            fp = None
-            if ff is not None and g is not None:
-                with h5_errors(ff.path):     # damage in the fp64 file stops the compare
-                    fp = _light_record(ff, g.path, g.name, eager) if g.path in ff.h5 else None
-                fp = fp if fp is not None and fp.is_tensor else None
-            if region is not None:
-                row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
-            tasks.append(_Task(start + len(tasks), row, t, g, fp))
-    return tasks
-
-
-def _safe_shape(rec: ValueRecord) -> str:
-    try:
-        return _shape_str(rec.shape)
-    except (ValueError, TypeError):
-        return "?"

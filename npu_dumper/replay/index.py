@@ -36,6 +36,7 @@ import numpy as np
 from h5py import h5a, h5g, h5o
 
 from dumpfile import schema as S
+from dumpfile.read.light import link_names, suffix_index
 from dumpfile.read.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
 from dumpfile.read.reader import DumpFile, ValueRecord, _attr_str
 
@@ -87,17 +88,6 @@ def _attrs(oid) -> dict[str, Any] | None:
     return out
 
 
-def _link_names(gid) -> list[str]:
-    names: list[bytes] = []
-    gid.links.iterate(names.append)
-    return [n.decode("utf-8", "surrogateescape") for n in names]
-
-
-def _suffix_index(key: str) -> tuple[int, str]:
-    tail = key.rsplit("_", 1)[-1]
-    return (int(tail) if tail.isdigit() else 1 << 62, key)
-
-
 def _stride(attrs: dict) -> tuple[int, ...]:
     return S.live_stride(attrs)
 
@@ -136,7 +126,7 @@ def _member(f: DumpFile, parent_id, link: str, path: str) -> ValueRecord:
     code = int(code) if code is not None else (S.TYPE_LIST if is_group else S.TYPE_TENSOR)
     rec = IndexedValue(f, path, link, code, attrs)
     if is_group:
-        rec.children = [_member(f, oid, k, f"{path}/{k}") for k in sorted(_link_names(oid), key=_suffix_index)]
+        rec.children = [_member(f, oid, k, f"{path}/{k}") for k in sorted(link_names(oid), key=suffix_index)]
         return rec
     if code in S.TENSOR_TYPES:
         # hash(ObjectID) is h5py's (file number, object address): hard links share it, and
@@ -166,7 +156,7 @@ def read_group(f: DumpFile, group_path: str) -> dict[str, ValueRecord]:
         return {}
     if not isinstance(gid, h5g.GroupID):
         return {}
-    names = _link_names(gid)
+    names = link_names(gid)
     if h5a.exists(gid, b"order"):
         order = _attr(h5a.open(gid, b"order"))
         if order is not _NO_VALUE and not isinstance(order, h5py.Empty):
@@ -246,7 +236,7 @@ def _catalog_group(f: DumpFile, group_path: str, entries: list, hashed: dict,
         else:
             top[n] = rec
     for rec in lists.values():
-        rec.children.sort(key=lambda c: _suffix_index(c.name))
+        rec.children.sort(key=lambda c: suffix_index(c.name))
     return top
 
 

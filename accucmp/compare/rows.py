@@ -1,0 +1,234 @@
+"""Row building: the tasks of one op pair, each a result row with its two value records
+(torch-free).
+
+tasks_for_pair reads an op pair's values (dumpfile.read.light records; small tensors
+read eagerly), pairs them by input/output name and makes one Task per tensor pair: the
+row's identity columns filled, its status set when there is nothing to compute
+(unmatched, empty, uninitialised, replayed random op). The pipeline's comparer fills
+the metric columns of the Tasks whose both sides are present.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from h5py import h5o
+import numpy as np
+import pandas as pd
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpFormatError
+from dumpfile.read.light import LightTensor, light_record, light_values, ll_attr, str_attr
+from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
+
+from accucmp.compare import matching
+from accucmp.compare.precision import least_precise
+
+BASE_COLUMNS = ["Index", "NPUDump", "NPUDumpPath", "GroundTruthPath", "DataType", "Shape"]
+TAIL_COLUMNS = [
+    "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
+    "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
+    "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
+    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
+    # load-replay with rounded inputs: the target against float64 on the inputs it got
+    # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
+    "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
+]
+FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
+
+# CompareStatus values: why a row has (or lacks) metrics; the verdict keys on these.
+STATUS_COMPARED = "compared"
+STATUS_STATS = "stats"                  # statistics-only: lower bounds / exact std
+STATUS_UNMATCHED = "unmatched"
+STATUS_UNINITIALIZED = "uninitialized"  # output of an empty-like op
+STATUS_EMPTY = "empty"
+STATUS_RANDOM_REPLAYED = "random_replayed"  # a random op's outputs were copied from the golden
+STATUS_SIZE_MISMATCH = "size_mismatch"
+STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
+
+
+@dataclass(slots=True)
+class Task:
+    order: int
+    row: dict[str, Any]
+    target: ValueRecord | None
+    golden: ValueRecord | None
+    fp64: ValueRecord | None = None
+
+
+def dtype_of(rec: ValueRecord) -> str:
+    if rec.dtype:
+        return rec.dtype
+    try:
+        return str(rec.file.h5[rec.path].dtype) if rec.type == S.TYPE_TENSOR else ""
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
+def shape_str(shape) -> str:
+    return "(" + ",".join(str(int(s)) for s in shape) + ")"
+
+
+def check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
+    """(shape, numel) from the attributes, checked against the stored data."""
+    where = f"{rec.file.path}: {rec.path}"
+    try:
+        shape = rec.shape
+    except (ValueError, TypeError) as e:
+        raise DumpFormatError(f"{where}: unreadable shape attribute ({e})") from e
+    if any(s < 0 for s in shape):
+        raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
+    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if rec.type == S.TYPE_TENSOR:
+        if isinstance(rec, LightTensor):
+            stored = rec.stored_size
+        else:
+            stored = int(rec.file.h5[rec.path].size or 0)
+        if rec.dtype == "complex32":
+            stored //= 2
+        if S.ATTR_SHAPE in rec.attrs and stored != numel:
+            raise DumpFormatError(f"{where}: shape attribute {shape_str(shape)} ({numel} elements) "
+                                  f"disagrees with the stored data ({stored} elements)")
+    return shape, numel
+
+
+_B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
+_B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
+_B_OWN_ERROR = S.OP_OWN_ERROR.encode()
+_B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
+# Tensors up to this many elements are read when their record is made (at most a
+# few ops' worth are held at a time: see _compare_files).
+EAGER_ELEMENTS = 1 << 14
+
+
+@dataclass
+class OpTensors:
+    inputs: dict[str, ValueRecord]
+    outputs: dict[str, ValueRecord]
+    compute_dtype: str
+    random_outputs_replayed: bool = False
+    input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
+    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
+
+
+def op_tensors(op, eager: int = 0) -> OpTensors:
+    if op is None:
+        return OpTensors({}, {}, "")
+    f = op.file
+    if getattr(f, "is_table", False):      # statistics table file (format 1.1): no op groups
+        a = op.attrs
+        return OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
+                          str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
+                          bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
+    path = op.path
+    # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
+    with h5_errors(f.path):
+        op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
+        ins = matching.tensor_leaves(light_values(f, f"{path}/{S.INPUT_GROUP}", op_id, S.INPUT_GROUP, eager))
+        outs = matching.tensor_leaves(light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
+        cd = str_attr(op_id, _B_COMPUTE, "")
+        return OpTensors(ins, outs, cd, bool(ll_attr(op_id, _B_RANDOM_REPLAYED, False)),
+                          _split_dtypes(str_attr(op_id, _B_INPUT_DTYPES, "")),
+                          _own_errors(str_attr(op_id, _B_OWN_ERROR, "")))
+
+
+def _own_errors(text: Any) -> dict:
+    """The op attribute own_error ({output: [RED, max abs, max |ref|]}); {} when absent or bad
+    (a damaged attribute only loses the refinement: the row is judged against the golden)."""
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+    if not text:
+        return {}
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
+
+
+def _split_dtypes(text: Any) -> tuple[str, ...]:
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+    return tuple(d for d in text.split(",") if d)
+
+
+def op_dtypes(ot: OpTensors) -> list[str]:
+    """Every dtype the op touched: stored tensors, the inputs' dtypes when only those were
+    recorded (a load-replay dump), and the compute dtype."""
+    out = [dtype_of(r) for r in (*ot.inputs.values(), *ot.outputs.values())]
+    return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
+
+
+def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
+                    replay: bool, eager: int = 0,
+                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[Task]:
+    t_op, g_op = pair.target, pair.golden
+    any_op = t_op or g_op
+    phase = any_op.phase
+    module = any_op.module
+    t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
+    region = pair.region
+    if region is not None:      # an aligned region: its external inputs and final outputs
+        t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype)
+        g_ts = OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
+    precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
+    compute = t_ts.compute_dtype or g_ts.compute_dtype
+    tasks = []
+    for io in ios:
+        t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
+        g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
+        for name, t, g in matching.pair_tensors(t_vals, g_vals):
+            row: dict[str, Any] = {c: math.nan for c in metric_cols}
+            row.update({
+                "NPUDump": t_op.op if t_op else g_op.op,
+                "NPUDumpPath": t.path if t else "",
+                "GroundTruthPath": g.path if g else "",
+                "DataType": dtype_of(t) if t else "",
+                "Shape": safe_shape(t) if t else "",
+                "CompareFailReason": "",
+                # golden-only rows keep a SeqId only where both files share the numbering
+                "SeqId": t_op.seqid if t_op else (g_op.seqid if replay else pd.NA),
+                "Phase": phase, "Module": module,
+                "GoldenDataType": dtype_of(g) if g else "",
+                "GoldenShape": safe_shape(g) if g else "",
+                "GoldenSeqId": g_op.seqid if g_op else pd.NA,
+                "GoldenOp": g_op.op if g_op else "",
+                "IO": io, "TensorName": name,
+                "PrecisionDtype": precision, "ComputeDtype": compute,
+                "Uninitialized": bool((t is not None and t.uninitialized) or (g is not None and g.uninitialized)),
+                "CompareStatus": "", "MatchedBy": pair.matched_by,
+                "NonFiniteMismatch": 0, "TargetNonFinite": 0, "GoldenNonFinite": 0,
+            })
+            if t is None or g is None:
+                row["CompareStatus"] = STATUS_UNMATCHED
+                row["CompareFailReason"] = pair.reason or (
+                    f"No data match with {t.path} in golden dump data." if t is not None
+                    else f"No data match with {g.path} in my dump data.")
+                row["MatchedBy"] = "unmatched"
+            elif io == S.OUTPUT_GROUP and (t_ts.random_outputs_replayed or g_ts.random_outputs_replayed):
+                row["CompareStatus"] = STATUS_RANDOM_REPLAYED
+                row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
+                                            "(no device reproduces another's random numbers): not compared")
+            elif pair.reason:
+                row["CompareFailReason"] = pair.reason
+            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
+            if own is not None:
+                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
+            fp = None
+            if ff is not None and g is not None:
+                with h5_errors(ff.path):     # damage in the fp64 file stops the compare
+                    fp = light_record(ff, g.path, g.name, eager) if g.path in ff.h5 else None
+                fp = fp if fp is not None and fp.is_tensor else None
+            if region is not None:
+                row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
+            tasks.append(Task(start + len(tasks), row, t, g, fp))
+    return tasks
+
+
+def safe_shape(rec: ValueRecord) -> str:
+    try:
+        return shape_str(rec.shape)
+    except (ValueError, TypeError):
+        return "?"
