@@ -51,7 +51,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import ORIGIN_CAUSED, apply_op_policies
+from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW, apply_op_policies
 
 RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
 
@@ -453,6 +453,11 @@ def first_failure(table: pd.DataFrame) -> pd.Series | None:
         caused = failed[failed["Origin"] == ORIGIN_CAUSED]
         if not caused.empty:
             return _execution_order(caused).iloc[0]
+        # none: an op whose inputs agree and whose output sits at its dtype's underflow edge
+        # is still where the difference starts; inherited rows got theirs from elsewhere
+        under = failed[failed["Origin"] == ORIGIN_UNDERFLOW]
+        if not under.empty:
+            return _execution_order(under).iloc[0]
     return _execution_order(failed).iloc[0]
 
 
