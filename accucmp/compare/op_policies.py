@@ -68,9 +68,10 @@ KNOWN_KERNEL_ERROR: dict[tuple[str, str], KnownKernelError] = {
         "PyTorch's CPU LayerNorm-backward grad_bias at reduced precision (measured 10-17 u vs float64 "
         "on its own inputs)"),
     ("aten.native_layer_norm_backward", "result1"): KnownKernelError(
-        32.0, ("bfloat16", "float16"),
+        48.0, ("bfloat16", "float16"),
         "PyTorch's CPU LayerNorm-backward grad_weight at reduced precision (measured up to 17 u vs "
-        "float64 on its own inputs)"),
+        "float64 on its own inputs; 37 u of a float16 grad_weight of max 4.5e-5, near the underflow "
+        "edge, in Swin)"),
     # grad_query/grad_key = (P * (dP - D)) @ K / Q: a difference that cancels, formed from
     # reduced-precision intermediates; grad_value (P^T @ dO) stays within a few u
     ("aten._scaled_dot_product_flash_attention_for_cpu_backward", "grad_query"): KnownKernelError(
