@@ -42,8 +42,12 @@ def test_same_run_with_complex_tensors_passes(tmp_path, chunk):
     t = apply_verdict(compare_dumps(a, b, chunk_elements=chunk).table)
     cplx = t[t["DataType"] == "complex64"]
     assert len(cplx) >= 3
-    assert set(cplx["CompareStatus"]) == {"compared"}, cplx["CompareFailReason"].tolist()
-    assert (cplx["Result"] == "pass").all()
+    # the destinations of copy_/fill_/zero_ (their old bytes are not read) are not data
+    dest = cplx["NPUDump"].str.match(r"aten\.(copy_|fill_|zero_)\.") & (cplx["TensorName"] == "self") \
+        & (cplx["IO"] == "input")
+    assert (cplx[dest]["CompareStatus"] == "uninitialized").all()
+    assert set(cplx[~dest]["CompareStatus"]) == {"compared"}, cplx["CompareFailReason"].tolist()
+    assert (cplx[~dest]["Result"] == "pass").all()
     assert (t["Result"] != "fail").all()
 
 

@@ -181,3 +181,17 @@ def test_stats_lower_bounds():
     assert res["RootMeanSquareError"].value == pytest.approx(0.2)
     assert math.isnan(res["CosineSimilarity"].value)
     assert extras["GoldenAbsMax"] == 2.0
+
+
+def test_masking_sentinels_of_each_dtype_count_equal():
+    # an attention mask filled with finfo(dtype).min: -3.4e38 in the float32 golden; the
+    # float16 run's -65504 (+ a score added to it), a replay's bf16 rounding to -inf
+    f32min = float(np.finfo(np.float32).min)
+    y = np.array([0.0, f32min, f32min, f32min, 1.5], dtype=np.float32)
+    x = np.array([0.0, -65504.0, -65503.2, -np.inf, 1.5], dtype=np.float32)
+    v = vals(x, y)
+    assert v["MaxAbsoluteError"] == 0.0 and v["RelativeEuclideanDistance"] == 0.0
+    # not a sentinel: a large golden value, an opposite sign, a small target value
+    assert vals(np.array([-1e5], np.float32), np.array([-3e38], np.float32))["MaxAbsoluteError"] > 1e38
+    assert vals(np.array([65504.0], np.float32), np.array([f32min], np.float32))["MaxAbsoluteError"] > 1e38
+    assert vals(np.array([-100.0], np.float32), np.array([f32min], np.float32))["MaxAbsoluteError"] > 1e38

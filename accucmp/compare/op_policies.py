@@ -68,9 +68,10 @@ KNOWN_KERNEL_ERROR: dict[tuple[str, str], KnownKernelError] = {
         "PyTorch's CPU LayerNorm-backward grad_bias at reduced precision (measured 10-17 u vs float64 "
         "on its own inputs)"),
     ("aten.native_layer_norm_backward", "result1"): KnownKernelError(
-        32.0, ("bfloat16", "float16"),
+        48.0, ("bfloat16", "float16"),
         "PyTorch's CPU LayerNorm-backward grad_weight at reduced precision (measured up to 17 u vs "
-        "float64 on its own inputs)"),
+        "float64 on its own inputs; 37 u of a float16 grad_weight of max 4.5e-5, near the underflow "
+        "edge, in Swin)"),
     # grad_query/grad_key = (P * (dP - D)) @ K / Q: a difference that cancels, formed from
     # reduced-precision intermediates; grad_value (P^T @ dO) stays within a few u
     ("aten._scaled_dot_product_flash_attention_for_cpu_backward", "grad_query"): KnownKernelError(
@@ -106,6 +107,21 @@ EXPLAINED_BY_INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "aten.threshold_backward": ("mask", ()),
     "aten.hardtanh_backward": ("mask", ()),
 }
+
+# Every op, plain dumps: an output whose relative error (ErrorUlps) is within the sum of its
+# two worst inputs' plus this many units carries its inputs' error (a product's relative
+# error is the sum of its factors', a copy's or a sum's of like signs at most the worst
+# input's) plus its own rounding; it failed because its inputs were already near their
+# bound, not because of this op (T5 bf16: an mm with an input at 5.97 u gave 6.11 u > 6 u).
+# A 5-10% fault is 13-26 u of bfloat16 and 100-200 u of float16 on inputs of a few units.
+CARRIED_ERROR_MARGIN_ULPS = 3.0
+# ... times this factor: the norm-wise error of an elementwise product is not bounded by the
+# sum of its factors' norm-wise errors (the error may sit on the elements the product keeps
+# large; Llama fp16: inputs at 64.7 and 0.79 u gave 78.1 u)
+CARRIED_ERROR_FACTOR = 1.25
+# an input failing by at most this multiple of its bound is accumulated rounding of two
+# independent low-precision runs (T5 bf16: 8.99 u against 6 u), not an upstream fault
+MARGINAL_SEVERITY = 2.0
 
 _INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
 
@@ -190,16 +206,49 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         tag = ORIGIN_INHERITED if inputs_fail else ORIGIN_CAUSED
         if tag == ORIGIN_CAUSED and out_fails and all(_underflows(table, i) for i in out_fails):
             tag = ORIGIN_UNDERFLOW
-        if tag == ORIGIN_CAUSED and in_rows and out_fails \
-                and all(_explained(table, op, i, outs, in_rows, results) for i in out_fails):
+        explained = bool(in_rows) and bool(out_fails) \
+            and all(_explained(table, op, i, outs, in_rows, results) for i in out_fails)
+        if explained and tag == ORIGIN_CAUSED:
             tag = ORIGIN_INHERITED
             for i in out_fails:
                 reasons[i] += " [inherited: the inputs' small difference, amplified (op_policies.EXPLAINED_BY_INPUTS)]"
+        if in_rows and out_fails and not explained:
+            tag = _carried(tag, in_rows, out_fails, ulps, reasons, table, results, severity)
         for i in (out_fails if out_fails else failing):
             origin[i] = tag
         for i in failing:
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
+
+
+def _carried(tag: str, in_rows: list[int], out_fails: list[int], ulps: list[float], reasons: list[str],
+             table: pd.DataFrame, results: list[str], severity: list[float]) -> str:
+    """Origin by the error the inputs carry (plain dumps: input rows present): an output within
+    the sum of its two worst inputs' ErrorUlps (times CARRIED_ERROR_FACTOR) plus
+    CARRIED_ERROR_MARGIN_ULPS is inherited, even
+    with every input passing; one beyond it is caused here, even with an input failing (the
+    op added a fault on top of an accumulated difference: a 7% fault, 19.5 u of bfloat16, on
+    an input at 9 u) when every failing input fails marginally (Severity <= MARGINAL_SEVERITY:
+    accumulated rounding, not a fault upstream, whose size functions such as pow or
+    gelu_backward multiply). Inputs of unknown error (NaN ulps) leave the tag as it is."""
+    ins = [ulps[i] for i in in_rows]
+    if any(math.isnan(u) for u in ins) or any(math.isnan(ulps[i]) for i in out_fails):
+        return tag
+    carried = sorted(ins, reverse=True)[:2]
+    budget = sum(carried) * CARRIED_ERROR_FACTOR + CARRIED_ERROR_MARGIN_ULPS
+    worst = max(ulps[i] for i in out_fails)
+    what = f"its inputs carry {' + '.join(f'{c:.3g}' for c in carried)} u"
+    if tag == ORIGIN_CAUSED and worst <= budget:
+        for i in out_fails:
+            reasons[i] += (f" [inherited: {ulps[i]:.3g} u is what {what} plus its own rounding "
+                           f"(op_policies.CARRIED_ERROR_FACTOR, _MARGIN_ULPS)]")
+        return ORIGIN_INHERITED
+    marginal = all(severity[i] <= MARGINAL_SEVERITY for i in in_rows if results[i] == "fail")
+    if tag == ORIGIN_INHERITED and worst > budget and marginal:
+        for i in out_fails:
+            reasons[i] += f" [caused here: {ulps[i]:.3g} u, beyond what {what} plus its own rounding]"
+        return ORIGIN_UNDERFLOW if all(_underflows(table, i) for i in out_fails) else ORIGIN_CAUSED
+    return tag
 
 
 def _underflows(table: pd.DataFrame, i: int) -> bool:
@@ -209,6 +258,12 @@ def _underflows(table: pd.DataFrame, i: int) -> bool:
     not something this op added."""
     from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
     if "GoldenAbsMax" not in table.columns or "PrecisionDtype" not in table.columns:
+        return False
+    if "OwnErrorVsFp64" in table.columns \
+            and not pd.isna(pd.to_numeric(pd.Series([table["OwnErrorVsFp64"].iat[i]]), errors="coerce").iat[0]):
+        # judged by its own error: the float64 reference was rounded to this dtype, underflow
+        # included, so whatever error is left is the op's (a load-replay fault on a gradient
+        # at 8e-6 in float16 measured 7% own error, and is caused there)
         return False
     tiny = _SMALLEST_NORMAL.get(_s(table["PrecisionDtype"].iat[i]))
     gmax = pd.to_numeric(pd.Series([table["GoldenAbsMax"].iat[i]]), errors="coerce").iat[0]

@@ -49,6 +49,13 @@ def _register_defaults() -> None:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             UNINITIALIZED_OUTPUTS.add(pkt)
+    # in-place ops that overwrite every element of `self` without reading it: its content
+    # before the op is whatever the buffer held (DeepSeek-V2 copies into new_empty_strided),
+    # a destination like out=, not data
+    for name in ("copy_", "fill_", "zero_"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            OUT_BUFFERS[pkt] = ("self",)
     for name in ("resize_", "resize_as_", "_resize_output_"):
         pkt = getattr(aten, name, None)
         if pkt is not None:
