@@ -31,6 +31,13 @@ for _old, _module in (("emulation", _emulation), ("golden", _golden), ("replay_i
     globals().setdefault(_old, _module)
 del _old, _module
 
+# The sinks lived at npu_dumper.<old> before npu_dumper/sinks/ gathered them.
+from .sinks import process as _process, stats as _stats, thread as _thread, worker_threads as _workers
+for _old, _module in (("writer_thread", _thread), ("writer_process", _process),
+                      ("stats_writer", _stats), ("worker_threads", _workers)):
+    sys.modules.setdefault(f"{__name__}.{_old}", _module)
+del _old, _module
+
 
 def get_op_map(*args, **kwargs):
     """The op-name map used to match ops across devices (npu_dumper.opmap, imported lazily)."""

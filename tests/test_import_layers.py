@@ -115,3 +115,21 @@ def test_old_replay_paths_are_the_moved_modules():
     from npu_dumper.emulation import emulate_npu
     assert emulate_npu is npu_dumper.emulate_npu
     assert callable(npu_dumper.replay) and npu_dumper.replay.ReplayPolicy.__module__ == "npu_dumper.replay.load_replay"
+
+
+def test_the_moved_writer_modules_still_import_under_their_old_names():
+    """dumpfile/write/ and npu_dumper/sinks/ gathered the writers; the old paths (FORMAT.md
+    documents dumpfile.remote_writer.prestart()) give the same module objects, and
+    importing dumpfile alone still loads no writer."""
+    import importlib
+    assert "h5py" not in _loaded_after_import("dumpfile")
+    for old, new in (("dumpfile.writer", "dumpfile.write.writer"), ("dumpfile.remote_writer", "dumpfile.write.remote"),
+                     ("dumpfile.stats_writer", "dumpfile.write.stats"),
+                     ("npu_dumper.writer_thread", "npu_dumper.sinks.thread"),
+                     ("npu_dumper.writer_process", "npu_dumper.sinks.process"),
+                     ("npu_dumper.stats_writer", "npu_dumper.sinks.stats"),
+                     ("npu_dumper.worker_threads", "npu_dumper.sinks.worker_threads")):
+        assert importlib.import_module(old) is importlib.import_module(new)
+    from dumpfile.remote_writer import prestart
+    from dumpfile import DumpWriter
+    assert prestart.__module__ == "dumpfile.write.remote" and DumpWriter.__module__ == "dumpfile.write.writer"

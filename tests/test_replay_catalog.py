@@ -17,9 +17,9 @@ import torch
 import npu_dumper
 import sample_models
 from dumpfile import schema as S
-from dumpfile import writer as W
+from dumpfile.write import writer as W
 from dumpfile.reader import DumpFile
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 from npu_dumper.replay import matching as R     # (where load-replay calls read_group)
 from npu_dumper.replay.load_replay import ReplayPolicy
 from npu_dumper.replay.index import _NO_VALUE, read_catalog, read_group

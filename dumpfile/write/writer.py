@@ -24,10 +24,10 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5g, h5p, h5s, h5t
 
-from . import h5direct
-from . import schema as S
-from .errors import DumpWriteError
-from .lowlevel import contiguous_offset
+from .. import h5direct
+from .. import schema as S
+from ..errors import DumpWriteError
+from ..lowlevel import contiguous_offset
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
@@ -1108,7 +1108,7 @@ class DumpWriter:
     def _trim_headroom(self) -> None:
         """Give back the space claimed past the end of allocation (_claim_to_eoa): HDF5
         truncates a file it closes to that end only when it wrote past it itself."""
-        from .recovery import stored_eoa
+        from ..recovery import stored_eoa
         eoa = stored_eoa(self.path)
         try:
             if eoa is not None and os.path.getsize(self.path) > eoa[1]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,28 +42,14 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpWriteError, writer_error_message
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 
-from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
-from .errors import DumperError
-from .tensor_stats import tensor_stats
-from .tensors import numpy_view, storage_array
+from ..capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
+from ..errors import DumperError
+from ..tensor_stats import tensor_stats
+from ..tensors import numpy_view, storage_array
+from .protocol import OpJob
 from .worker_threads import TaskHandle, run_in_thread
-
-
-@dataclass
-class OpJob:
-    op: str
-    seqid: int
-    phase: str
-    module: str
-    grad_fn: str
-    attrs: dict
-    inputs: list            # [(name, node)]
-    outputs: list
-    nbytes: int = 0
-    captures: list = field(default_factory=list)
-    batched: bool = False   # (statistics writer: its tensors were looked at for a batch)
 
 
 def _is_dense(shape: tuple, stride: tuple) -> bool:
