@@ -2,7 +2,8 @@
 
 - `writer.py`: `DumpWriter`, the in-process HDF5 writer of full dumps (op groups, hard
   links for repeated data, view entries, the index and catalog, flushes that keep the file
-  openable after a kill);
+  openable after a kill); `h5objects.py` the HDF5 objects it makes (datasets and
+  attributes through h5py's low-level API, disk-space claims, metadata-cache setting);
 - `remote.py`: `RemoteDumpWriter`, the same DumpWriter run in a child process behind a
   socket (its own GIL), with the watchdog that turns a silent child into an error;
 - `stats.py`: `StatsDumpWriter`, statistics-only dumps as table rows (dumpfile.stats_table).
