@@ -34,6 +34,10 @@ file lock is let go within one flush. The child ignores SIGINT: a Ctrl-C sent to
 terminal's process group is the caller's to act on.
 
 Torch-free: the child imports only dumpfile, h5py and numpy.
+
+Why one module of ~510 lines: both ends of the connection (the caller's RemoteDumpWriter
+and the child's loop) and the watchdog share the protocol above; kept together, a
+change to a message is made on both sides at once.
 """
 
 from __future__ import annotations

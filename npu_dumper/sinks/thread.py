@@ -28,6 +28,11 @@ os.pwrite, both without the GIL, overlapping the metadata of later ops and the u
 compute. The data thread takes ops in order; an op is published in the file's index
 (DumpWriter.release_ops) only once all its bytes are written, so every op a flush
 publishes reads back after a crash.
+
+Why one module of ~450 lines: the two threads share the queue, the dedup maps and the
+count of published ops, and every fault (a failed write in either thread, an
+interrupt, the flush bound) ends in one place (`_fail`); split, that state would be
+passed across modules.
 """
 
 from __future__ import annotations
