@@ -59,7 +59,7 @@ def write_small(path, n_rows, *, seed=0, fault_seqid=None, rank=0, world=1):
 
 def write_stats(path, n_rows, *, seed=0):
     from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row
-    from dumpfile.stats_writer import StatsDumpWriter
+    from dumpfile.write.stats import StatsDumpWriter
 
     rng = np.random.default_rng(seed)
     n_ops = max(1, n_rows // 3)

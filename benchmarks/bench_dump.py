@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     default_threads = torch.get_num_threads()
-    from dumpfile.remote_writer import prestart
+    from dumpfile.write.remote import prestart
     print(f"writer process start-up: {prestart() * 1e3:.0f} ms (once per Python process)")
     with tempfile.TemporaryDirectory() as tmp:
         recycled, fresh = page_cache_probe(58_000_000, tmp)

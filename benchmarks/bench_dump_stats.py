@@ -24,7 +24,7 @@ import time
 import torch
 
 import npu_dumper
-from npu_dumper import stats_writer, writer_thread
+from npu_dumper.sinks import stats as stats_writer, thread as writer_thread
 
 from bench_dump import make_model, one_step
 

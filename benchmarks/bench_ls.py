@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dumpfile import DumpWriter, TensorMeta  # noqa: E402
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row  # noqa: E402
-from dumpfile.stats_writer import StatsDumpWriter, value_rows  # noqa: E402
+from dumpfile.write.stats import StatsDumpWriter, value_rows  # noqa: E402
 from dumpfile import schema as S  # noqa: E402
 
 ACCUCMP = [sys.executable, "-m", "accucmp.cli.main"]

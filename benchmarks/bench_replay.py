@@ -41,7 +41,7 @@ def main() -> None:
         with npu_dumper.dumper(use_dump=True, dump_path=ref) as d:
             one_step(model, x, y)
         n_ops = d.summary.get("ops_recorded")
-        from dumpfile.remote_writer import prestart
+        from dumpfile.write.remote import prestart
         print(f"writer process start-up: {prestart() * 1e3:.0f} ms (once per Python process)")
         for _ in range(2):                      # warm-up
             one_step(model, x, y)

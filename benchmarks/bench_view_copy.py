@@ -1,7 +1,7 @@
 """Byte cost of keeping `h5copy -s /op/seqid/` of one op group self-contained.
 
 Format 1.5: a view (Type 40) whose base lives in another op's group names a hard link to
-that base in its own op group (`/{op}/{seqid}/_base|...`, dumpfile.writer._local_base), so
+that base in its own op group (`/{op}/{seqid}/_base|...`, dumpfile.write.writer._local_base), so
 h5copy of the group carries the base. For each sample model (one training step), dumps
 it side by side with the links (default) and without (the 1.4 behaviour: `base` names
 the other group), writer="thread" so the switch applies in this process; prints file
@@ -20,7 +20,7 @@ import os
 import tempfile
 
 import sample_models
-from dumpfile.writer import DumpWriter
+from dumpfile.write.writer import DumpWriter
 from npu_dumper import dumper
 
 _LOCAL = DumpWriter._local_base

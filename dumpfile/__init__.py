@@ -1,7 +1,7 @@
 """The HDF5 dump format shared by npu_dumper, accucmp and ir2tbe (torch-free).
 
-See docs/FORMAT.md. `schema` holds names and codes, `writer.DumpWriter` writes,
-`read.reader.DumpFile` reads (the `read` subpackage also holds the safety checks and recovery).
+See docs/FORMAT.md. `schema` holds names and codes, `write.writer.DumpWriter` writes
+(`write/` is the writer core), `read.reader.DumpFile` reads (the `read` subpackage also holds the safety checks and recovery).
 
 The reader and writer (h5py, numpy) load on first use, so that importing
 `dumpfile.errors` or `dumpfile.schema` stays instant: `accucmp --help` depends on it.
@@ -15,7 +15,7 @@ from .errors import DumpError, DumpFormatError, DumpWriteError
 _LAZY = {
     "DumpFile": "read.reader", "OpRecord": "read.reader", "ValueRecord": "read.reader",
     "decode_raw": "read.reader", "view_of": "read.reader",
-    "DumpWriter": "writer", "TensorMeta": "writer",
+    "DumpWriter": "write.writer", "TensorMeta": "write.writer",
 }
 
 __all__ = ["schema", "DumpError", "DumpFormatError", "DumpWriteError", *_LAZY]
@@ -28,3 +28,4 @@ def __getattr__(name: str):
     value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+

@@ -52,7 +52,7 @@ INPUT_GROUP = "input"
 # 1.5: /{op}/{seqid}/_base|{path with "|" for "/"}: hard links to the datasets this op's
 # views (Type 40) re-stride when those live in another op's group; the views' `base`
 # attribute names the link, so `h5copy -s /op/seqid/` of one op carries them
-# (dumpfile.writer._local_base). Readers of op groups look only at input/ and output/.
+# (dumpfile.write.writer._local_base). Readers of op groups look only at input/ and output/.
 OP_BASE_LINK_PREFIX = "_base|"
 OUTPUT_GROUP = "output"
 

@@ -25,7 +25,7 @@ from h5py import h5s, h5t
 
 from . import schema as S
 from dumpfile.read.recovery import readable_rows
-from .writer import new_table
+from .write.writer import new_table
 
 _STR = h5py.string_dtype("utf-8")
 _SHAPE = h5py.vlen_dtype(np.int64)

@@ -18,7 +18,6 @@ from .upcast import upcast, upcast_from_env
 from . import replay
 from .replay.golden import replay as golden_replay
 
-
 def get_op_map(*args, **kwargs):
     """The op-name map used to match ops across devices (npu_dumper.opmap, imported lazily)."""
     from .opmap import get_op_map as _get

@@ -24,9 +24,9 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, writer_error_message
-from dumpfile.stats_writer import StatsDumpWriter
-from dumpfile.remote_writer import RemoteDumpWriter
-from dumpfile.writer import DumpWriter, set_attrs
+from dumpfile.write.stats import StatsDumpWriter
+from dumpfile.write.remote import RemoteDumpWriter
+from dumpfile.write.writer import DumpWriter, set_attrs
 
 from .capture import CaptureRegistry
 from .errors import DumperError
@@ -35,9 +35,9 @@ from .capture.selection import OpFilter
 from .capture.module_tracking import ModuleTracker
 from .capture.policy import Policy, make_policy
 from .capture.tensor_hash import HASH_ALGORITHM
-from .stats_writer import StatsWriterThread
-from .writer_process import ProcessWriter
-from .writer_thread import WriterThread
+from .sinks.stats import StatsWriterThread
+from .sinks.process import ProcessWriter
+from .sinks.thread import WriterThread
 
 _active_lock = threading.Lock()
 _active: "dumper | None" = None

@@ -29,7 +29,7 @@ def sigkill_mid_dump(tmp_path: Path, *, settle_s: float = 2.5, between_flushes: 
     flushed = tmp_path / "flushed"
     kwargs = ", ".join(f"{k}={v!r}" for k, v in dumper_kwargs.items())
     hook = textwrap.dedent(f"""
-        from dumpfile.writer import DumpWriter
+        from dumpfile.write.writer import DumpWriter
         _flush = DumpWriter.flush
         def _flush_and_tell(self, **kw):
             _flush(self, **kw)

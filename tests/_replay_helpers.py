@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dumpfile import schema as S
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 from npu_dumper.replay.recorded import tensor_to_storage
 
 

@@ -330,7 +330,7 @@ def test_reader_lists_100k_ops_from_the_index(tmp_path):
 def test_claim_blocks_allocates_the_range_it_is_given(tmp_path):
     # reserve_tensor claims a tensor's blocks when it reserves them, so a full disk shows
     # there (before more metadata piles up) and not at the later write of its bytes
-    from dumpfile.writer import claim_blocks
+    from dumpfile.write.writer import claim_blocks
     p = tmp_path / "f.bin"
     fd = os.open(p, os.O_RDWR | os.O_CREAT)
     try:

@@ -255,7 +255,7 @@ def test_process_writer_sends_what_it_captured_not_what_a_later_in_place_op_wrot
     # longer covers a capture marked written) changed what was sent. Here the writer is
     # held between recording add_'s output and sending it while the model runs mul_.
     import time
-    from npu_dumper import writer_process as WP
+    from npu_dumper.sinks import process as WP
     record = WP.ProcessWriter._tensor_record
 
     def held(self, gpath, name, cap):

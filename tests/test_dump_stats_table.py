@@ -196,7 +196,7 @@ def test_file_creation_failure_surfaces_in_the_users_thread(tmp_path):
     lambda: torch.cat([torch.randn(1 << 16), torch.tensor([float("inf")])]),
 ])
 def test_fast_tensor_stats_equals_the_reference(make):
-    from npu_dumper.stats_writer import fast_tensor_stats, in_memory_order
+    from npu_dumper.sinks.stats import fast_tensor_stats, in_memory_order
     from npu_dumper.capture.tensor_stats import tensor_stats
     t = make()
     want = tensor_stats(t)

@@ -1,4 +1,4 @@
-"""npu_dumper.worker_threads: background threads reused across dumper blocks."""
+"""npu_dumper.sinks.worker_threads: background threads reused across dumper blocks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import npu_dumper
-from npu_dumper import worker_threads as wt
+from npu_dumper.sinks import worker_threads as wt
 
 
 def test_consecutive_blocks_reuse_their_writer_thread(tmp_path):

@@ -12,9 +12,9 @@ import torch
 import npu_dumper
 from dumpfile import DumpFile
 from dumpfile import schema as S
-from dumpfile.remote_writer import RemoteDumpWriter
+from dumpfile.write.remote import RemoteDumpWriter
 from npu_dumper.errors import DumperError
-from npu_dumper.writer_process import ProcessWriter
+from npu_dumper.sinks.process import ProcessWriter
 
 from ._kill_helpers import killed_dump_tail, sigkill_mid_dump
 

@@ -7,7 +7,7 @@ import time
 import torch
 
 import npu_dumper
-from npu_dumper import stats_writer
+from npu_dumper.sinks import stats as stats_writer
 
 
 def _wait_until(cond, timeout: float = 5.0) -> float:

@@ -1,4 +1,4 @@
-"""The writer's attribute path (dumpfile.writer.set_attrs over dumpfile.h5direct) makes the
+"""The writer's attribute path (dumpfile.write.writer.set_attrs over dumpfile.h5direct) makes the
 attributes h5py's `attrs[k] = v` makes: same values, numpy dtypes and HDF5 type classes,
 with the direct C calls and without them, and h5py's errors where HDF5 refuses."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dumpfile import h5direct
-from dumpfile.writer import set_attrs
+from dumpfile.write.writer import set_attrs
 
 VALUES = {
     "int": 7, "neg": -3, "big": 2**62, "float": 1.5, "nan": float("nan"), "bool": True,

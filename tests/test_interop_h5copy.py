@@ -1,6 +1,6 @@
 """The guide's `h5copy -s /op/seqid/` of ONE op group on a default dump, then `ir2tbe run`:
 the copied group holds its inputs' values (a view whose base lives in another op's group
-names a hard link to it in its own op group, dumpfile.writer._local_base); where
+names a hard link to it in its own op group, dumpfile.write.writer._local_base); where
 a copy lacks the base (a dump of format 1.4), ir2tbe exits 2 naming it, never 0 having
 mapped 0 ops."""
 

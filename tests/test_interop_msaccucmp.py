@@ -194,7 +194,7 @@ def test_hand_built_original_fp16_vs_fp32_no_false_alarms(msaccucmp, tmp_path):
     theirs = run_real(msaccucmp, t, g, tmp_path / "real")
     assert {x["NPUDumpPath"] for x in theirs} >= {"/addmm/1/output/result", "/gt/3/output/result"}
     # and the mixed pair: this original file against our own dump of the same op
-    from dumpfile.writer import DumpWriter, TensorMeta
+    from dumpfile.write.writer import DumpWriter, TensorMeta
     ours = tmp_path / "ours.h5"
     with DumpWriter(ours) as w:
         w.begin_op("aten.addmm.default", 1)

@@ -29,7 +29,7 @@ def row_batches(setup, opener):
             yield work.rows(lo, hi)
 
 
-# The name npu_dumper.worker_threads gives its pooled threads while they wait for work
+# The name npu_dumper.sinks.worker_threads gives its pooled threads while they wait for work
 # (a dump earlier in this process leaves them for a while); kept equal by a test.
 IDLE_DUMPER_THREAD_NAME = "npu_dumper-idle"
 

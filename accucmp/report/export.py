@@ -23,7 +23,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError, DumpWriteError
 from dumpfile.read.reader import DumpFile, ValueRecord
 from dumpfile.safe_output import output_path
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 
 EXPORT_ATTR = "npu_dumper"      # root attribute of a legacy export: JSON bookkeeping
 LAYOUTS = ("legacy", "native")

@@ -22,7 +22,7 @@ from .policy import OpEvent, Policy
 from .selection import OpFilter, user_stack_line
 from .snapshots import CaptureRegistry, StorageGuard, TensorCapture
 from .walk import ArgWalk, OpPlan, op_plan, tensor_dtypes, tensors_in
-from ..writer_thread import OpJob, WriterThread
+from ..sinks.protocol import OpJob, Sink
 
 _current_node = torch._C._current_autograd_node
 _graph_task_id = torch._C._current_graph_task_id
@@ -40,7 +40,7 @@ def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
 class DumpMode(TorchDispatchMode):
     """Intercepts ops; numbering, attribution, snapshots; hands records to the writer thread."""
 
-    def __init__(self, *, writer: WriterThread | None, registry: CaptureRegistry,
+    def __init__(self, *, writer: Sink | None, registry: CaptureRegistry,
                  policies: list[Policy], op_filter: OpFilter, tracker: ModuleTracker,
                  dump_mode: str = "all", record_views: bool = False, record_stack: bool = False):
         super().__init__()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
-from dumpfile.writer import TensorMeta
+from dumpfile.write.writer import TensorMeta
 
 # torch dtype -> name without "torch." ("bfloat16"); cached because str(dtype) is slowish.
 _DTYPE_NAME: dict[torch.dtype, str] = {}

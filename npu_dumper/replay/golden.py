@@ -28,7 +28,7 @@ from dumpfile import schema as S
 from dumpfile import golden_info
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import DumpFile, OpRecord, ValueRecord
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 
 from ..capture.opschema import COLLECTIVE_NAMESPACES, COLLECTIVE_REASON, op_info
 from ..errors import DumperError

@@ -2,7 +2,7 @@
 
 Same queue, backpressure, flushing and error surfacing as WriterThread (it is one);
 only the per-op work differs: statistics are computed here (torch reductions, which
-release the GIL) and each op becomes a few table rows (dumpfile.stats_writer), not
+release the GIL) and each op becomes a few table rows (dumpfile.write.stats), not
 HDF5 groups and datasets. The same data seen again (same storage, write generation,
 version and element set; W and W.t() share statistics) repeats the numbers it had.
 """
@@ -13,18 +13,19 @@ from typing import Any
 
 from dumpfile import schema as S
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row, value_row
-from dumpfile.stats_writer import value_rows
-from dumpfile.writer import set_attrs
+from dumpfile.write.stats import value_rows
+from dumpfile.write.writer import set_attrs
 
-from .capture import ListOf, Named, TensorCapture, Value
-from .capture.tensor_hash import content_hash
-from .capture.tensor_hist import _EMPTY as _NO_HIST, log2_histogram
-from .capture.tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
-from .writer_thread import OpJob, WriterThread
+from ..capture import ListOf, Named, TensorCapture, Value
+from ..capture.tensor_hash import content_hash
+from ..capture.tensor_hist import _EMPTY as _NO_HIST, log2_histogram
+from ..capture.tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
+from .protocol import OpJob
+from .thread import WriterThread
 
 
 # A statistics-only job is a few small reductions: the writer looks at the queue this
-# often instead of being woken per op (see writer_thread: a wake-up costs the model's thread)
+# often instead of being woken per op (see sinks.thread: a wake-up costs the model's thread)
 POLL_SECONDS = 0.002
 # Statistics of the small tensors of this op and of the ops queued behind it are computed
 # together (tensor_stats.rows_stats): at most this many ops and elements per batch

@@ -3,7 +3,7 @@
 Same pipeline as WriterThread (capture, copy-on-write, deduplication, bounded queue,
 errors re-raised in the user's thread), but the metadata thread makes no h5py call:
 it turns each op into a small picklable record (deduplication decided here, where the
-captures and their storages live) and sends it to a dumpfile.remote_writer child,
+captures and their storages live) and sends it to a dumpfile.write.remote child,
 which makes the DumpWriter calls on its own GIL. The child replies with the file
 offsets of the large tensors it reserved; the data thread writes their bytes with
 os.pwrite on this process's own descriptor (GIL-free, as in the thread writer), then
@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpWriteError
-from dumpfile.remote_writer import RemoteDumpWriter
-from dumpfile.writer import DIRECT_WRITE_MIN_BYTES
+from dumpfile.write.remote import RemoteDumpWriter
+from dumpfile.write.writer import DIRECT_WRITE_MIN_BYTES
 
 import torch
 
-from .capture import ListOf, Named, TensorCapture, Value
-from .capture.tensors import storage_array
-from .writer_thread import OpJob, WriterThread, _extent, _is_dense, _storage_dtype
+from ..capture import ListOf, Named, TensorCapture, Value
+from ..capture.tensors import storage_array
+from .protocol import OpJob
+from .thread import WriterThread, _extent, _is_dense, _storage_dtype
 
 
 def _plain(v):

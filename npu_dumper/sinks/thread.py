@@ -28,6 +28,11 @@ os.pwrite, both without the GIL, overlapping the metadata of later ops and the u
 compute. The data thread takes ops in order; an op is published in the file's index
 (DumpWriter.release_ops) only once all its bytes are written, so every op a flush
 publishes reads back after a crash.
+
+Why one module of ~450 lines: the two threads share the queue, the dedup maps and the
+count of published ops, and every fault (a failed write in either thread, an
+interrupt, the flush bound) ends in one place (`_fail`); split, that state would be
+passed across modules.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,28 +47,14 @@ import torch
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpWriteError, writer_error_message
-from dumpfile.writer import DumpWriter, TensorMeta
+from dumpfile.write.writer import DumpWriter, TensorMeta
 
-from .capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
-from .errors import DumperError
-from .capture.tensor_stats import tensor_stats
-from .capture.tensors import numpy_view, storage_array
+from ..capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
+from ..errors import DumperError
+from ..capture.tensor_stats import tensor_stats
+from ..capture.tensors import numpy_view, storage_array
+from .protocol import OpJob
 from .worker_threads import TaskHandle, run_in_thread
-
-
-@dataclass
-class OpJob:
-    op: str
-    seqid: int
-    phase: str
-    module: str
-    grad_fn: str
-    attrs: dict
-    inputs: list            # [(name, node)]
-    outputs: list
-    nbytes: int = 0
-    captures: list = field(default_factory=list)
-    batched: bool = False   # (statistics writer: its tensors were looked at for a batch)
 
 
 def _is_dense(shape: tuple, stride: tuple) -> bool:

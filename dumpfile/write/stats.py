@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import schema as S
-from .errors import DumpWriteError
-from .stats_table import OP_ATTR_DTYPE, STATS_ROW_DTYPE, append_rows, op_attr_row, table, value_row
+from .. import schema as S
+from ..errors import DumpWriteError
+from ..stats_table import OP_ATTR_DTYPE, STATS_ROW_DTYPE, append_rows, op_attr_row, table, value_row
 from .writer import _INDEX_DTYPE, DumpWriter, _scalar_type_code, set_attrs
 
 

@@ -34,6 +34,10 @@ file lock is let go within one flush. The child ignores SIGINT: a Ctrl-C sent to
 terminal's process group is the caller's to act on.
 
 Torch-free: the child imports only dumpfile, h5py and numpy.
+
+Why one module of ~510 lines: both ends of the connection (the caller's RemoteDumpWriter
+and the child's loop) and the watchdog share the protocol above; kept together, a
+change to a message is made on both sides at once.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import schema as S
-from .errors import DumpWriteError, writer_error_message
+from .. import schema as S
+from ..errors import DumpWriteError, writer_error_message
 from .writer import pwrite_all
 
 # Seconds without progress on the socket after which the child counts as hung (a send
@@ -85,7 +89,7 @@ class _Child:
         parent_sock, child_sock = socket.socketpair()
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dumpfile.remote_writer", str(child_sock.fileno())],
+            [sys.executable, "-m", "dumpfile.write.remote", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),), close_fds=True)
         child_sock.close()
         _set_timeouts(parent_sock, _watchdog_s())
