@@ -34,6 +34,18 @@ import click
 import typer
 
 
+def new_app(prog: str, help: str) -> typer.Typer:
+    """The typer app of one of our commands, with the settings both share: `-h`, no shell
+    completion, no rich tracebacks (the boundary decides what a failure prints), `--version`."""
+    from dumpfile.version import add_version_option
+
+    app = typer.Typer(name=prog, help=help, no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False,
+                      context_settings={"help_option_names": ["-h", "--help"]})
+    add_version_option(app, prog)
+    return app
+
+
 class Status(IntEnum):
     """Exit codes of every command (README, "Exit codes")."""
 

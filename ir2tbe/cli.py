@@ -16,22 +16,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from dumpfile.cli_boundary import boundary, fail, require_file
+from dumpfile.cli_boundary import boundary, fail, new_app, require_file
 
 PROG = "ir2tbe"
 
-app = typer.Typer(
-    name="ir2tbe",
-    help="Map framework (IR) ops recorded in a dump to the kernels they run, with a kernel-level dump.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-from dumpfile.version import add_version_option  # noqa: E402  (light: typer only)
-
-add_version_option(app, "ir2tbe")
+app = new_app(PROG, "Map framework (IR) ops recorded in a dump to the kernels they run, with a kernel-level dump.")
 
 
 @app.command("run")

@@ -20,18 +20,10 @@ import typer
 
 from accucmp.cli import compare as _compare
 from accucmp.cli.boundary import boundary
-from accucmp.cli.options import add_version_option
 from dumpfile import cli_boundary
 
-app = typer.Typer(
-    name="accucmp",
-    help="Compare op-level dumps of two runs of a PyTorch model and find the op whose numerics went wrong.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-add_version_option(app, "accucmp")
+app = cli_boundary.new_app(
+    "accucmp", "Compare op-level dumps of two runs of a PyTorch model and find the op whose numerics went wrong.")
 
 # in the order `accucmp --help` lists their commands
 _COMMAND_MODULES = ("accucmp.cli.compare", "accucmp.cli.dumps", "accucmp.cli.convert", "accucmp.cli.golden",

@@ -330,9 +330,7 @@ class CaptureRegistry:
             return
         if not ptr:
             return
-        self._gen[ptr] = self._gen.get(ptr, 0) + 1
-        with self._lock:
-            caps = list(self._pending.get(ptr, ()))
+        caps = self._invalidate(ptr)
         if caps:
             # called from user code (FSDP2's hooks), not from inside the dispatch mode: the
             # copies must not be recorded as ops, whose captures would alias the storage
@@ -353,11 +351,15 @@ class CaptureRegistry:
             return
         if not ptr:
             return
+        for cap in self._invalidate(ptr):
+            cap.materialize()
+
+    def _invalidate(self, ptr: int) -> list:
+        """The storage at `ptr` changes: bump its generation (no dedup key made before
+        matches it afterwards) and return the captures still pending on it."""
         self._gen[ptr] = self._gen.get(ptr, 0) + 1
         with self._lock:
-            caps = list(self._pending.get(ptr, ()))
-        for cap in caps:
-            cap.materialize()
+            return list(self._pending.get(ptr, ()))
 
     def pending_count(self) -> int:
         with self._lock:
