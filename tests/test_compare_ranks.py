@@ -333,3 +333,29 @@ def test_streamed_batches_from_workers_keep_order_and_whole_ops(tmp_path, monkey
     assert got["Result"].tolist() == want["Result"].tolist()
     assert got["NPUDumpPath"].fillna("").tolist() == want["NPUDumpPath"].fillna("").tolist()
     assert r.summary.first_failure["Index"] == summarize(want).first_failure["Index"]
+
+
+def test_a_rank_pair_reports_a_damaged_file_as_its_error_but_lets_a_bug_through(tmp_path, monkeypatch):
+    """In a folder compare, an HDF5 failure on one pair's bytes is that pair's error (exit 2
+    in the summary); an exception of our own code is not dressed up as bad input: it goes up
+    to the CLI boundary, which reports it as a bug (exit 3)."""
+    import h5py
+
+    from accucmp.compare import ranks, streaming
+
+    bad = tmp_path / "not_hdf5.h5"
+    bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+
+    def h5py_failure(*a, **k):
+        h5py.File(bad, "r")                 # raises from inside h5py (OSError here)
+
+    monkeypatch.setattr(streaming, "compare_to_csv", h5py_failure)
+    out = ranks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
+    assert out["error"].startswith("t.h5 vs g.h5: OSError")      # the pair named, the cause kept
+
+    def our_bug(*a, **k):
+        raise KeyError("a bug of ours")
+
+    monkeypatch.setattr(streaming, "compare_to_csv", our_bug)
+    with pytest.raises(KeyError, match="a bug of ours"):
+        ranks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
