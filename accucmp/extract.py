@@ -34,10 +34,9 @@ import numpy as np
 from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile.read import safety
 from dumpfile import schema as S
-from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError, raised_by_h5py
 from dumpfile.safe_output import OutputBudget
-from dumpfile.read.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members, \
-    raised_by_h5py
+from dumpfile.read.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members
 
 # root attributes the writer owns; everything else is carried over
 _WRITER_ROOT_ATTRS = {S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE}

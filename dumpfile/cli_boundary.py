@@ -116,26 +116,16 @@ def _debug(prog: str) -> bool:
     return bool(os.environ.get("ACCUCMP_DEBUG") or os.environ.get(f"{prog.upper()}_DEBUG"))
 
 
-def _bad_input(e: BaseException) -> bool:
+def is_bad_input(e: BaseException) -> bool:
     """Failures the user's input causes. OSError covers the user's files and folders (no
     such file, permission, disk full, h5py's "unable to open"); MemoryError a file that
     asks for more than the machine has; and what HDF5 raises on damaged bytes the reader
-    did not wrap (dumpfile.read.reader.raised_by_h5py's rule, without importing h5py).
-    Anything else reaching the boundary is ours."""
-    from dumpfile.errors import DumpError
+    did not wrap (dumpfile.errors.raised_by_h5py). Anything else is ours."""
+    from dumpfile.errors import DumpError, raised_by_h5py
 
     if isinstance(e, (DumpError, UsageProblem, OSError, MemoryError)):
         return True
-    return isinstance(e, (RuntimeError, KeyError, ValueError)) and _innermost_module(e).startswith("h5py")
-
-
-def _innermost_module(e: BaseException) -> str:
-    tb = e.__traceback__
-    if tb is None:
-        return ""
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return str(tb.tb_frame.f_globals.get("__name__", ""))
+    return isinstance(e, (RuntimeError, KeyError, ValueError)) and raised_by_h5py(e)
 
 
 @contextlib.contextmanager
@@ -157,7 +147,7 @@ def boundary(*files, prog: str = "accucmp") -> Iterator[None]:
     except Exception as e:
         if _debug(prog):
             raise
-        if _bad_input(e):
+        if is_bad_input(e):
             from dumpfile.errors import DumpError
 
             msg = one_line(e) if isinstance(e, (DumpError, UsageProblem)) else \

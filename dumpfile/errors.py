@@ -21,3 +21,15 @@ def writer_error_message(e: BaseException, path: str) -> str:
     if path not in msg:
         msg = f"{path}: {msg}"
     return msg.replace("\n", " ")
+
+
+def raised_by_h5py(e: BaseException) -> bool:
+    """True when the innermost frame of `e` is h5py's (its Cython modules too): an HDF5
+    failure, not a bug of ours that happens to raise KeyError or ValueError. Here, not in
+    the reader, so the CLI boundary can apply the rule without importing h5py."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("h5py")

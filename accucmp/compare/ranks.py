@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dumpfile import schema as S
+from dumpfile.cli_boundary import is_bad_input
 from dumpfile.errors import DumpError, DumpFormatError
 
 _RANK_IN_NAME = re.compile(r"_rank(\d+)")
@@ -220,7 +221,7 @@ def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
     except DumpError as e:
         return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up
-        if not _bad_input(e):
+        if not is_bad_input(e):         # the CLI boundary's own rule, applied in the worker
             raise                       # our bug: the CLI boundary reports it (exit 3, log file)
         msg = f"{type(e).__name__}: {' '.join(str(e).split())}"
         if target not in msg and golden not in msg:     # h5py's messages name no file
@@ -312,7 +313,7 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
     except DumpError as e:
         return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up
-        if not _bad_input(e):
+        if not is_bad_input(e):         # the CLI boundary's own rule, applied in the worker
             raise                       # our bug: the CLI boundary reports it (exit 3, log file)
         return {"error": f"{type(e).__name__}: {' '.join(str(e).split())}", "seconds": time.perf_counter() - t0}
     return {"error": None, "golden_equal": int(equal.size), "checked": checked, "differ": differ,
@@ -575,14 +576,6 @@ class _Bar:
 
     def stop(self) -> None:
         self.p.stop()
-
-
-def _bad_input(e: BaseException) -> bool:
-    """A rank pair's failure that is a problem of its files (an OSError, or an error h5py
-    raised on damaged bytes), reported as that pair's error; anything else is a bug."""
-    from dumpfile.read.reader import raised_by_h5py
-
-    return isinstance(e, OSError) or raised_by_h5py(e)
 
 
 def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool = False,

@@ -26,7 +26,7 @@ from dumpfile.read import recovery
 from dumpfile.read import safety
 from dumpfile.read import legacy
 from dumpfile import stats_table as T
-from dumpfile.errors import DumpFormatError
+from dumpfile.errors import DumpFormatError, raised_by_h5py
 
 # numpy dtype a raw-bit dtype decodes to
 DECODED_NUMPY_DTYPE = {name: np.float32 for name in S.RAW_BIT_DTYPES}
@@ -98,17 +98,6 @@ def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
 # KeyError, OSError or ValueError, with a message that does not name the file.
 H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
 READ_ERRORS = recovery.READ_ERRORS
-
-
-def raised_by_h5py(e: BaseException) -> bool:
-    """True when the innermost frame of `e` is h5py's (its Cython modules too): an HDF5
-    failure, not a bug of ours that happens to raise KeyError or ValueError."""
-    tb = e.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("h5py")
 
 
 def h5_message(e: BaseException) -> str:

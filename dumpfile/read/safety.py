@@ -352,7 +352,8 @@ def _child_main(argv: list[str]) -> int:
             try:
                 _check_file(h5, path, limit)
             except (OSError, RuntimeError, KeyError, ValueError) as e:
-                from dumpfile.read.reader import corrupt_dump_error, raised_by_h5py
+                from dumpfile.errors import raised_by_h5py
+                from dumpfile.read.reader import corrupt_dump_error
                 if not raised_by_h5py(e):
                     raise
                 raise corrupt_dump_error(path, e) from None

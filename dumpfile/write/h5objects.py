@@ -274,17 +274,13 @@ def _scalar_type_code(value: Any, schema_type: str | None) -> int:
         return S.TYPE_NONE
     if isinstance(value, bool):
         return S.TYPE_BOOL
-    if isinstance(value, int):
+    if isinstance(value, (int, float)):
         if st == "Scalar":
             return S.TYPE_SCALAR
         if st == "Scalar?":
             return S.TYPE_OPTIONAL_SCALAR
-        return S.TYPE_OPTIONAL_INT if st.endswith("?") else S.TYPE_INT
-    if isinstance(value, float):
-        if st == "Scalar":
-            return S.TYPE_SCALAR
-        if st == "Scalar?":
-            return S.TYPE_OPTIONAL_SCALAR
+        if isinstance(value, int):
+            return S.TYPE_OPTIONAL_INT if st.endswith("?") else S.TYPE_INT
         return S.TYPE_OPTIONAL_DOUBLE if st.endswith("?") else S.TYPE_DOUBLE
     if isinstance(value, complex):
         return S.TYPE_COMPLEX
