@@ -233,12 +233,18 @@ def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, wh
 _CHECKED: set[tuple] = set()
 
 
+def _file_key(st: os.stat_result, limit: int) -> tuple:
+    """A file's identity and change time (and the size limit it was checked under): what
+    _CHECKED remembers, and what the child compares to be sure it walks the same file."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, limit)
+
+
 def _identity(path: str, limit: int) -> tuple | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, limit)
+    return _file_key(st, limit)
 
 
 def check_file(h5, path: str, limit: int | None = None) -> None:
@@ -302,7 +308,7 @@ def _walk_in_child(h5, path: str, limit: int, key: tuple) -> bool:
         st = None
     if st is None or not stat.S_ISREG(st.st_mode):
         return False
-    mine = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, limit)
+    mine = _file_key(st, limit)
     if mine != key:
         raise DumpFormatError(f"{path}: changed while being opened (replaced or written to); refused")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -347,7 +353,7 @@ def _child_main(argv: list[str]) -> int:
             raise DumpFormatError(f"{path}: cannot open as HDF5 (truncated or corrupt?): {e}") from None
         with h5:
             st = os.fstat(h5.id.get_vfd_handle())
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, limit) != want:
+            if _file_key(st, limit) != want:
                 raise DumpFormatError(f"{path}: changed while being opened (replaced or written to); refused")
             try:
                 _check_file(h5, path, limit)

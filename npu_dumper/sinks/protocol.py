@@ -1,6 +1,6 @@
 """What the dispatch mode hands a sink, and the protocol every sink implements.
 
-The mode (npu_dumper.mode) knows only this module: one `OpJob` per recorded op, given
+The mode (npu_dumper.capture.mode) knows only this module: one `OpJob` per recorded op, given
 to `Sink.submit` on the model's thread, and `Sink.failed`, which it reads before each op
 (a sink whose first write failed stops recording; the user's step goes on and the
 block raises at exit). The sinks (thread.py, process.py, stats.py) implement it; the
