@@ -9,7 +9,13 @@ Besides the sample models, `gpt2`: a third-party model (Hugging Face transformer
 2 layers, width 128, built from its config with random weights, no download; skipped when
 transformers is not importable), one LM training step on 4 x 32 tokens.
 
-    python benchmarks/bench_models.py [--rounds N] [--threads T] [MODEL ...]
+    python benchmarks/bench_models.py [--rounds N] [--threads T] [--clock wall|cpu] [MODEL ...]
+
+`--clock cpu` times each step in this process's CPU time (all its threads) instead of
+wall time: on a machine shared with other work, wall-time ratios move with the load
+(2-3x between runs on the loaded 2-core VM) and CPU-time ratios much less. It counts the
+statistics writer (a thread) but not the full dump's writer process (a child), so its
+`full` column is the model's side of a full dump only.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def get_model(name: str):
     return lambda: spec.train_step(model, batch)
 
 
-def measure(name: str, rounds: int, tmp: str) -> dict | None:
+def measure(name: str, rounds: int, tmp: str, clock=time.perf_counter) -> dict | None:
     step = get_model(name)
     if step is None:
         return None
@@ -72,14 +78,14 @@ def measure(name: str, rounds: int, tmp: str) -> dict | None:
     for _ in range(rounds):
         for kind in KINDS:                               # interleaved: drift hits all alike
             path = os.path.join(tmp, f"{name}_{kind}.h5")
-            t0 = time.perf_counter()
+            t0 = clock()
             if kind == "plain":
                 step()
             else:
                 with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=kind == "stats",
                                        writer="thread" if kind == "full-thread" else "auto") as d:
                     step()
-            times[kind].append(time.perf_counter() - t0)
+            times[kind].append(clock() - t0)
             if kind != "plain":
                 if kind == "full":
                     ops, size = d.num_ops, os.path.getsize(path)
@@ -94,19 +100,21 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=list(sample_models.names()) + list(THIRD_PARTY))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = ap.parse_args()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
     print(f"{'model':12s} {'plain':>8s} {'ops':>5s} {'MB':>6s} {'full':>7s} {'thread':>7s} {'stats':>7s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            r = measure(name, args.rounds, tmp)
+            r = measure(name, args.rounds, tmp, clock)
             if r is None:
                 print(f"{name:12s} skipped (not importable here)", flush=True)
                 continue
             print(f"{name:12s} {r['plain_ms']:6.1f}ms {r['ops']:5d} {r['mb']:6.1f} "
                   f"{r['full']:6.1f}x {r['full-thread']:6.1f}x {r['stats']:6.2f}x", flush=True)
     print("full: default writer (a child process); thread: writer='thread'; "
-          "ratios to the plain step, medians")
+          f"ratios to the plain step, medians of {args.clock} time")
 
 
 if __name__ == "__main__":
