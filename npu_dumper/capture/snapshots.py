@@ -307,6 +307,19 @@ class CaptureRegistry:
             with self._lock:
                 self._pending.setdefault(cap.ptr, []).append(cap)
 
+    def add_all(self, caps: list[TensorCapture]) -> None:
+        """add() of each of `caps` (those of one op), under one lock."""
+        with self._lock:
+            pending = self._pending
+            for cap in caps:
+                ptr = cap.ptr
+                if ptr:
+                    lst = pending.get(ptr)
+                    if lst is None:
+                        pending[ptr] = [cap]
+                    else:
+                        lst.append(cap)
+
     def discard(self, cap: TensorCapture) -> None:
         if cap.ptr:
             with self._lock:

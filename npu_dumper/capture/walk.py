@@ -30,14 +30,18 @@ _PLAIN_NUMBERS = (int, float, bool)
 # keys, different values)
 _SHARED_SCALARS = frozenset({bool, int, str, _NONE})
 _MAX_SHARED = 4096
+# argument kinds of an OpPlan
+_K_ANY, _K_INT_LIST = 0, 1
+_INT_LIST_TYPES = ("int[", "SymInt[")
 
 
 class OpPlan:
     """What the walk needs to know of one op overload, read from its OpInfo once.
 
-    `args`: (position or _NOT_POSITIONAL, name, schema type, copied now, not data) per
-    schema argument, in schema order; `returns`: (name, schema type, opaque, version bump)
-    per schema return."""
+    `args`: (position or _NOT_POSITIONAL, name, schema type, copied now, not data, kind)
+    per schema argument, in schema order (kind: _K_INT_LIST for int[] arguments, which
+    the walk looks up among its shared records first, else _K_ANY); `returns`: (name,
+    schema type, opaque, version bump) per schema return."""
 
     __slots__ = ("func", "info", "name", "args", "returns", "written", "written_outputs")
 
@@ -45,7 +49,8 @@ class OpPlan:
         self.func, self.info, self.name = func, info, name
         written, not_data = info.written, info.not_data
         self.args = tuple(
-            (_NOT_POSITIONAL if kw_only else i, an, st, an in written, an in not_data)
+            (_NOT_POSITIONAL if kw_only else i, an, st, an in written, an in not_data,
+             _K_INT_LIST if st.startswith(_INT_LIST_TYPES) else _K_ANY)
             for i, (an, st, kw_only) in enumerate(zip(info.arg_names, info.arg_types,
                                                       info.kwarg_only)))
         # a return named after a written argument is that argument (relu_'s `self`, an
@@ -57,7 +62,7 @@ class OpPlan:
         self.written = tuple(a for a in self.args if a[3])
         # written arguments recorded as outputs (an in-place op that returns no tensor)
         self.written_outputs = tuple((pos, an, st, 1 if an in bumped else 0)
-                                     for pos, an, st, _, _ in self.args
+                                     for pos, an, st, _, _, _ in self.args
                                      if an in info.written_outputs)
 
 
@@ -91,6 +96,7 @@ class ArgWalk:
         self.first_device: str | None = None
         self.dtensor_layouts: set[str] = set()   # `dtensor` attributes seen (parallel_layout)
         self._shared: dict = {}
+        self._gen = registry._gen
 
     # ---- an op's values -------------------------------------------------------------------
     def inputs(self, plan: OpPlan, args: tuple, kwargs: dict, caps: list) -> list:
@@ -100,14 +106,39 @@ class ArgWalk:
         out = []
         n = len(args)
         node = self.node
-        for pos, name, st, written, not_data in plan.args:
+        shared = self._shared
+        new = []        # the captures to register for copy-on-write (not the copies made now)
+        for pos, name, st, written, not_data, kind in plan.args:
             if pos < n:
                 v = args[pos]
             elif kwargs and name in kwargs:
                 v = kwargs[name]
             else:
                 continue
+            tv = type(v)
+            before = len(caps)
+            if tv is _TENSOR or tv is _PARAMETER:
+                out.append((name, self._tensor(v, st, caps, written, not_data, 0)))
+                if not written:
+                    new += caps[before:]
+                continue
+            if kind and tv is list:
+                # an int[] argument (stride=[1, 1]): the same few lists op after op. Only
+                # lists of exact ints are ever stored under this key (_sequence); a
+                # SymInt in the list does not hash (TypeError): the general path takes it
+                try:
+                    rec = shared.get((st, *v))
+                except TypeError:
+                    rec = None
+                if rec is not None:
+                    out.append((name, rec))
+                    continue
             out.append((name, node(v, st, caps, written, not_data, 0)))
+            if not written and len(caps) > before:
+                new += caps[before:]
+        if new:
+            # one call (one lock) per op's inputs, before the op can write them
+            self.registry.add_all(new)
         return out
 
     def outputs(self, plan: OpPlan, out: Any, args: tuple, kwargs: dict, caps: list,
@@ -116,6 +147,7 @@ class ArgWalk:
         no tensor)."""
         rets = plan.returns
         node = self.node
+        start = len(caps)
         if len(rets) == 1:
             rn, st, opaque, bump = rets[0]
             records = [(rn, node(out, st, caps, False, uninit or opaque, bump))]
@@ -132,12 +164,14 @@ class ArgWalk:
             v = _passed(pos, an, args, kwargs, _MISSING)
             if v is not _MISSING:
                 records.append((an, node(v, st, caps, False, False, bump)))
+        if len(caps) > start:
+            self.registry.add_all(caps[start:])
         return records
 
     def write_targets(self, plan: OpPlan, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The tensors of the arguments the op writes."""
         out: list[torch.Tensor] = []
-        for pos, name, _, _, _ in plan.written:
+        for pos, name, _, _, _, _ in plan.written:
             v = _passed(pos, name, args, kwargs, None)
             if v is not None:
                 tensors_in(v, out)
@@ -187,10 +221,15 @@ class ArgWalk:
         types = tuple(map(type, v))
         if all(t in _PLAIN_NUMBERS for t in types):
             if all(t is int for t in types):
-                key = (types, tuple(v), schema_type)    # (the types: [1, 2] == [1.0, 2.0])
+                # (the types in the key: [1, 2] == [1.0, 2.0]; an int[] argument's list,
+                # which holds ints only, is also stored as (schema type, *values), the
+                # key `inputs` looks up before it looks at the types)
+                key = (types, tuple(v), schema_type)
                 rec = self._shared.get(key)
                 if rec is None:
                     rec = self._share(key, Value(list(v), schema_type))
+                    if schema_type.startswith(_INT_LIST_TYPES) and tv_is_list(v):
+                        self._share((schema_type, *v), rec)
                 return rec
             return Value(list(v), schema_type)
         inner = schema_type[:-2] if schema_type.endswith("[]") else ""
@@ -211,16 +250,17 @@ class ArgWalk:
             # naming what it was, instead of a writer failure that stops the user's run.
             why = "meta tensor, no data" if v.is_meta else "dtype not stored"
             return Value(f"<Tensor {dtype_name(v.dtype)}{list(v.shape)} on {v.device}: {why}>", schema_type)
-        registry = self.registry
-        cap = TensorCapture(v, registry._gen, clone, uninit, bump)
+        cap = TensorCapture(v, self._gen, clone, uninit, bump)
         if cap.extra is not None:
             self.dtensor_layouts.add(cap.extra[S.ATTR_DTENSOR])
-        if not clone:
-            registry.add(cap)
         caps.append(cap)
         if self.first_device is None:
             self.first_device = cap.device
         return cap
+
+
+def tv_is_list(v: Any) -> bool:
+    return type(v) is list
 
 
 def tensors_in(v: Any, out: list) -> list:
