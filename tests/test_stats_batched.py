@@ -80,3 +80,33 @@ def test_statistics_dump_of_mixed_dtypes_records_the_reference_numbers(tmp_path)
             for rec in (o.inputs()["self"], o.outputs()["result"]):
                 got = rec.stats()
                 assert _same([got[k] for k in S.STATS_FIELDS], want), (x.dtype, x.shape, got, want)
+
+
+def _bits(row) -> list:
+    import struct
+    return [struct.pack("<d", x) if x == x else "nan" for x in row]
+
+
+def test_one_element_statistics_are_bit_identical_to_the_reference():
+    # the writer's shortcut for one-element tensors (Python arithmetic on .item()) against
+    # tensor_stats' torch reductions, bit for bit: signed zeros, float32 rounding of the
+    # square, its overflow and underflow, subnormals, large integers, NaN/Inf
+    from npu_dumper.capture.tensor_stats import fast_tensor_stats
+    g = torch.Generator().manual_seed(3)
+    values = [0.0, -0.0, 1.0, -2.5, 3.4028234663852886e38, 1.9e19, 1.85e19, 1e-30, 1e-45, 1e-40,
+              65504.0, 1e300, 1e-200, 5e-324, float("nan"), float("inf"), -float("inf")]
+    values += (torch.randn(200, generator=g) * torch.logspace(-30, 30, 200)).tolist()
+    ts = []
+    for v in values:
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            ts.append(torch.tensor([v], dtype=dt))
+        ts.append(torch.tensor(v, dtype=torch.float32))          # 0-d
+    for v in (0, 1, -7, 255, 2**31 - 1, 2**53 + 1, 2**62 + 12345, -2**63):
+        for dt in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            try:
+                ts.append(torch.tensor([v], dtype=dt))
+            except RuntimeError:
+                pass                                              # out of the dtype's range
+    ts += [torch.tensor([True]), torch.tensor(False), torch.tensor([1 + 2j])]
+    for t in ts:
+        assert _bits(fast_tensor_stats(t)) == _bits(tensor_stats(t)), (t, fast_tensor_stats(t), tensor_stats(t))

@@ -8,6 +8,7 @@ squares of a large float tensor from `sum_of_squares`, so that they agree.
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -125,6 +126,38 @@ def tensor_stats(t: torch.Tensor) -> list[float]:
     return [fmn, fmx, mean, std, math.sqrt(sumsq), float(nan), float(inf), float(numel)]
 
 
+# One-element tensors (a loss, BatchNorm's num_batches_tracked, a step counter: ~80 per
+# ShuffleNet step) are a single value: their statistics from `.item()` in Python instead of
+# the reference's eight torch calls. dtype -> whether the reference computes in float32
+# (else float64); complex ones (a magnitude) take the reference.
+_SCALAR_AS_FLOAT32 = {torch.float32: True, torch.float16: True, torch.bfloat16: True,
+                      torch.bool: True, torch.float64: False, torch.uint8: False,
+                      torch.int8: False, torch.int16: False, torch.int32: False,
+                      torch.int64: False}
+_F32 = struct.Struct("f")
+
+
+def _one_element_stats(t: torch.Tensor) -> list[float]:
+    """tensor_stats of a one-element real tensor, bit-identical: the value as the reference
+    widens it (float32 for narrower floats and bool, float64 for integers: float() of a
+    Python int rounds as torch's int64 -> float64 cast does), its square rounded in that
+    precision (a float32's square is exact in float64, so rounding it to float32 once is
+    the float32 product), std 0 (n - 1 = 0)."""
+    v = float(t.item())
+    if v != v:
+        return [math.nan] * 5 + [1.0, 0.0, 1.0]
+    if v in (math.inf, -math.inf):
+        return [math.nan] * 5 + [0.0, 1.0, 1.0]
+    sq = v * v
+    if _SCALAR_AS_FLOAT32[t.dtype]:
+        try:
+            sq = _F32.unpack(_F32.pack(sq))[0]
+        except OverflowError:           # rounds past float32's largest: the product is inf
+            sq = math.inf
+    # (mean + 0.0: the reference sums from +0.0, so the mean of -0.0 is +0.0)
+    return [v, v, v + 0.0, 0.0, math.sqrt(sq), 0.0, 0.0, 1.0]
+
+
 def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[float]:
     """tensor_stats, bit-identical, in fewer torch calls for the common case (finite
     float32/float64 on CPU whose spread is not tiny against its mean): the reductions come
@@ -134,6 +167,8 @@ def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[floa
     tensors: a fresh tensor per call is page faults, taken under the process's memory lock
     that the model's thread needs too."""
     n = t.numel()
+    if n == 1 and t.dtype in _SCALAR_AS_FLOAT32 and t.is_cpu and t.layout is torch.strided:
+        return _one_element_stats(t)
     if t.dtype not in _FAST_DTYPES or n < 2 or t.device.type != "cpu" or t.layout != torch.strided:
         return tensor_stats(t)
     mn, mx = torch.aminmax(t)
