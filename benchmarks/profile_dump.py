@@ -9,7 +9,17 @@ is what other load on a shared machine disturbs least). For scale, the same step
 empty TorchDispatchMode (it only calls each op) give the floor any dispatch-mode tool pays.
 Then the same steps run under cProfile.
 
-    python benchmarks/profile_dump.py [--steps N] [--top K] [--no-profile] [MODEL ...]
+    python benchmarks/profile_dump.py [--steps N] [--top K] [--no-profile] [--stats-writer] [MODEL ...]
+
+Times are each kind's fastest step (process CPU time): other load on the machine only
+ever adds time, so the minimum over interleaved steps moves least between runs.
+
+`--stats-writer`: the statistics-only writer's own CPU time per step (its thread's
+`time.thread_time` over each op it writes, and the part spent in `_batch`, the batched
+reductions, and in the file's row appends), beside the model thread's CPU time during the
+step, for steps under `torch.utils.dumper(stats_only=True)`. The writer shares the GIL
+(and on a 2-core machine the CPU) with the model, so this is what a statistics dump adds
+beyond the dispatch mode's own cost above.
 
 On a machine shared with other work, times move by more than the differences being
 measured; instruction counts do not. `--only KIND` (plain / empty / mode) runs two warm-up
@@ -31,7 +41,6 @@ import argparse
 import cProfile
 import os
 import pstats
-import statistics
 import sys
 import time
 
@@ -89,6 +98,59 @@ def mode_step(step, stats_only: bool = False) -> int:
     return sink.jobs
 
 
+def stats_writer(models: list[str], steps: int) -> None:
+    """Per step: the statistics writer thread's CPU time (all of it, its batches, its row
+    appends) and the model thread's, medians over `steps` dumped steps."""
+    import tempfile
+    import npu_dumper
+    from npu_dumper.sinks import stats as sink_stats
+    from dumpfile.write import stats as write_stats
+    acc: dict[str, float] = {}
+    clock = time.thread_time
+
+    def timed(cls, name):
+        f = getattr(cls, name)
+
+        def wrapper(*a, **k):
+            t0 = clock()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[name] = acc.get(name, 0.0) + clock() - t0
+        setattr(cls, name, wrapper)
+        return f
+    originals = [(sink_stats.StatsWriterThread, n, timed(sink_stats.StatsWriterThread, n))
+                 for n in ("_write_job", "_batch")]
+    originals.append((write_stats.StatsDumpWriter, "add_op", timed(write_stats.StatsDumpWriter, "add_op")))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.h5")
+            for name in models:
+                step = get_model(name)
+                if step is None:
+                    print(f"{name}: not available, skipped")
+                    continue
+                step()
+                rows: list[tuple] = []
+                for i in range(steps + 1):
+                    acc.clear()
+                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True) as d:
+                        t0 = clock()
+                        step()
+                        model = clock() - t0
+                    os.remove(path)
+                    if i:                                    # (the first: warm-up)
+                        rows.append((model, acc.get("_write_job", 0.0), acc.get("_batch", 0.0),
+                                     acc.get("add_op", 0.0), d._writer.num_batched))
+                med = [sorted(c)[len(c) // 2] for c in zip(*rows)]
+                print(f"{name}: CPU ms per step (medians of {steps}): model thread {med[0] * 1e3:.1f}, "
+                      f"statistics writer {med[1] * 1e3:.1f} (batches {med[2] * 1e3:.1f}, row appends "
+                      f"{med[3] * 1e3:.1f}); tensors batched {int(med[4])}", flush=True)
+    finally:
+        for cls, n, f in originals:
+            setattr(cls, n, f)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=["transformer", "shufflenet"])
@@ -97,8 +159,13 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--only", choices=("plain", "empty", "mode"),
                     help="untimed: run --steps steps of this kind only (for callgrind)")
+    ap.add_argument("--stats-writer", action="store_true",
+                    help="the statistics-only writer's CPU time per step instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.stats_writer:
+        stats_writer(args.models, args.steps)
+        return
     for name in args.models:
         got = get_model(name)
         if got is None:
@@ -136,7 +203,7 @@ def main() -> None:
             with em:
                 step()
             empty.append(clock() - t0)
-        p, m, e = (statistics.median(v) for v in (plain, moded, empty))
+        p, m, e = (min(v) for v in (plain, moded, empty))
         print(f"{name}: {ops} ops recorded ({em.ops} dispatched), CPU ms per step: plain {p * 1e3:.2f}, "
               f"empty mode {e * 1e3:.2f}, dump mode + sink {m * 1e3:.2f}; per recorded op in the "
               f"model's thread {(m - p) / max(ops, 1) * 1e3:.4f} ms (empty mode: "
