@@ -10,34 +10,33 @@ applies thresholds to the table, and can be re-run on a saved csv.
 The stages around it: rows.py makes an op pair's Tasks (row + the two value records,
 read through dumpfile/read/light.py), parallel.py decides where rows are computed,
 precision.py builds the table and carries PrecisionDtype forward. This module keeps
-the entry points, the setup of a comparison and _Comparer (the metrics of one Task);
+the entry points, the setup of a comparison and Comparer (the metrics of one Task);
 it is ~470 lines because setup (option checks, op pairing, metadata) and the comparer
 are each one piece and splitting them further would scatter one flow.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read.light import LightTensor
-from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
+from dumpfile.read.reader import DumpFile, h5_errors
 
 from accucmp.compare import align, matching
+from accucmp.compare.measure import Comparer
 from accucmp.compare.parallel import auto_jobs, row_batches
 from accucmp.compare.precision import PrecisionCarry, to_frame
 from accucmp.compare.rows import (  # noqa: F401  (the columns and statuses are public here too)
     BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_RANDOM_REPLAYED,
     STATUS_SIZE_MISMATCH, STATUS_STATS, STATUS_UNINITIALIZED, STATUS_UNMATCHED, TAIL_COLUMNS, Task,
-    check_record, shape_str, tasks_for_pair)
-from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
+    tasks_for_pair)
+from accucmp.compare.metrics import resolve_algorithms
+
 
 class CompareError(DumpError):
     """A comparison could not be set up (bad regex, unknown metric)."""
@@ -47,145 +46,6 @@ class CompareError(DumpError):
 class CompareResult:
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-class _Comparer:
-    def __init__(self, algorithms, chunk_elements: int):
-        self.algorithms = algorithms
-        self.chunk = max(1, int(chunk_elements))
-
-    def _read_whole(self, rec: ValueRecord, numel: int) -> bool:
-        return rec.type != S.TYPE_TENSOR or numel <= self.chunk
-
-    def _chunks(self, rec: ValueRecord, numel: int):
-        if self._read_whole(rec, numel):
-            return iter([np.asarray(rec.read()).reshape(-1)])
-        if isinstance(rec, LightTensor) and rec.fast and rec.stored_shape:
-            return rec.iter_chunks_into(self.chunk)
-        return rec.iter_chunks(self.chunk)
-
-    def run(self, task: Task) -> dict[str, Any]:
-        row = task.row
-        t, g = task.target, task.golden
-        try:
-            self._compare(task, row, t, g)
-        except (DumpError, OSError, ValueError, KeyError, TypeError) as e:
-            row["CompareStatus"] = STATUS_CORRUPT
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            row["CompareFailReason"] = msg
-        return row
-
-    def _compare(self, task, row, t, g):
-        t_shape, t_n = check_record(t)
-        g_shape, g_n = check_record(g)
-        if t.uninitialized or g.uninitialized:
-            row["CompareStatus"] = STATUS_UNINITIALIZED
-            row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
-                                        "output buffer before the op): not compared")
-            return
-        if t.is_stats or g.is_stats:
-            xs = t.stats() if t.is_stats else _stats_of(self._chunks(t, t_n))
-            ys = g.stats() if g.is_stats else _stats_of(self._chunks(g, g_n))
-            res, extras = compare_stats(xs, ys, self.algorithms)
-            self._put(row, res, extras)
-            if S.STATS_HASH_FIELD in xs and S.STATS_HASH_FIELD in ys:
-                # content hashes of both sides (1.7 statistics dumps): bit identity, exact
-                row["BitIdentical"] = xs[S.STATS_HASH_FIELD] == ys[S.STATS_HASH_FIELD]
-            row["CompareStatus"] = STATUS_STATS
-            return
-        if t_n != g_n:
-            row["CompareStatus"] = STATUS_SIZE_MISMATCH
-            row["CompareFailReason"] = (f"size mismatch: target {shape_str(t_shape)} ({t_n} elements), "
-                                        f"golden {shape_str(g_shape)} ({g_n} elements)")
-            return
-        if t_n == 0:
-            row["CompareStatus"] = STATUS_EMPTY
-            row["CompareFailReason"] = "empty tensor (0 elements)"
-            return
-        # TensorComparison directly: comparison_for would re-resolve the metric names per row
-        tc = TensorComparison(algorithms=self.algorithms,
-                              bool_mode=row["DataType"] == "bool" or row["GoldenDataType"] == "bool")
-        f = task.fp64
-        fp = None
-        if f is not None:
-            f_shape, f_n = check_record(f)
-            if f_n == t_n and not f.is_stats and not f.uninitialized:
-                fp = (TensorComparison(algorithms=("RelativeEuclideanDistance",)),
-                      TensorComparison(algorithms=("RelativeEuclideanDistance",)))
-        whole = self._read_whole(t, t_n) and self._read_whole(g, g_n)
-        if whole:
-            x = np.asarray(t.read()).reshape(-1)
-            y = np.asarray(g.read()).reshape(-1)
-            tc.add(x, y)
-            if tc.needs_kl_pass:
-                tc.kl_pass(x, y)
-            if fp:
-                z = np.asarray(f.read()).reshape(-1)
-                fp[0].add(x, z)
-                fp[1].add(y, z)
-        else:
-            for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
-                tc.add(x, y)
-            if tc.needs_kl_pass:
-                for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
-                    tc.kl_pass(x, y)
-            if fp:
-                for x, z in aligned(self._chunks(t, t_n), self._chunks(f, f_n)):
-                    fp[0].add(x, z)
-                for y, z in aligned(self._chunks(g, g_n), self._chunks(f, f_n)):
-                    fp[1].add(y, z)
-        if tc.elements != t_n:
-            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.elements} elements, shape says {t_n}")
-        self._put(row, tc.results(), tc.extras())
-        row["CompareStatus"] = STATUS_COMPARED
-        if fp:
-            row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
-            row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value
-
-    def _put(self, row, results: dict[str, MetricResult], extras: dict[str, float]) -> None:
-        reasons = [row["CompareFailReason"]] if row.get("CompareFailReason") else []
-        for name, r in results.items():
-            row[name] = r.value
-            if r.reason and r.reason not in reasons:
-                reasons.append(r.reason)
-        row["CompareFailReason"] = "; ".join(_dedupe_bool(reasons))
-        row.update(extras)
-
-
-def _dedupe_bool(reasons: list[str]) -> list[str]:
-    bools = [r for r in reasons if r.startswith("bool tensor: ")]
-    rest = [r for r in reasons if not r.startswith("bool tensor: ")]
-    if bools:
-        rest.insert(0, "bool tensor: only CosineSimilarity and RelativeEuclideanDistance apply")
-    return rest
-
-
-def _stats_of(chunks) -> dict[str, float]:
-    """The statistics fields of a tensor given as chunks (for stats-vs-data rows), computed
-    as the dumper computes a statistics-only dump's (npu_dumper tensor_stats, docs/FORMAT.md):
-    complex tensors by magnitude, std the sample std (n-1, 0 for one element)."""
-    n = nan = inf = 0
-    lo, hi, s, ss = math.inf, -math.inf, 0.0, 0.0
-    for c in chunks:
-        c = np.asarray(c)
-        if np.iscomplexobj(c):
-            # the other side holds statistics of |z|; a float64 cast would keep the real part
-            c = np.abs(c)
-        c = c.astype(np.float64, copy=False).reshape(-1)
-        fin = np.isfinite(c)
-        nan += int(np.isnan(c).sum())
-        inf += int(np.isinf(c).sum())
-        c = c[fin]
-        n += c.size
-        if c.size:
-            lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
-            s += float(c.sum())
-            ss += float(np.einsum("i,i->", c, c))
-    mean = s / n if n else math.nan
-    var = max((ss - n * mean * mean) / (n - 1), 0.0) if n > 1 else (0.0 if n else math.nan)
-    return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
-            "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
-            "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
 
 
 # A fixed 2 MiB HDF5 metadata cache (HDF5's initial size, without growth): walking
@@ -390,7 +250,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     # side; the other side's tensors are not "unmatched", they were never asked for.
     ios = tuple(io for io in (S.INPUT_GROUP, S.OUTPUT_GROUP)
                 if io in tf.recorded_io and io in gf.recorded_io)
-    work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements), ios)
+    work = _Work(pairs, ff, metric_cols, replay, Comparer(algs, chunk_elements), ios)
     if jobs <= 0:
         jobs = auto_jobs(len(pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
@@ -463,7 +323,7 @@ class _Work:
     ff: DumpFile | None
     metric_cols: list[str]
     replay: bool
-    comparer: _Comparer
+    comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
 
     @property
