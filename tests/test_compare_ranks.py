@@ -240,8 +240,13 @@ def test_streamed_csv_equals_the_in_memory_result(tmp_path, batch_rows):
 def test_stream_batches_hold_whole_ops(tmp_path):
     t, g = _mixed_pair(tmp_path)
     with stream_compare(t, g, batch_rows=2) as st:
-        parts = list(st.batches)
+        batches = list(st.batches)
+        parts = [m.table for m in batches]
         assert st.meta["rows"] == sum(len(p) for p in parts)
+    assert len(parts) > 1
+    # each batch says where it starts; the Index column counts on from there
+    assert [m.first for m in batches] == [int(p["Index"].iloc[0]) for p in parts] \
+        == list(np.cumsum([0] + [len(p) for p in parts[:-1]]))
     keys = [set(zip(p["NPUDump"], p["SeqId"].fillna(-1))) for p in parts]
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:

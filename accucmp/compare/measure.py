@@ -10,9 +10,11 @@ pipeline (pipeline.py) gathers the rows into Measured batches for the verdict st
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
@@ -22,6 +24,15 @@ from dumpfile.read.reader import ValueRecord
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats
 from accucmp.compare.rows import (STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_SIZE_MISMATCH,
                                   STATUS_STATS, STATUS_UNINITIALIZED, Task, check_record, shape_str)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """The metrics stage's result, handed to the verdict stage (verdict.judge): rows of
+    whole ops in execution order, metric columns filled, no verdict yet."""
+
+    table: pd.DataFrame
+    first: int                  # the Index of its first row (batches count on)
 
 
 class Comparer:

@@ -9,6 +9,7 @@ decides where, keeps the rows in execution order and cuts them into pieces of wh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import deque
@@ -130,7 +131,7 @@ def _worker_start(work, paths: dict[int, str | None], opener) -> None:
         if pair.region is not None:
             pair.region.rebind(opened)
     if work.ff is not None:
-        work.ff = opened[id(work.ff)]
+        work = dataclasses.replace(work, ff=opened[id(work.ff)])
     _WORKER["work"] = work
 
 

@@ -282,7 +282,8 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
         hashes = []
         seen: dict = {}
         with stream_compare(golden_r, golden_ref, **opts) as st:
-            for part in st.batches:
+            for measured in st.batches:
+                part = measured.table
                 if part.empty:
                     continue
                 keys = _tensor_keys(part, seen)
@@ -294,7 +295,8 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
         seen = {}
         if equal.size:
             with stream_compare(target_r, target_ref, **opts) as st:
-                for part in st.batches:
+                for measured in st.batches:
+                    part = measured.table
                     if part.empty:
                         continue
                     keys = _tensor_keys(part, seen)

@@ -1,4 +1,4 @@
-"""Row building: the tasks of one op pair, each a result row with its two value records
+"""The read stage: the tasks of one op pair, each a result row with its two value records
 (torch-free).
 
 tasks_for_pair reads an op pair's values (dumpfile.read.light records; small tensors
@@ -50,8 +50,12 @@ STATUS_SIZE_MISMATCH = "size_mismatch"
 STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Task:
+    """The read stage's result, handed to the metrics stage (measure.Comparer.run): one
+    tensor pair's row (identity columns filled; the comparer fills the metric columns) and
+    its value records (None for a side without a pair)."""
+
     order: int
     row: dict[str, Any]
     target: ValueRecord | None

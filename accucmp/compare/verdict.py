@@ -42,7 +42,8 @@ when DecidedBy ends in "Ulps").
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -52,6 +53,9 @@ from dumpfile.errors import DumpError
 
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW, apply_op_policies
+
+if TYPE_CHECKING:
+    from accucmp.compare.measure import Measured
 
 RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
 
@@ -397,6 +401,20 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     out["DecidingBound"] = np.asarray([math.nan if c else v for c, v in zip(changed, cols[7])], dtype=np.float64)
     out["Origin"] = origin
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """The verdict stage's result, handed to the outputs (streaming.compare_to_csv, report/):
+    a Measured batch's rows with the verdict columns added."""
+
+    table: pd.DataFrame
+    first: int                  # the Index of its first row
+
+
+def judge(batch: "Measured", thresholds: Mapping[str, float] | None = None) -> Judged:
+    """The verdict stage: apply_verdict on one batch of the metrics stage."""
+    return Judged(apply_verdict(batch.table, thresholds), batch.first)
 
 
 def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
