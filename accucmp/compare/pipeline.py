@@ -32,10 +32,8 @@ from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
 from accucmp.compare.precision import PrecisionCarry, to_frame
-from accucmp.compare.rows import (  # noqa: F401  (the columns and statuses are public here too)
-    BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_RANDOM_REPLAYED,
-    STATUS_SIZE_MISMATCH, STATUS_STATS, STATUS_UNINITIALIZED, STATUS_UNMATCHED, TAIL_COLUMNS, Task,
-    tasks_for_pair)
+from accucmp.compare.rows import (BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_RANDOM_REPLAYED, TAIL_COLUMNS,
+                                  Task, tasks_for_pair)
 from accucmp.compare.metrics import resolve_algorithms
 
 
