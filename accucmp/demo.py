@@ -224,7 +224,7 @@ def op_to_map(table) -> tuple[str, int] | None:
     """The first failing op, else the op with the largest Severity; None for an empty table."""
     import pandas as pd
 
-    from accucmp.compare.verdict import first_failure
+    from accucmp.report.findings import first_failure
 
     row = first_failure(table)
     if row is None:
@@ -315,7 +315,7 @@ def run_demo(model: str = DEFAULT_MODEL, out_dir: str | os.PathLike = "accucmp_d
     table, paths, meta = compare_and_report(target, golden, out, formats)
     res.table, res.reports = table, paths
     res.timings["compare"] = clock() - t
-    from accucmp.compare.verdict import first_failure
+    from accucmp.report.findings import first_failure
 
     ff = first_failure(table)
     res.first_failure = None if ff is None else ff.to_dict()

@@ -18,7 +18,8 @@ import sample_models
 from accucmp.cli.main import app
 from accucmp.compare.pipeline import compare_dumps
 from accucmp.demo import pick_fault_site
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 from dumpfile.read.reader import DumpFile
 from npu_dumper import dumper
 from npu_dumper.replay.emulation import emulate_npu, inject_fault, is_cube_op

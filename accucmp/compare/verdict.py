@@ -52,7 +52,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW, apply_op_policies
+from accucmp.compare.op_policies import apply_op_policies
 
 if TYPE_CHECKING:
     from accucmp.compare.measure import Measured
@@ -447,56 +447,3 @@ def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
                            f"(what loss scaling is for), not necessarily a kernel bug]")
     return out
 
-
-def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
-    # Index is assigned in execution order by compare_dumps; SeqId is the fallback
-    for key in ("Index", "SeqId"):
-        if key in table.columns:
-            k = pd.to_numeric(table[key], errors="coerce")
-            return table.assign(__k=k).sort_values("__k", kind="stable", na_position="last").drop(columns="__k")
-    return table
-
-
-def first_failure(table: pd.DataFrame) -> pd.Series | None:
-    """The first failing row in execution order whose op caused its error (Origin "caused
-    here"); the first failing row when no op did. None when nothing fails."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
-    if failed.empty:
-        return None
-    if "Origin" in failed.columns:
-        # the earliest op whose inputs still agree but whose output does not: later failures
-        # (and earlier ones that only carry a difference in from outside) inherit from it
-        caused = failed[failed["Origin"] == ORIGIN_CAUSED]
-        if not caused.empty:
-            return _execution_order(caused).iloc[0]
-        # none: an op whose inputs agree and whose output sits at its dtype's underflow edge
-        # is still where the difference starts; inherited rows got theirs from elsewhere
-        under = failed[failed["Origin"] == ORIGIN_UNDERFLOW]
-        if not under.empty:
-            return _execution_order(under).iloc[0]
-    return _execution_order(failed).iloc[0]
-
-
-def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Failing ops (one row each: its worst tensor), largest Severity first."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
-    if failed.empty:
-        return failed
-    key = ["NPUDump", "SeqId"] if "SeqId" in failed.columns else ["NPUDump"]
-    sev = pd.to_numeric(failed["Severity"], errors="coerce").fillna(0.0)
-    worst = failed.assign(__s=sev).sort_values("__s", ascending=False, kind="stable")
-    worst = worst.drop_duplicates(subset=key, keep="first")
-    return worst.drop(columns="__s").head(n)
-
-
-def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per unmatched op (either side), in execution order."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    un = table[table["Result"] == RESULT_UNMATCHED]
-    return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
-                                                       if c in un.columns]))

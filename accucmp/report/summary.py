@@ -60,10 +60,10 @@ def _order(table: pd.DataFrame) -> pd.DataFrame:
 
 def _verdict_module():
     try:
-        from accucmp.compare import verdict
+        from accucmp.report import findings
     except ImportError:
         return None
-    return verdict
+    return findings
 
 
 def _first_failure(table: pd.DataFrame) -> dict[str, Any] | None:
