@@ -9,7 +9,6 @@ pipeline (pipeline.py) gathers the rows into Measured batches for the verdict st
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,8 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
 
-from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats
+from accucmp.compare.metrics import MetricResult, TensorComparison, aligned
+from accucmp.compare.stats_metrics import compare_stats, stats_of
 from accucmp.compare.rows import (STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_SIZE_MISMATCH,
                                   STATUS_STATS, STATUS_UNINITIALIZED, Task, check_record, shape_str)
 
@@ -70,8 +70,8 @@ class Comparer:
                                         "output buffer before the op): not compared")
             return
         if t.is_stats or g.is_stats:
-            xs = t.stats() if t.is_stats else _stats_of(self._chunks(t, t_n))
-            ys = g.stats() if g.is_stats else _stats_of(self._chunks(g, g_n))
+            xs = t.stats() if t.is_stats else stats_of(self._chunks(t, t_n))
+            ys = g.stats() if g.is_stats else stats_of(self._chunks(g, g_n))
             res, extras = compare_stats(xs, ys, self.algorithms)
             self._put(row, res, extras)
             if S.STATS_HASH_FIELD in xs and S.STATS_HASH_FIELD in ys:
@@ -145,30 +145,3 @@ def _dedupe_bool(reasons: list[str]) -> list[str]:
         rest.insert(0, "bool tensor: only CosineSimilarity and RelativeEuclideanDistance apply")
     return rest
 
-
-def _stats_of(chunks) -> dict[str, float]:
-    """The statistics fields of a tensor given as chunks (for stats-vs-data rows), computed
-    as the dumper computes a statistics-only dump's (npu_dumper tensor_stats, docs/FORMAT.md):
-    complex tensors by magnitude, std the sample std (n-1, 0 for one element)."""
-    n = nan = inf = 0
-    lo, hi, s, ss = math.inf, -math.inf, 0.0, 0.0
-    for c in chunks:
-        c = np.asarray(c)
-        if np.iscomplexobj(c):
-            # the other side holds statistics of |z|; a float64 cast would keep the real part
-            c = np.abs(c)
-        c = c.astype(np.float64, copy=False).reshape(-1)
-        fin = np.isfinite(c)
-        nan += int(np.isnan(c).sum())
-        inf += int(np.isinf(c).sum())
-        c = c[fin]
-        n += c.size
-        if c.size:
-            lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
-            s += float(c.sum())
-            ss += float(np.einsum("i,i->", c, c))
-    mean = s / n if n else math.nan
-    var = max((ss - n * mean * mean) / (n - 1), 0.0) if n > 1 else (0.0 if n else math.nan)
-    return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
-            "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
-            "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
