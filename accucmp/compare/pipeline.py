@@ -27,7 +27,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile
 
-from accucmp.compare import align, matching
+from accucmp.compare import align_map, matching
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -95,8 +95,8 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
 
 def _load_align_map(path: str | None):
     try:
-        return align.load_map(path)
-    except align.AlignMapError as e:
+        return align_map.load_map(path)
+    except align_map.AlignMapError as e:
         raise CompareError(str(e)) from e
 
 
