@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import sample_models
 from accucmp.cli.main import app
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.demo import pick_fault_site
+from accucmp.demo_fault import pick_fault_site
 from accucmp.compare.verdict import apply_verdict
 from accucmp.report.findings import first_failure
 from dumpfile.read.reader import DumpFile
