@@ -37,6 +37,12 @@ Each failure also names the test that decided it (the one with the largest measu
 ratio): DecidedBy (the threshold to change to pass it), DecidingMetric, DecidingValue and
 DecidingBound (value and bound in the metric's own unit; `ErrorUlps`-style unit roundoffs
 when DecidedBy ends in "Ulps").
+
+The verdict stage of the comparison: `judge` turns a Measured batch into a Judged one. The
+per-op rules are op_policies.py, the queries over a judged table report/findings.py. The
+rest stays one module (~450 lines): the thresholds, the decision of one row (judge_row,
+read top to bottom as the rule above) and the per-op hints share the same defaults and
+dtype tables, and are one rule.
 """
 
 from __future__ import annotations
