@@ -94,7 +94,7 @@ class Comparer:
         f = task.fp64
         fp = None
         if f is not None:
-            f_shape, f_n = check_record(f)
+            _, f_n = check_record(f)
             if f_n == t_n and not f.is_stats and not f.uninitialized:
                 fp = (TensorComparison(algorithms=("RelativeEuclideanDistance",)),
                       TensorComparison(algorithms=("RelativeEuclideanDistance",)))

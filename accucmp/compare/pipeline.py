@@ -260,11 +260,10 @@ class _Work:
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
         for pair in self.pairs[lo:hi]:
-            yield from tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
-                                       self.ios)
+            yield from self.pair_tasks(pair)
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
-        return tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager, self.ios)
+        return tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
 
     @staticmethod
     def computes(task: "Task") -> bool:

@@ -56,7 +56,6 @@ class Task:
     tensor pair's row (identity columns filled; the comparer fills the metric columns) and
     its value records (None for a side without a pair)."""
 
-    order: int
     row: dict[str, Any]
     target: ValueRecord | None
     golden: ValueRecord | None
@@ -165,7 +164,7 @@ def op_dtypes(ot: OpTensors) -> list[str]:
     return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
-def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
+def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                     replay: bool, eager: int = 0,
                     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[Task]:
     t_op, g_op = pair.target, pair.golden
@@ -227,7 +226,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, star
                 fp = fp if fp is not None and fp.is_tensor else None
             if region is not None:
                 row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
-            tasks.append(Task(start + len(tasks), row, t, g, fp))
+            tasks.append(Task(row, t, g, fp))
     return tasks
 
 
