@@ -111,6 +111,17 @@ def _tensor_keys(part, seen: dict[str, tuple[Any, int]]) -> list[tuple]:
     return keys
 
 
+def _keyed_batches(target: str, golden: str, opts: dict[str, Any]):
+    """The non-empty row batches of one compare, each with its rows' _tensor_keys."""
+    from accucmp.compare.pipeline import stream_compare
+
+    seen: dict[str, tuple[Any, int]] = {}
+    with stream_compare(target, golden, **opts) as st:
+        for measured in st.batches:
+            if not measured.table.empty:
+                yield measured.table, _tensor_keys(measured.table, seen)
+
+
 def _equal_mask(part):
     import numpy as np
     import pandas as pd
@@ -129,44 +140,30 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
     target run does not. Memory: 8 bytes per equal golden tensor (a sorted hash array)."""
     import numpy as np
 
-    from accucmp.compare.pipeline import stream_compare
-
     t0 = time.perf_counter()
     opts = dict(algorithms=_REPLICA_METRICS, chunk_elements=chunk_elements, jobs=1)
     try:
         hashes = []
-        seen: dict = {}
-        with stream_compare(golden_r, golden_ref, **opts) as st:
-            for measured in st.batches:
-                part = measured.table
-                if part.empty:
-                    continue
-                keys = _tensor_keys(part, seen)
-                eq = _equal_mask(part)
-                hashes.append(np.fromiter((hash(k) for k, e in zip(keys, eq) if e), dtype=np.int64))
+        for part, keys in _keyed_batches(golden_r, golden_ref, opts):
+            eq = _equal_mask(part)
+            hashes.append(np.fromiter((hash(k) for k, e in zip(keys, eq) if e), dtype=np.int64))
         equal = np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.int64)
         checked = differ = 0
         first: list[dict[str, Any]] = []
-        seen = {}
         if equal.size:
-            with stream_compare(target_r, target_ref, **opts) as st:
-                for measured in st.batches:
-                    part = measured.table
-                    if part.empty:
-                        continue
-                    keys = _tensor_keys(part, seen)
-                    h = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
-                    want = np.isin(h, equal)
-                    bad = want & ~_equal_mask(part)
-                    checked += int(want.sum())
-                    differ += int(bad.sum())
-                    for i in np.flatnonzero(bad)[:max(0, keep - len(first))]:
-                        row = part.iloc[int(i)]
-                        first.append({"NPUDump": row["NPUDump"], "SeqId": _int_or_none(row["SeqId"]),
-                                      "IO": row["IO"], "TensorName": row["TensorName"],
-                                      "Phase": row["Phase"], "Module": row["Module"],
-                                      "MaxAbsoluteError": _float_or_none(row["MaxAbsoluteError"]),
-                                      "CompareStatus": row["CompareStatus"]})
+            for part, keys in _keyed_batches(target_r, target_ref, opts):
+                h = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+                want = np.isin(h, equal)
+                bad = want & ~_equal_mask(part)
+                checked += int(want.sum())
+                differ += int(bad.sum())
+                for i in np.flatnonzero(bad)[:max(0, keep - len(first))]:
+                    row = part.iloc[int(i)]
+                    first.append({"NPUDump": row["NPUDump"], "SeqId": _int_or_none(row["SeqId"]),
+                                  "IO": row["IO"], "TensorName": row["TensorName"],
+                                  "Phase": row["Phase"], "Module": row["Module"],
+                                  "MaxAbsoluteError": _float_or_none(row["MaxAbsoluteError"]),
+                                  "CompareStatus": row["CompareStatus"]})
     except DumpError as e:
         return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up
