@@ -64,6 +64,21 @@ def _progress_sender(queue_name: str | None):
     return Throttle(send)
 
 
+def _failed(e: Exception, t0: float, files: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A task's result for bad input: a DumpError, or what the CLI boundary's own rule
+    (is_bad_input, applied in the worker) counts as bad input, named by `files` when its
+    message names none (h5py's do not). Anything else is our bug and goes up: the CLI
+    boundary reports it (exit 3, log file)."""
+    if isinstance(e, DumpError):
+        return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
+    if not is_bad_input(e):
+        raise e
+    msg = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    if files and not any(f in msg for f in files):
+        msg = f"{' vs '.join(files)}: {msg}"
+    return {"error": msg, "seconds": time.perf_counter() - t0}
+
+
 def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
               queue_name: str | None = None) -> dict[str, Any]:
     """Compare one rank pair to `csv_path`; returns its summary (never the rows)."""
@@ -73,15 +88,8 @@ def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
     send = _progress_sender(queue_name)
     try:
         r = compare_to_csv(target, golden, Path(csv_path), jobs=1, on_rows=send, **options)
-    except DumpError as e:
-        return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up
-        if not is_bad_input(e):         # the CLI boundary's own rule, applied in the worker
-            raise                       # our bug: the CLI boundary reports it (exit 3, log file)
-        msg = f"{type(e).__name__}: {' '.join(str(e).split())}"
-        if target not in msg and golden not in msg:     # h5py's messages name no file
-            msg = f"{target} vs {golden}: {msg}"
-        return {"error": msg, "seconds": time.perf_counter() - t0}
+        return _failed(e, t0, (target, golden))
     finally:
         if send is not None:
             send.flush()
@@ -164,12 +172,8 @@ def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str,
                                   "Phase": row["Phase"], "Module": row["Module"],
                                   "MaxAbsoluteError": _float_or_none(row["MaxAbsoluteError"]),
                                   "CompareStatus": row["CompareStatus"]})
-    except DumpError as e:
-        return {"error": " ".join(str(e).split()), "seconds": time.perf_counter() - t0}
-    except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up
-        if not is_bad_input(e):         # the CLI boundary's own rule, applied in the worker
-            raise                       # our bug: the CLI boundary reports it (exit 3, log file)
-        return {"error": f"{type(e).__name__}: {' '.join(str(e).split())}", "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that check's error, a bug goes up
+        return _failed(e, t0)
     return {"error": None, "golden_equal": int(equal.size), "checked": checked, "differ": differ,
             "first": first, "seconds": time.perf_counter() - t0}
 

@@ -21,12 +21,17 @@ def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _rows(table: pd.DataFrame, result: str) -> pd.DataFrame:
+    """The rows whose Result is `result`, the table judged first when it has no verdict."""
+    if "Result" not in table.columns:
+        table = apply_verdict(table)
+    return table[table["Result"] == result]
+
+
 def first_failure(table: pd.DataFrame) -> pd.Series | None:
     """The first failing row in execution order whose op caused its error (Origin "caused
     here"); the first failing row when no op did. None when nothing fails."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
+    failed = _rows(table, RESULT_FAIL)
     if failed.empty:
         return None
     if "Origin" in failed.columns:
@@ -45,9 +50,7 @@ def first_failure(table: pd.DataFrame) -> pd.Series | None:
 
 def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     """Failing ops (one row each: its worst tensor), largest Severity first."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
+    failed = _rows(table, RESULT_FAIL)
     if failed.empty:
         return failed
     key = ["NPUDump", "SeqId"] if "SeqId" in failed.columns else ["NPUDump"]
@@ -59,8 +62,6 @@ def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
 
 def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
     """One row per unmatched op (either side), in execution order."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    un = table[table["Result"] == RESULT_UNMATCHED]
+    un = _rows(table, RESULT_UNMATCHED)
     return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
                                                        if c in un.columns]))

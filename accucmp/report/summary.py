@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from accucmp.report import findings
-from accucmp.report.headline import middle_ellipsis
+from accucmp.report.headline import as_float, middle_ellipsis
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
@@ -238,7 +238,7 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     body, whys = [], []
     for r in rows:
         path = _text(r, "NPUDumpPath")
-        sev = _num(r.get("Severity"))
+        sev = as_float(r.get("Severity"))
         body.append((_seqid(r), _text(r, "NPUDump"), _PHASE.get(_text(r, "Phase"), _text(r, "Phase")),
                      _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
                      "" if math.isnan(sev) else f"{sev:.3g}"))
@@ -271,13 +271,6 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
         out.append(line(b).rstrip())
         out.append(indent + (w if width is None else middle_ellipsis(w, width - len(indent))))
     return out
-
-
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None = None, top: int = 5,
