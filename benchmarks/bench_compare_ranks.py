@@ -140,7 +140,9 @@ else:
 # was forked from (exec keeps the larger of the two), and the parent holds the Dask run
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
 peak = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0, "peak_mb": peak}))
+ru = resource.getrusage(resource.RUSAGE_SELF)     # CPU time: less sensitive than wall time to a loaded machine
+print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0, "cpu_s": ru.ru_utime + ru.ru_stime,
+                  "peak_mb": peak}))
 """
 
 
@@ -195,7 +197,8 @@ def main():
                 res = child("stream", t, g, os.path.join(d, f"s{n}.csv"))
                 peaks[n] = res["peak_mb"]
                 print(f"[rss] streamed compare, {res['rows']:,} rows: peak RSS {res['peak_mb']:.0f} MB, "
-                      f"{res['seconds']:.1f} s ({res['rows'] / res['seconds']:,.0f} rows/s; dumps written in {wt:.0f} s)")
+                      f"{res['seconds']:.1f} s, {res['cpu_s']:.1f} s CPU "
+                      f"({res['rows'] / res['seconds']:,.0f} rows/s; dumps written in {wt:.0f} s)")
                 if n == counts[0]:
                     old = child("table", t, g, os.path.join(d, f"m{n}.csv"))
                     print(f"[rss] in-memory pipeline (compare_dumps + apply_verdict + to_csv), {old['rows']:,} rows: "
