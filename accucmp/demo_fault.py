@@ -60,7 +60,7 @@ def pick_fault_site(golden_path: str | os.PathLike, rel: float = DEFAULT_REL) ->
     """
     from dumpfile.read.reader import DumpFile
     from npu_dumper.replay.emulation import is_cube_op
-    from npu_dumper.replay.recorded import is_random, resolve_op
+    from npu_dumper.replay.op_names import is_random, resolve_op
 
     calls: Counter = Counter()
     candidates: list[FaultSite] = []

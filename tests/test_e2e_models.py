@@ -23,7 +23,7 @@ from accucmp.report.findings import first_failure
 from dumpfile.read.reader import DumpFile
 from npu_dumper import dumper
 from npu_dumper.replay.emulation import emulate_npu, inject_fault, is_cube_op
-from npu_dumper.replay.recorded import resolve_op
+from npu_dumper.replay.op_names import resolve_op
 
 MODELS = sample_models.names()
 SIZE = sample_models.TINY

@@ -46,7 +46,8 @@ from ..opmap import OpMap, get_op_map
 from ..capture.snapshots import _is_dtensor
 from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
-from .recorded import NotReplayable, draws_random, resolve_op
+from .op_names import draws_random, resolve_op
+from .recorded import NotReplayable
 from .index import read_catalog
 from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
@@ -443,4 +444,4 @@ def _has_tensor(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
 
 
-__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
+__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError"]
