@@ -8,6 +8,11 @@ It validates everything before the model runs, picks the policies (dump, load-re
 overflow, ACL kernel dump), opens the file, starts the writer thread and the module
 tracker, and enters the private DumpMode. On exit it drains the writer, writes the
 final root attributes and marks the file complete (only on a clean exit).
+
+Where the file goes is dump_paths.py, the signals while it closes close_signals.py. The
+rest (~410 lines) is the `dumper` class alone: its options, entry and exit share one
+state (the file, the writer, the policies, the mode), and its option checks name the
+user's arguments.
 """
 
 from __future__ import annotations
