@@ -72,7 +72,6 @@ class ReplaySummary:
     casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
     never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
     random_replayed: int = 0                 # random ops whose recorded outputs were handed on
-    inputs_already_equal: int = 0            # live inputs that held the recorded bits (kept)
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -404,7 +403,6 @@ class ReplayPolicy(Policy):
                 # The live input already holds the recorded bits (shared weights, a replay into
                 # the recording's own run): it is what the op would get, without the copy, and
                 # the replay's dump can link it to the output that made it.
-                self.summary.inputs_already_equal += 1
                 return live
             return like_live(live, src, self.keep_live_strides)
         if isinstance(live, (list, tuple)):
