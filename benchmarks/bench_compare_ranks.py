@@ -1,7 +1,7 @@
 """Folder compares on Dask, and the memory of a streamed compare, measured side by side.
 
     python benchmarks/bench_compare_ranks.py [--pairs 8] [--rows 20000] [--rss-rows 100000,1000000]
-                                             [--skip-rss] [--skip-scale]
+                                             [--skip-rss] [--skip-scale] [--against DIR [--repeat 3]]
 
 Prints:
 1. `compare_runs` of PAIRS rank pairs x ROWS rows (small fp32 tensors, 3 per op) with
@@ -10,7 +10,10 @@ Prints:
 2. peak RSS of one streamed single-pair compare (streaming.compare_to_csv, what
    `accucmp compare` runs) at each row count, in a fresh child process each, with the
    in-memory pipeline (compare_dumps + apply_verdict + to_csv, before streaming) at the
-   smallest count for contrast. Goal: flat, <= 300 MB at 1M rows.
+   smallest count for contrast. Goal: flat, <= 300 MB at 1M rows. With --against DIR,
+   also another checkout's streamed compare of the same dumps, alternating with this one's:
+   CPU, wall time and peak RSS side by side, and whether the result csv is identical
+   (a restructuring must not slow the compare or change its output).
 3. the per-op numbers docs/COMPARE.md "Scale on paper" starts from: file bytes per
    tensor row of a full and of a statistics dump, compare rows/s of both on one worker,
    and large-tensor GB/s on one worker.
@@ -140,16 +143,38 @@ else:
 # was forked from (exec keeps the larger of the two), and the parent holds the Dask run
 hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
 peak = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0, "peak_mb": peak}))
+ru = resource.getrusage(resource.RUSAGE_SELF)     # CPU time: less sensitive than wall time to a loaded machine
+print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0, "cpu_s": ru.ru_utime + ru.ru_stime,
+                  "peak_mb": peak}))
 """
 
 
-def child(mode, t, g, out):
-    code = _CHILD % {"root": ROOT}
+def child(mode, t, g, out, root=None):
+    code = _CHILD % {"root": root or ROOT}
     p = subprocess.run([sys.executable, "-c", code, mode, t, g, out], capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"child failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(other, t, g, d, n, repeat):
+    """This checkout's streamed compare against another's on the same dumps, alternating
+    (a loaded machine slows both alike), each run in a fresh child; the result csv must
+    be byte-identical."""
+    import filecmp
+
+    runs = {"this": [], "other": []}
+    for i in range(repeat):
+        for who, root in (("other", other), ("this", ROOT)):
+            runs[who].append(child("stream", t, g, os.path.join(d, f"{who}{n}_{i}.csv"), root))
+    same = filecmp.cmp(os.path.join(d, f"this{n}_0.csv"), os.path.join(d, f"other{n}_0.csv"), shallow=False)
+    best = {w: (min(r["cpu_s"] for r in rs), min(r["seconds"] for r in rs), min(r["peak_mb"] for r in rs))
+            for w, rs in runs.items()}
+    (tc, tw, tp), (oc, ow, op) = best["this"], best["other"]
+    print(f"[against] {n:,} rows, best of {repeat}: CPU {tc:.1f} s vs {oc:.1f} s ({tc / oc:.2f}x), wall {tw:.1f} s vs "
+          f"{ow:.1f} s ({tw / ow:.2f}x), peak RSS {tp:.0f} MB vs {op:.0f} MB ({tp / op:.2f}x); "
+          f"csv {'identical' if same else 'DIFFERENT'}; CPU of every run: this "
+          f"{[round(r['cpu_s'], 1) for r in runs['this']]}, other {[round(r['cpu_s'], 1) for r in runs['other']]}")
 
 
 def dask_ratio(d, args):
@@ -175,6 +200,9 @@ def main():
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--skip-ranks", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--against", metavar="DIR", help="another checkout (e.g. `git worktree add /tmp/base HEAD~5`): "
+                    "its streamed compare of the same dumps, alternating with this one's")
+    ap.add_argument("--repeat", type=int, default=3, help="with --against: runs of each")
     args = ap.parse_args()
     d = tempfile.mkdtemp(prefix="bench_ranks_")
     try:
@@ -195,7 +223,10 @@ def main():
                 res = child("stream", t, g, os.path.join(d, f"s{n}.csv"))
                 peaks[n] = res["peak_mb"]
                 print(f"[rss] streamed compare, {res['rows']:,} rows: peak RSS {res['peak_mb']:.0f} MB, "
-                      f"{res['seconds']:.1f} s ({res['rows'] / res['seconds']:,.0f} rows/s; dumps written in {wt:.0f} s)")
+                      f"{res['seconds']:.1f} s, {res['cpu_s']:.1f} s CPU "
+                      f"({res['rows'] / res['seconds']:,.0f} rows/s; dumps written in {wt:.0f} s)")
+                if args.against:
+                    side_by_side(args.against, t, g, d, n, args.repeat)
                 if n == counts[0]:
                     old = child("table", t, g, os.path.join(d, f"m{n}.csv"))
                     print(f"[rss] in-memory pipeline (compare_dumps + apply_verdict + to_csv), {old['rows']:,} rows: "

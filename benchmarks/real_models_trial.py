@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from accucmp.compare.op_policies import ORIGIN_CAUSED  # noqa: E402
 from accucmp.compare.pipeline import compare_dumps  # noqa: E402
-from accucmp.compare.verdict import apply_verdict, first_failure  # noqa: E402
+from accucmp.compare.verdict import apply_verdict  # noqa: E402
+from accucmp.report.findings import first_failure  # noqa: E402
 from tests import _real_models as R  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

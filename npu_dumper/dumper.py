@@ -8,15 +8,18 @@ It validates everything before the model runs, picks the policies (dump, load-re
 overflow, ACL kernel dump), opens the file, starts the writer thread and the module
 tracker, and enters the private DumpMode. On exit it drains the writer, writes the
 final root attributes and marks the file complete (only on a clean exit).
+
+Where the file goes is dump_paths.py, the signals while it closes close_signals.py. The
+rest (~410 lines) is the `dumper` class alone: its options, entry and exit share one
+state (the file, the writer, the policies, the mode), and its option checks name the
+user's arguments.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import difflib
 import inspect
 import os
-import signal
 import threading
 from typing import Any
 
@@ -29,6 +32,8 @@ from dumpfile.write.remote import RemoteDumpWriter
 from dumpfile.write.writer import DumpWriter, set_attrs
 
 from .capture import CaptureRegistry
+from .close_signals import SignalsNoted
+from .dump_paths import dist_rank, path_option, resolve_dump_path, resolve_load_path
 from .errors import DumperError
 from .capture.mode import DumpMode
 from .capture.selection import OpFilter
@@ -41,76 +46,6 @@ from .sinks.thread import WriterThread
 
 _active_lock = threading.Lock()
 _active: "dumper | None" = None
-
-
-def _dist_rank() -> tuple[int | None, int | None]:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 - a broken distributed setup must not stop a dump
-        pass
-    return None, None
-
-
-def _path_option(name: str, value: Any) -> str | None:
-    """A path option as str (bytes and os.PathLike accepted); DumperError for anything else."""
-    if value is None or value == "" or value == b"":
-        return None
-    try:
-        return os.fsdecode(os.fspath(value))
-    except TypeError:
-        raise DumperError(f"{name} must be a path, got {type(value).__name__} {value!r}") from None
-
-
-def rank_step_name(path: str, rank: int | None, step: int | None = None) -> str:
-    """The rank and step naming rule (docs/FORMAT.md "Rank and step naming"):
-    `d.h5` -> `d_step{S}_rank{R}.h5` (either part only when known). A name that already
-    ends in this rank's (and step's) suffix is kept, so an explicit per-rank path works."""
-    suffix = (f"_step{step}" if step is not None else "") + (f"_rank{rank}" if rank is not None else "")
-    if not suffix or path[:-3].endswith(suffix):
-        return path
-    return path[:-3] + suffix + ".h5"
-
-
-def resolve_dump_path(dump_path: str | os.PathLike, mode: str, rank: int | None,
-                      step: int | None = None) -> str:
-    """Validate `dump_path` and return the file to write. Raises DumperError (one line)."""
-    path = os.fspath(dump_path)
-    if os.path.isdir(path):
-        stamp = _dt.datetime.now().strftime("%Y%m%d%H%M%S")
-        base = os.path.join(path, f"{mode}_{stamp}")
-        path = base + ".h5"
-        n = 1
-        while os.path.exists(rank_step_name(path, rank, step)):
-            path = f"{base}_{n}.h5"
-            n += 1
-    elif not path.endswith(".h5"):
-        raise DumperError(f"{path}: dump_path must be an existing directory or a file name ending in .h5")
-    path = rank_step_name(path, rank, step)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise DumperError(f"{path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DumperError(f"{path}: directory {parent} is not writable")
-    if os.path.exists(path) and (os.path.isdir(path) or not os.access(path, os.W_OK)):
-        raise DumperError(f"{path}: exists and is not a writable file")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise DumperError(f"{path}: is a symbolic link to {os.readlink(path)}, which does not exist")
-    return path
-
-
-def resolve_load_path(load_path: str, rank: int | None, step: int | None = None) -> str:
-    """The dump this rank replays: `load_file_path` under the rank and step naming rule
-    when that file exists (`gold.h5` -> `gold_rank1.h5` on rank 1), else the path as given
-    (one golden for every rank, or an explicit per-rank path). Tried in that order: with
-    step and rank, with rank only, as given."""
-    if not load_path.endswith(".h5"):
-        return load_path
-    for candidate in (rank_step_name(load_path, rank, step), rank_step_name(load_path, rank)):
-        if candidate != load_path and os.path.isfile(candidate):
-            return candidate
-    return load_path
 
 
 def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
@@ -135,50 +70,6 @@ def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
         if mesh not in meshes:
             meshes.append(mesh)
     return json.dumps({"wrappers": sorted(wrappers), "meshes": meshes}, separators=(",", ":"))
-
-
-class _SignalsNoted:
-    """While a dumper block closes its file: SIGINT and SIGTERM are noted instead of acted
-    on, so that no second Ctrl-C (a terminal sends it to the whole process group) breaks
-    the close half way; the first one also stops the writer's drain (`arm`). After the
-    close, a noted SIGTERM is sent again to the restored handler (`deliver`: the default
-    ends the process) and a SIGINT becomes KeyboardInterrupt (in __exit__). Only in the
-    main thread (where Python runs signal handlers); elsewhere nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signals: list[int] = []
-        self._old: dict[int, Any] = {}
-        self._on_first = None
-
-    def arm(self, on_first) -> None:
-        self._on_first = on_first
-        if self.signals:
-            on_first()
-
-    def _note(self, signum, frame) -> None:
-        self.signals.append(signum)
-        if self._on_first is not None and len(self.signals) == 1:
-            self._on_first()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                try:
-                    self._old[sig] = signal.signal(sig, self._note)
-                except (ValueError, OSError):
-                    pass
-        return self
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        return False
-
-    def deliver(self) -> None:
-        if signal.SIGTERM in self.signals and self._old:
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 # Set when writer="auto" could not start the writer process although the dump file could be
@@ -215,8 +106,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             raise DumperError(f"step must be an int >= 0, got {step!r}")
         # one block per training step: the step goes into the file name and root attributes
         self.step = step
-        self.dump_path = _path_option("dump_path", dump_path)
-        self.load_file_path = _path_option("load_file_path", load_file_path)
+        self.dump_path = path_option("dump_path", dump_path)
+        self.load_file_path = path_option("load_file_path", load_file_path)
         self.load_with_acl_dump = load_with_acl_dump
         self.acl_config = acl_config
         self.stats_only = stats_only
@@ -342,7 +233,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         return self
 
     def _start(self) -> None:
-        self.rank, self.world_size = _dist_rank()
+        self.rank, self.world_size = dist_rank()
         self._validate()
         self.path = resolve_dump_path(self.dump_path, self.mode, self.rank, self.step)
         self._created = not os.path.exists(self.path)
@@ -446,7 +337,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         global _active
         if not self.enabled or self._mode is None:
             return False
-        with _SignalsNoted() as noted:
+        with SignalsNoted() as noted:
             try:
                 self._mode.__exit__(exc_type, exc, tb)
             finally:
@@ -467,7 +358,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             self._raise_failure()
         return False
 
-    def _drain(self, noted: "_SignalsNoted") -> None:
+    def _drain(self, noted: "SignalsNoted") -> None:
         """Wait for the writer to write what is queued (at most ~0.4 x flush_interval of
         its work: WriterThread.max_lag), also when a Ctrl-C ended the block. A Ctrl-C (or
         SIGTERM) while it waits stops that: the ops not yet written are dropped and the

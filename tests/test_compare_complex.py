@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 
 torch = pytest.importorskip("torch")
 import npu_dumper  # noqa: E402

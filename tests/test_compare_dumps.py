@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from accucmp.compare.pipeline import CompareError, compare_dumps
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 from dumpfile import DumpFormatError
 from dumpfile import schema as S
 from tests._compare_helpers import bf16, write_dump

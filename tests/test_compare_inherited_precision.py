@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import npu_dumper  # noqa: F401
 from npu_dumper import inject_fault
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 
 
 class _Net(nn.Module):

@@ -45,6 +45,22 @@ def test_processes_threads_and_in_process_give_equal_tables(dumps, monkeypatch):
     assert list(faulty["SeqId"]) == [7] and list(faulty["TensorName"]) == ["result"]
 
 
+def test_workers_reopen_the_fp64_golden_too(dumps, tmp_path):
+    """A forked worker opens every file again, the fp64 golden included (it holds its own
+    copy of the work with the reopened file): the fp64 columns equal the in-process ones."""
+    t, g = dumps
+    fp = [dict(o, inputs={k: v.astype(np.float64) for k, v in o["inputs"].items()},
+               outputs={k: v.astype(np.float64) * (1 + 1e-9) for k, v in o["outputs"].items()})
+          for o in _ops(12)]
+    write_dump(tmp_path / "f.h5", fp)
+    one = compare_dumps(t, g, golden_fp64=str(tmp_path / "f.h5"), chunk_elements=64).table
+    two = compare_dumps(t, g, golden_fp64=str(tmp_path / "f.h5"), chunk_elements=64, jobs=2).table
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert one["TargetErrorVsFp64"].notna().all() and one["GoldenErrorVsFp64"].notna().all()
+    faulty = one[one["TargetErrorVsFp64"] > 0.01]
+    assert list(faulty["SeqId"]) == [7] and list(faulty["TensorName"]) == ["result"]
+
+
 def test_worker_errors_reach_the_caller(dumps, monkeypatch):
     t, g = dumps
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from accucmp.cli.main import app
 from accucmp.compare.pipeline import compare_dumps, stream_compare
-from accucmp.compare.ranks import compare_runs, pair_folders, rank_key
+from accucmp.compare.rank_files import pair_folders, rank_key
+from accucmp.compare.ranks import compare_runs
 from accucmp.compare.streaming import compare_to_csv
 from accucmp.report.summary import SummaryBuilder, summarize
 from accucmp.compare.verdict import apply_verdict
@@ -240,8 +241,13 @@ def test_streamed_csv_equals_the_in_memory_result(tmp_path, batch_rows):
 def test_stream_batches_hold_whole_ops(tmp_path):
     t, g = _mixed_pair(tmp_path)
     with stream_compare(t, g, batch_rows=2) as st:
-        parts = list(st.batches)
+        batches = list(st.batches)
+        parts = [m.table for m in batches]
         assert st.meta["rows"] == sum(len(p) for p in parts)
+    assert len(parts) > 1
+    # each batch says where it starts; the Index column counts on from there
+    assert [m.first for m in batches] == [int(p["Index"].iloc[0]) for p in parts] \
+        == list(np.cumsum([0] + [len(p) for p in parts[:-1]]))
     keys = [set(zip(p["NPUDump"], p["SeqId"].fillna(-1))) for p in parts]
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
@@ -341,7 +347,7 @@ def test_a_rank_pair_reports_a_damaged_file_as_its_error_but_lets_a_bug_through(
     to the CLI boundary, which reports it as a bug (exit 3)."""
     import h5py
 
-    from accucmp.compare import ranks, streaming
+    from accucmp.compare import rank_tasks, streaming
 
     bad = tmp_path / "not_hdf5.h5"
     bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
@@ -350,7 +356,7 @@ def test_a_rank_pair_reports_a_damaged_file_as_its_error_but_lets_a_bug_through(
         h5py.File(bad, "r")                 # raises from inside h5py (OSError here)
 
     monkeypatch.setattr(streaming, "compare_to_csv", h5py_failure)
-    out = ranks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
+    out = rank_tasks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
     assert out["error"].startswith("t.h5 vs g.h5: OSError")      # the pair named, the cause kept
 
     def our_bug(*a, **k):
@@ -358,4 +364,4 @@ def test_a_rank_pair_reports_a_damaged_file_as_its_error_but_lets_a_bug_through(
 
     monkeypatch.setattr(streaming, "compare_to_csv", our_bug)
     with pytest.raises(KeyError, match="a bug of ours"):
-        ranks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
+        rank_tasks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})

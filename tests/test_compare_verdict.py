@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from accucmp.compare.metrics import TensorComparison
-from accucmp.compare.verdict import DEFAULT_THRESHOLDS, VerdictError, apply_verdict, first_failure, worst_ops
+from accucmp.compare.verdict import DEFAULT_THRESHOLDS, VerdictError, apply_verdict
+from accucmp.report.findings import first_failure, worst_ops
 from tests._compare_helpers import bf16
 
 RNG = np.random.default_rng(7)

@@ -62,7 +62,7 @@ def test_each_rank_writes_its_own_file_with_collectives_before_and_after(tmp_pat
 
 
 def test_rank_and_step_naming_rule_for_dump_and_load_paths(tmp_path):
-    from npu_dumper.dumper import rank_step_name, resolve_load_path
+    from npu_dumper.dump_paths import rank_step_name, resolve_load_path
     assert rank_step_name("run/d.h5", 1) == "run/d_rank1.h5"
     assert rank_step_name("run/d.h5", 1, 3) == "run/d_step3_rank1.h5"
     assert rank_step_name("run/d.h5", None, 3) == "run/d_step3.h5"

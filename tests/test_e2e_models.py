@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 import sample_models
 from accucmp.cli.main import app
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.demo import pick_fault_site
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.demo_fault import pick_fault_site
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 from dumpfile.read.reader import DumpFile
 from npu_dumper import dumper
 from npu_dumper.replay.emulation import emulate_npu, inject_fault, is_cube_op
-from npu_dumper.replay.recorded import resolve_op
+from npu_dumper.replay.op_names import resolve_op
 
 MODELS = sample_models.names()
 SIZE = sample_models.TINY

@@ -86,7 +86,7 @@ def _to(inputs, dtype):
 
 def _dump_pair(name: str, dtype: torch.dtype, d: Path) -> tuple[Path, Path, str]:
     """(target, golden, fault op): a step and its load-replay with a planted fault."""
-    from accucmp.demo import pick_fault_site
+    from accucmp.demo_fault import pick_fault_site
     from npu_dumper import dumper
     from npu_dumper.replay.emulation import inject_fault
     from sample_models import registry

@@ -16,7 +16,8 @@ from npu_dumper import inject_fault
 from npu_dumper.capture.opschema import op_info
 from accucmp.compare.pipeline import compare_dumps
 from accucmp.compare.op_policies import KNOWN_KERNEL_ERROR, ORIGIN_CAUSED, ORIGIN_INHERITED, TIE_INDICES, packet
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 
 
 def _overload(name: str):

@@ -25,7 +25,8 @@ import torch  # noqa: E402
 
 from accucmp.compare.pipeline import compare_dumps  # noqa: E402
 from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_INHERITED  # noqa: E402
-from accucmp.compare.verdict import apply_verdict, first_failure  # noqa: E402
+from accucmp.compare.verdict import apply_verdict  # noqa: E402
+from accucmp.report.findings import first_failure  # noqa: E402
 from tests import _real_models as R  # noqa: E402
 
 ALL = os.environ.get("ACCUCMP_REAL_MODELS", "") == "all"

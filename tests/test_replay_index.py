@@ -104,15 +104,15 @@ def test_mapped_recorded_tensors_are_bit_exact_and_leave_the_load_file_untouched
 
 
 def test_live_input_is_kept_only_when_its_bits_equal_the_recording():
-    from npu_dumper.replay.load_replay import _bitwise_equal
+    from npu_dumper.replay.layout import bitwise_equal
 
     a = torch.randn(64, 32)
-    assert _bitwise_equal(a, a.clone())
-    assert _bitwise_equal(a.t(), a.t().contiguous())          # layouts differ, values equal
-    assert not _bitwise_equal(torch.zeros(3), -torch.zeros(3))  # equal as numbers, not as bits
+    assert bitwise_equal(a, a.clone())
+    assert bitwise_equal(a.t(), a.t().contiguous())          # layouts differ, values equal
+    assert not bitwise_equal(torch.zeros(3), -torch.zeros(3))  # equal as numbers, not as bits
     nan = torch.tensor([float("nan"), 1.0])
-    assert _bitwise_equal(nan, nan.clone())                   # the same NaN bits
-    assert not _bitwise_equal(a, a.to(torch.float64).to(torch.float32).to(torch.bfloat16))
+    assert bitwise_equal(nan, nan.clone())                   # the same NaN bits
+    assert not bitwise_equal(a, a.to(torch.float64).to(torch.float32).to(torch.bfloat16))
     b = a.clone()
     b[-1, -1] = torch.nextafter(b[-1, -1], torch.tensor(1e9))  # one ulp, in the last element
-    assert not _bitwise_equal(a, b)
+    assert not bitwise_equal(a, b)

@@ -106,7 +106,8 @@ def test_fp32_dump_replayed_into_bf16_autocast_matches_every_recorded_op(tmp_pat
     # golden's float32) is judged at bfloat16 precision all the same: its op attribute
     # input_dtypes says what its inputs were, so no clean op fails on the cast alone.
     from accucmp.compare.pipeline import compare_dumps
-    from accucmp.compare.verdict import apply_verdict, first_failure
+    from accucmp.compare.verdict import apply_verdict
+    from accucmp.report.findings import first_failure
 
     table = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), ref).table)
     assert set(table["IO"]) == {"output"} and len(table) > 5

@@ -14,7 +14,8 @@ from accucmp.compare.pipeline import compare_dumps
 from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile
 from dumpfile import schema as S
-from npu_dumper.replay.recorded import draws_random, load_call
+from npu_dumper.replay.op_names import draws_random
+from npu_dumper.replay.recorded import load_call
 
 
 class DropoutAttention(nn.Module):

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from dumpfile import DumpFile, golden_info
 from npu_dumper.replay.golden import replay
-from npu_dumper.replay.recorded import load_call, resolve_op, tensor_to_storage, with_strides
+from npu_dumper.replay.op_names import resolve_op
+from npu_dumper.replay.recorded import load_call, tensor_to_storage, with_strides
 
 from ._replay_helpers import record
 

@@ -22,7 +22,8 @@ import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from npu_dumper import inject_fault
 from npu_dumper.replay.golden import replay as golden_replay
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.compare.verdict import apply_verdict, first_failure
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
 
 
 class _ConvBN(nn.Module):

@@ -74,7 +74,7 @@ def test_origin_by_the_error_the_inputs_carry():
 
 def test_first_failure_prefers_an_underflow_op_to_inherited_rows():
     from accucmp.compare.op_policies import ORIGIN_UNDERFLOW
-    from accucmp.compare.verdict import first_failure
+    from accucmp.report.findings import first_failure
     t = pd.DataFrame({"NPUDump": ["aten.native_layer_norm.default", "aten.mm.default", "aten.add.Tensor"],
                       "SeqId": [11, 65, 70], "IO": ["output"] * 3, "TensorName": ["result1", "result", "result"],
                       "Result": ["fail"] * 3, "Origin": [ORIGIN_INHERITED, ORIGIN_UNDERFLOW, ORIGIN_INHERITED]})

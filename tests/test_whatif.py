@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from accucmp import numformats as NF
 from accucmp import whatif as W
 from tests._cli_helpers import Op, write_dump
 from typer.testing import CliRunner
@@ -18,10 +19,10 @@ from typer.testing import CliRunner
 import npu_dumper
 from accucmp.cli.main import app
 
-TORCH = {name: getattr(torch, f.torch_name) for name, f in W.FORMATS.items()}
+TORCH = {name: getattr(torch, f.torch_name) for name, f in NF.FORMATS.items()}
 
 
-def edge_values(fmt: W.Format, rng) -> np.ndarray:
+def edge_values(fmt: NF.Format, rng) -> np.ndarray:
     """float32 values on and around every edge of the format, both signs."""
     sub, mn, mx = fmt.min_subnormal, fmt.min_normal, fmt.max_finite
     ulp_max = math.ldexp(1.0, math.frexp(mx)[1] - 1 - fmt.man_bits)
@@ -39,11 +40,11 @@ def edge_values(fmt: W.Format, rng) -> np.ndarray:
     return np.concatenate([v, -v])
 
 
-@pytest.mark.parametrize("name", list(W.FORMATS))
+@pytest.mark.parametrize("name", list(NF.FORMATS))
 def test_round_to_equals_torch_cast_bitwise(name):
-    fmt = W.FORMATS[name]
+    fmt = NF.FORMATS[name]
     x = edge_values(fmt, np.random.default_rng(0))
-    ours = W.round_to(x.astype(np.float64), fmt)
+    ours = NF.round_to(x.astype(np.float64), fmt)
     theirs = torch.from_numpy(x).to(TORCH[name]).to(torch.float64).numpy()
     assert np.array_equal(np.isnan(ours), np.isnan(theirs))
     ok = ~np.isnan(ours)
@@ -53,9 +54,9 @@ def test_round_to_equals_torch_cast_bitwise(name):
     assert np.array_equal(np.signbit(ours[ok]), np.signbit(theirs[ok]))
 
 
-@pytest.mark.parametrize("name", list(W.FORMATS))
+@pytest.mark.parametrize("name", list(NF.FORMATS))
 def test_predicted_shares_equal_shares_of_real_casts(name):
-    fmt = W.FORMATS[name]
+    fmt = NF.FORMATS[name]
     x = edge_values(fmt, np.random.default_rng(1))
     (row,) = W.analyze_tensor(np.array_split(x, 7), x.shape, [name])
     y = torch.from_numpy(x).to(TORCH[name]).to(torch.float64).numpy()
@@ -98,7 +99,7 @@ def test_mxfp8_matches_torch_reference_and_reports_block_loss():
     ref = torch_mxfp8(torch.from_numpy(x)).numpy().reshape(-1, 32)
     (row,) = W.analyze_tensor([x.reshape(-1)], x.shape, ["mxfp8"])
     blocks = x.astype(np.float64).reshape(-1, 32)
-    ours = W.mx_quantize(blocks)
+    ours = NF.mx_quantize(blocks)
     assert np.array_equal(ours, ref)
     nz = blocks != 0
     lost = nz & (ref == 0)
@@ -120,13 +121,13 @@ def test_mxfp8_pads_rows_not_multiple_of_32():
 
 
 def test_scale_exists_only_when_the_range_fits():
-    fp16 = W.FORMATS["fp16"]
-    k = W.best_scale_log2(1e6, 1e-3, fp16)
-    assert k is not None and 1e6 * 2.0 ** k <= 65504 and W.round_to(np.array([1e-3 * 2.0 ** k]), fp16)[0] != 0
-    assert W.round_to(np.array([1e6 * 2.0 ** (k + 1)]), fp16)[0] == np.inf          # k is the largest
-    assert W.best_scale_log2(1e6, 1e-9, fp16) is None                                # 50 binades > fp16's 40
+    fp16 = NF.FORMATS["fp16"]
+    k = NF.best_scale_log2(1e6, 1e-3, fp16)
+    assert k is not None and 1e6 * 2.0 ** k <= 65504 and NF.round_to(np.array([1e-3 * 2.0 ** k]), fp16)[0] != 0
+    assert NF.round_to(np.array([1e6 * 2.0 ** (k + 1)]), fp16)[0] == np.inf          # k is the largest
+    assert NF.best_scale_log2(1e6, 1e-9, fp16) is None                                # 50 binades > fp16's 40
     # the edges: amax exactly max finite keeps k = 0
-    assert W.best_scale_log2(65504.0, 1.0, fp16) == 0
+    assert NF.best_scale_log2(65504.0, 1.0, fp16) == 0
 
 
 def test_whatif_command_on_a_dump(tmp_path):

@@ -14,7 +14,8 @@ import typer
 
 from accucmp.cli.boundary import Status, boundary
 from accucmp.cli.progress import console
-from accucmp.demo import DEFAULT_MODEL, DEFAULT_SIZE, FAULT_AUTO
+from accucmp.demo import DEFAULT_MODEL, DEFAULT_SIZE
+from accucmp.demo_fault import FAULT_AUTO
 
 _MODELS_HELP = "mlp (the benchmark MLP), resnet, shufflenet, lstm_lm, transformer"
 

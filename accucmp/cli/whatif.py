@@ -25,7 +25,8 @@ def whatif_command(
 ) -> None:
     """Predict underflow/subnormal/overflow shares, rounding error and MXFP8 block loss of every recorded tensor per low-precision format."""
     with boundary(dump):
-        from accucmp.whatif import parse_dtypes, run_whatif, summarize
+        from accucmp.numformats import parse_dtypes
+        from accucmp.whatif import run_whatif, summarize
 
         try:
             formats = parse_dtypes(dtype)

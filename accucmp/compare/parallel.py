@@ -9,6 +9,7 @@ decides where, keeps the rows in execution order and cuts them into pieces of wh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import deque
@@ -85,27 +86,25 @@ def _rows_in_threads(work, jobs: int):
                 if work.computes(task):
                     fut = pool.submit(work.comparer.run, task)
                 pending.append((task.row, fut))
-                while len(pending) > 2 * jobs:
-                    row, fut = pending.popleft()
-                    if fut is not None:
-                        fut.result()
-                    done.append(row)
+                _settle(pending, done, 2 * jobs)
             if len(done) >= 256:
                 # a piece ends with a whole op: wait for this op's rows still in flight
-                while pending:
-                    row, fut = pending.popleft()
-                    if fut is not None:
-                        fut.result()
-                    done.append(row)
+                _settle(pending, done, 0)
                 yield done
                 done = []
-        while pending:
-            row, fut = pending.popleft()
-            if fut is not None:
-                fut.result()
-            done.append(row)
+        _settle(pending, done, 0)
     if done:
         yield done
+
+
+def _settle(pending: deque, done: list, keep: int) -> None:
+    """Move rows from the front of `pending` to `done`, their metrics waited for, until at
+    most `keep` are in flight."""
+    while len(pending) > keep:
+        row, fut = pending.popleft()
+        if fut is not None:
+            fut.result()
+        done.append(row)
 
 
 # Worker processes: forked, so they inherit the pairs and settings (nothing but
@@ -130,7 +129,7 @@ def _worker_start(work, paths: dict[int, str | None], opener) -> None:
         if pair.region is not None:
             pair.region.rebind(opened)
     if work.ff is not None:
-        work.ff = opened[id(work.ff)]
+        work = dataclasses.replace(work, ff=opened[id(work.ff)])
     _WORKER["work"] = work
 
 

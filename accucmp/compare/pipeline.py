@@ -1,43 +1,41 @@
-"""compare_dumps: two dump files in, one row per tensor out (torch-free).
+"""compare_dumps / stream_compare: two dump files in, one row per tensor out (torch-free).
 
-Pipeline: open both files (dumpfile.DumpFile validates them) -> pair ops
-(matching.py) -> pair tensors by input/output name -> compute the metrics of each
-pair (metrics.py; small tensors read whole, large ones streamed in chunks of
-`chunk_elements`, both sides in lockstep, so peak memory is bounded by the chunk
-size) -> a pandas table sorted in execution order. No verdict here: verdict.py
-applies thresholds to the table, and can be re-run on a saved csv.
+The comparison runs as stages, each a module handing a small frozen dataclass to the next:
 
-The stages around it: rows.py makes an op pair's Tasks (row + the two value records,
-read through dumpfile/read/light.py), parallel.py decides where rows are computed,
-precision.py builds the table and carries PrecisionDtype forward. This module keeps
-the entry points, the setup of a comparison and _Comparer (the metrics of one Task);
-it is ~470 lines because setup (option checks, op pairing, metadata) and the comparer
-are each one piece and splitting them further would scatter one flow.
+  match    pairing.match_ops: the op pairs of the two open dumps         -> Matched
+  read     rows.tasks_for_pair: an op pair's tensor pairs and records    -> Task (per row)
+  metrics  measure.Comparer: a Task's metrics into its row; batched here -> Measured
+  verdict  verdict.judge: thresholds applied to a batch                  -> Judged
+  outputs  streaming.compare_to_csv (csv/jsonl as the batches come), report/
+
+This module opens the files (dumpfile.DumpFile validates them), lists their ops, runs the
+stages and gathers the rows: into one table (compare_dumps, for library use) or into
+Measured batches of whole ops (stream_compare). parallel.py decides where the rows are
+computed, precision.py builds a table and carries PrecisionDtype forward. No verdict
+here: verdict.py applies thresholds to the table, and can be re-run on a saved csv.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read.light import LightTensor
-from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
+from dumpfile.read.reader import DumpFile
 
-from accucmp.compare import align, matching
+from accucmp.compare import align_map, matching
+from accucmp.compare.measure import Comparer, Measured
+from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
 from accucmp.compare.precision import PrecisionCarry, to_frame
-from accucmp.compare.rows import (  # noqa: F401  (the columns and statuses are public here too)
-    BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_RANDOM_REPLAYED,
-    STATUS_SIZE_MISMATCH, STATUS_STATS, STATUS_UNINITIALIZED, STATUS_UNMATCHED, TAIL_COLUMNS, Task,
-    check_record, shape_str, tasks_for_pair)
-from accucmp.compare.metrics import MetricResult, TensorComparison, aligned, compare_stats, resolve_algorithms
+from accucmp.compare.rows import (BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_RANDOM_REPLAYED, TAIL_COLUMNS,
+                                  Task, tasks_for_pair)
+from accucmp.compare.metrics import resolve_algorithms
+
 
 class CompareError(DumpError):
     """A comparison could not be set up (bad regex, unknown metric)."""
@@ -47,145 +45,6 @@ class CompareError(DumpError):
 class CompareResult:
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-class _Comparer:
-    def __init__(self, algorithms, chunk_elements: int):
-        self.algorithms = algorithms
-        self.chunk = max(1, int(chunk_elements))
-
-    def _read_whole(self, rec: ValueRecord, numel: int) -> bool:
-        return rec.type != S.TYPE_TENSOR or numel <= self.chunk
-
-    def _chunks(self, rec: ValueRecord, numel: int):
-        if self._read_whole(rec, numel):
-            return iter([np.asarray(rec.read()).reshape(-1)])
-        if isinstance(rec, LightTensor) and rec.fast and rec.stored_shape:
-            return rec.iter_chunks_into(self.chunk)
-        return rec.iter_chunks(self.chunk)
-
-    def run(self, task: Task) -> dict[str, Any]:
-        row = task.row
-        t, g = task.target, task.golden
-        try:
-            self._compare(task, row, t, g)
-        except (DumpError, OSError, ValueError, KeyError, TypeError) as e:
-            row["CompareStatus"] = STATUS_CORRUPT
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            row["CompareFailReason"] = msg
-        return row
-
-    def _compare(self, task, row, t, g):
-        t_shape, t_n = check_record(t)
-        g_shape, g_n = check_record(g)
-        if t.uninitialized or g.uninitialized:
-            row["CompareStatus"] = STATUS_UNINITIALIZED
-            row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
-                                        "output buffer before the op): not compared")
-            return
-        if t.is_stats or g.is_stats:
-            xs = t.stats() if t.is_stats else _stats_of(self._chunks(t, t_n))
-            ys = g.stats() if g.is_stats else _stats_of(self._chunks(g, g_n))
-            res, extras = compare_stats(xs, ys, self.algorithms)
-            self._put(row, res, extras)
-            if S.STATS_HASH_FIELD in xs and S.STATS_HASH_FIELD in ys:
-                # content hashes of both sides (1.7 statistics dumps): bit identity, exact
-                row["BitIdentical"] = xs[S.STATS_HASH_FIELD] == ys[S.STATS_HASH_FIELD]
-            row["CompareStatus"] = STATUS_STATS
-            return
-        if t_n != g_n:
-            row["CompareStatus"] = STATUS_SIZE_MISMATCH
-            row["CompareFailReason"] = (f"size mismatch: target {shape_str(t_shape)} ({t_n} elements), "
-                                        f"golden {shape_str(g_shape)} ({g_n} elements)")
-            return
-        if t_n == 0:
-            row["CompareStatus"] = STATUS_EMPTY
-            row["CompareFailReason"] = "empty tensor (0 elements)"
-            return
-        # TensorComparison directly: comparison_for would re-resolve the metric names per row
-        tc = TensorComparison(algorithms=self.algorithms,
-                              bool_mode=row["DataType"] == "bool" or row["GoldenDataType"] == "bool")
-        f = task.fp64
-        fp = None
-        if f is not None:
-            f_shape, f_n = check_record(f)
-            if f_n == t_n and not f.is_stats and not f.uninitialized:
-                fp = (TensorComparison(algorithms=("RelativeEuclideanDistance",)),
-                      TensorComparison(algorithms=("RelativeEuclideanDistance",)))
-        whole = self._read_whole(t, t_n) and self._read_whole(g, g_n)
-        if whole:
-            x = np.asarray(t.read()).reshape(-1)
-            y = np.asarray(g.read()).reshape(-1)
-            tc.add(x, y)
-            if tc.needs_kl_pass:
-                tc.kl_pass(x, y)
-            if fp:
-                z = np.asarray(f.read()).reshape(-1)
-                fp[0].add(x, z)
-                fp[1].add(y, z)
-        else:
-            for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
-                tc.add(x, y)
-            if tc.needs_kl_pass:
-                for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
-                    tc.kl_pass(x, y)
-            if fp:
-                for x, z in aligned(self._chunks(t, t_n), self._chunks(f, f_n)):
-                    fp[0].add(x, z)
-                for y, z in aligned(self._chunks(g, g_n), self._chunks(f, f_n)):
-                    fp[1].add(y, z)
-        if tc.elements != t_n:
-            raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.elements} elements, shape says {t_n}")
-        self._put(row, tc.results(), tc.extras())
-        row["CompareStatus"] = STATUS_COMPARED
-        if fp:
-            row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
-            row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value
-
-    def _put(self, row, results: dict[str, MetricResult], extras: dict[str, float]) -> None:
-        reasons = [row["CompareFailReason"]] if row.get("CompareFailReason") else []
-        for name, r in results.items():
-            row[name] = r.value
-            if r.reason and r.reason not in reasons:
-                reasons.append(r.reason)
-        row["CompareFailReason"] = "; ".join(_dedupe_bool(reasons))
-        row.update(extras)
-
-
-def _dedupe_bool(reasons: list[str]) -> list[str]:
-    bools = [r for r in reasons if r.startswith("bool tensor: ")]
-    rest = [r for r in reasons if not r.startswith("bool tensor: ")]
-    if bools:
-        rest.insert(0, "bool tensor: only CosineSimilarity and RelativeEuclideanDistance apply")
-    return rest
-
-
-def _stats_of(chunks) -> dict[str, float]:
-    """The statistics fields of a tensor given as chunks (for stats-vs-data rows), computed
-    as the dumper computes a statistics-only dump's (npu_dumper tensor_stats, docs/FORMAT.md):
-    complex tensors by magnitude, std the sample std (n-1, 0 for one element)."""
-    n = nan = inf = 0
-    lo, hi, s, ss = math.inf, -math.inf, 0.0, 0.0
-    for c in chunks:
-        c = np.asarray(c)
-        if np.iscomplexobj(c):
-            # the other side holds statistics of |z|; a float64 cast would keep the real part
-            c = np.abs(c)
-        c = c.astype(np.float64, copy=False).reshape(-1)
-        fin = np.isfinite(c)
-        nan += int(np.isnan(c).sum())
-        inf += int(np.isinf(c).sum())
-        c = c[fin]
-        n += c.size
-        if c.size:
-            lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
-            s += float(c.sum())
-            ss += float(np.einsum("i,i->", c, c))
-    mean = s / n if n else math.nan
-    var = max((ss - n * mean * mean) / (n - 1), 0.0) if n > 1 else (0.0 if n else math.nan)
-    return {"min": lo if n else math.nan, "max": hi if n else math.nan, "mean": mean,
-            "std": math.sqrt(var), "norm": math.sqrt(ss) if n else math.nan,
-            "nan_count": nan, "inf_count": inf, "numel": n + nan + inf}
 
 
 # A fixed 2 MiB HDF5 metadata cache (HDF5's initial size, without growth): walking
@@ -236,8 +95,8 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
 
 def _load_align_map(path: str | None):
     try:
-        return align.load_map(path)
-    except align.AlignMapError as e:
+        return align_map.load_map(path)
+    except align_map.AlignMapError as e:
         raise CompareError(str(e)) from e
 
 
@@ -268,9 +127,9 @@ def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, 
 
 @dataclass
 class CompareStream:
-    """A comparison delivered in pieces: `batches` yields DataFrames of whole ops, in
-    execution order, with the columns of compare_dumps' table (Index counts on across
-    batches). Only one batch is held at a time, so memory does not grow with the row
+    """A comparison delivered in pieces: `batches` yields Measured batches (measure.py) of
+    whole ops, in execution order, each a table with the columns of compare_dumps' table
+    (Index counts on across batches; `first` is a batch's first Index). Only one batch is held at a time, so memory does not grow with the row
     count. `meta` is compare_dumps' meta; its "rows" is filled in once the batches are
     exhausted. Close it (or use it as a context manager) to release the files."""
 
@@ -312,117 +171,44 @@ def stream_compare(target: str, golden: str, *, algorithms=None, select: str | N
     return CompareStream(setup.meta, setup.columns, _frames(setup, batch_rows), opened)
 
 
-def _attr_text(v) -> str:
-    if v is None:
-        return ""
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
-
 def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements,
            amap=None) -> "_Setup":
     """Pair the ops of two open dumps; everything a comparison needs before reading tensors."""
-    from dumpfile.golden_info import read_not_replayed
-
     t_ops, g_ops = tf.ops(), gf.ops()
-    # A filtered dump (include/exclude/modules/phases) against one filtered differently or
-    # not at all: pass each side's ops through the other's selection, so both streams hold
-    # the ops both runs would have written; otherwise the name-stream alignment pairs a
-    # selected op with a same-named op the filter dropped (another layer's mm).
-    with h5_errors(tf.path):
-        t_sel = tf.op_filter
-    with h5_errors(gf.path):
-        g_sel = gf.op_filter
-    filtered_out = 0
-    if t_sel != g_sel:
-        n = len(t_ops) + len(g_ops)
-        if g_sel is not None:
-            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
-        if t_sel is not None:
-            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
-        filtered_out = n - len(t_ops) - len(g_ops)
-    if pattern is not None:
-        keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
-        t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
-    with h5_errors(gf.path):
-        not_replayed = read_not_replayed(gf.h5)
-    pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
-                              golden_missing_reasons=not_replayed)
+    m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
     metric_cols = list(algs)
-    replay = matching.is_replay_pairing(tf.mode, gf.mode)
-    warnings = []
-    # An extracted file (accucmp extract: a few ops of a run, under their seqids) against
-    # a whole dump: the name-stream alignment pairs its mm/13 with the run's first mm. When
-    # its seqids line up with the other file's (same names at the same seqids), pair by
-    # seqid and leave out the other file's ops the extract does not hold.
-    subset_note = ""
-    from accucmp.extract import ROOT_EXTRACTED_FROM
-
-    extracted = [f for f in (tf, gf) if f.attrs.get(ROOT_EXTRACTED_FROM) is not None]
-    if not replay and extracted:
-        seqs_t, seqs_g = {o.seqid for o in t_ops}, {o.seqid for o in g_ops}
-        # the whole dump's ops the extract holds (both extracted: the seqids both hold)
-        t_sub = t_ops if gf not in extracted else [o for o in t_ops if o.seqid in seqs_g]
-        g_sub = g_ops if tf not in extracted else [o for o in g_ops if o.seqid in seqs_t]
-        trial = matching.pair_by_seqid(t_sub, g_sub)
-        bad, both = matching.seqid_name_mismatches(trial)
-        if both and bad <= matching.MAX_SEQID_NAME_MISMATCH * both:
-            left_out = len(t_ops) + len(g_ops) - len(t_sub) - len(g_sub)
-            pairs, replay = trial, True
-            t_ops, g_ops = t_sub, g_sub
-            subset_note = (f"{' and '.join(f.path for f in extracted)} extracted: paired by seqid"
-                           + (f", {left_out} op(s) of the other file outside the extract left out" if left_out else ""))
-    if replay:
-        bad, both = matching.seqid_name_mismatches(pairs)
-        if both and bad > matching.MAX_SEQID_NAME_MISMATCH * both:
-            replay = False
-            pairs = matching.pair_by_stream(t_ops, g_ops)
-            src = _attr_text(tf.attrs.get(S.ROOT_LOAD_FILE) or gf.attrs.get(S.ROOT_LOAD_FILE))
-            warnings.append(f"seqids do not line up: {bad} of {both} ops paired by seqid have different names, "
-                            f"so {gf.path} is not the file {tf.path} was replayed from"
-                            + (f" ({src})" if src else "") + "; paired by aligning the op streams instead")
-    # Independent runs that computed one thing with different ops (fused attention vs
-    # bmm+softmax+bmm): the ops both sides left unmatched, aligned many-to-one (align.py)
-    regions = []
-    if not replay:
-        pairs, regions = align.align_pairs(pairs, amap)
-    # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
-    # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
-    # side; the other side's tensors are not "unmatched", they were never asked for.
-    ios = tuple(io for io in (S.INPUT_GROUP, S.OUTPUT_GROUP)
-                if io in tf.recorded_io and io in gf.recorded_io)
-    work = _Work(pairs, ff, metric_cols, replay, _Comparer(algs, chunk_elements), ios)
+    work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios)
     if jobs <= 0:
-        jobs = auto_jobs(len(pairs))
+        jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
-    n_unmatched_t = sum(1 for p in pairs if p.golden is None)
-    n_unmatched_g = sum(1 for p in pairs if p.target is None)
+    n_unmatched_t = sum(1 for p in m.pairs if p.golden is None)
+    n_unmatched_g = sum(1 for p in m.pairs if p.target is None)
     warnings = [f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
-                "comparing what was flushed" for f in (tf, gf) if not f.complete] + warnings
+                "comparing what was flushed" for f in (tf, gf) if not f.complete] + list(m.warnings)
     meta = {
         "target": tf.path, "golden": gf.path, "golden_fp64": ff.path if ff is not None else None,
         "target_mode": tf.mode, "golden_mode": gf.mode,
-        "pairing": "seqid" if replay else "stream",
-        "target_ops": len(t_ops), "golden_ops": len(g_ops),
-        "paired_ops": sum(1 for p in pairs if p.target is not None and p.golden is not None),
+        "pairing": "seqid" if m.replay else "stream",
+        "target_ops": m.target_ops, "golden_ops": m.golden_ops,
+        "paired_ops": sum(1 for p in m.pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
-        "op_filter": {"target": t_sel.describe() if t_sel else "", "golden": g_sel.describe() if g_sel else "",
-                      "ops_left_out": filtered_out},
-        "notes": ([subset_note] if subset_note else []) + align.notes(regions),
-        "aligned_regions": [r.description for r in regions],
-        "rows": None, "compared_io": list(ios), "algorithms": list(algs), "select": pattern.pattern if pattern else None,
+        "op_filter": {"target": m.target_filter, "golden": m.golden_filter, "ops_left_out": m.ops_left_out},
+        "notes": list(m.notes),
+        "aligned_regions": list(m.aligned_regions),
+        "rows": None, "compared_io": list(m.ios), "algorithms": list(algs),
+        "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
-    return _Setup(work, (tf, gf, ff), jobs, columns, meta,
-                  inherit=not matching.is_replay_pairing(tf.mode, gf.mode))
+    return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Setup:
     work: "_Work"
     files: tuple
     jobs: int
     columns: list[str]
-    meta: dict[str, Any]
+    meta: dict[str, Any]            # "rows" filled in once the rows are all made
     inherit: bool                   # carry precision forward (independent runs, not replays)
 
 
@@ -439,31 +225,31 @@ def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, patter
 
 
 def _frames(setup: _Setup, batch_rows: int):
-    """The comparison as DataFrames of about `batch_rows` rows, whole ops each (the
+    """The comparison as Measured batches of about `batch_rows` rows, whole ops each (the
     verdict's per-op hints need an op's rows together)."""
     carry = PrecisionCarry() if setup.inherit else None
     start, rows = 0, []
     for part in row_batches(setup, _open):
         rows += part
         if len(rows) >= batch_rows:
-            yield to_frame(rows, setup.columns, start, carry)
+            yield Measured(to_frame(rows, setup.columns, start, carry), start)
             start += len(rows)
             rows = []
     if rows or start == 0:
-        yield to_frame(rows, setup.columns, start, carry)
+        yield Measured(to_frame(rows, setup.columns, start, carry), start)
         start += len(rows)
     setup.meta["rows"] = start
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Work:
     """The comparison of a list of op pairs, in pieces [lo, hi) that can run anywhere."""
 
-    pairs: list[matching.OpPair]
+    pairs: tuple[matching.OpPair, ...]
     ff: DumpFile | None
     metric_cols: list[str]
     replay: bool
-    comparer: _Comparer
+    comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
 
     @property
@@ -474,11 +260,10 @@ class _Work:
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
         for pair in self.pairs[lo:hi]:
-            yield from tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager,
-                                       self.ios)
+            yield from self.pair_tasks(pair)
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
-        return tasks_for_pair(pair, self.ff, self.metric_cols, 0, self.replay, self.eager, self.ios)
+        return tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
 
     @staticmethod
     def computes(task: "Task") -> bool:

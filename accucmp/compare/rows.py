@@ -1,4 +1,4 @@
-"""Row building: the tasks of one op pair, each a result row with its two value records
+"""The read stage: the tasks of one op pair, each a result row with its two value records
 (torch-free).
 
 tasks_for_pair reads an op pair's values (dumpfile.read.light records; small tensors
@@ -50,9 +50,12 @@ STATUS_SIZE_MISMATCH = "size_mismatch"
 STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Task:
-    order: int
+    """The read stage's result, handed to the metrics stage (measure.Comparer.run): one
+    tensor pair's row (identity columns filled; the comparer fills the metric columns) and
+    its value records (None for a side without a pair)."""
+
     row: dict[str, Any]
     target: ValueRecord | None
     golden: ValueRecord | None
@@ -161,7 +164,7 @@ def op_dtypes(ot: OpTensors) -> list[str]:
     return out + list(ot.input_dtypes) + ([ot.compute_dtype] if ot.compute_dtype else [])
 
 
-def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, start: int,
+def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                     replay: bool, eager: int = 0,
                     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[Task]:
     t_op, g_op = pair.target, pair.golden
@@ -223,7 +226,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols, star
                 fp = fp if fp is not None and fp.is_tensor else None
             if region is not None:
                 row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
-            tasks.append(Task(start + len(tasks), row, t, g, fp))
+            tasks.append(Task(row, t, g, fp))
     return tasks
 
 

@@ -34,7 +34,7 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                    batch_rows: int = 4096, force: bool = False,
                    adjust: Callable[[Any], Any] | None = None,
                    jsonl_path: Path | None = None, align_map: str | None = None) -> StreamedResult:
-    """Compare `target` against `golden`, judge each row (verdict.apply_verdict, per batch of
+    """Compare `target` against `golden`, judge each row (verdict.judge, per batch of
     whole ops) and write the result table to `csv_path` as it comes. `on_rows(n)` is told
     of every n rows written (progress); `observe(batch)` sees every judged batch;
     `adjust(batch)`, when given, may change a judged batch before it is written.
@@ -45,7 +45,7 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
     from dumpfile.safe_output import open_output
 
     from accucmp.compare.pipeline import stream_compare
-    from accucmp.compare.verdict import apply_verdict, thresholds_with
+    from accucmp.compare.verdict import judge, thresholds_with
 
     thresholds_with(thresholds)          # a bad threshold fails before any tensor is read
     csv_path = Path(csv_path)
@@ -59,8 +59,8 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
         with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh, \
                 (open_output(jsonl_path, "w", force=force, encoding="utf-8") if jsonl_path is not None
                  else contextlib.nullcontext()) as jh:
-            for part in stream.batches:
-                judged = apply_verdict(part, thresholds)
+            for measured in stream.batches:
+                judged = judge(measured, thresholds).table
                 if adjust is not None:      # e.g. --noise-floor (accucmp/compare/calibrate.py)
                     judged = adjust(judged)
                 judged.to_csv(fh, index=False, header=rows == 0)

@@ -37,12 +37,19 @@ Each failure also names the test that decided it (the one with the largest measu
 ratio): DecidedBy (the threshold to change to pass it), DecidingMetric, DecidingValue and
 DecidingBound (value and bound in the metric's own unit; `ErrorUlps`-style unit roundoffs
 when DecidedBy ends in "Ulps").
+
+The verdict stage of the comparison: `judge` turns a Measured batch into a Judged one. The
+per-op rules are op_policies.py, the queries over a judged table report/findings.py. The
+rest stays one module (~450 lines): the thresholds, the decision of one row (judge_row,
+read top to bottom as the rule above) and the per-op hints share the same defaults and
+dtype tables, and are one rule.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -51,7 +58,10 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW, apply_op_policies
+from accucmp.compare.op_policies import apply_op_policies
+
+if TYPE_CHECKING:
+    from accucmp.compare.measure import Measured
 
 RESULT_PASS, RESULT_FAIL, RESULT_UNMATCHED, RESULT_SKIPPED = "pass", "fail", "unmatched", "skipped"
 
@@ -399,6 +409,20 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """The verdict stage's result, handed to the outputs (streaming.compare_to_csv, report/):
+    a Measured batch's rows with the verdict columns added."""
+
+    table: pd.DataFrame
+    first: int                  # the Index of its first row
+
+
+def judge(batch: "Measured", thresholds: Mapping[str, float] | None = None) -> Judged:
+    """The verdict stage: apply_verdict on one batch of the metrics stage."""
+    return Judged(apply_verdict(batch.table, thresholds), batch.first)
+
+
 def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
     """A failing row whose op has another tensor at its precision's underflow edge (a float16
     gradient below 6.1e-5 read by a backward op makes its other outputs wrong too) says so."""
@@ -429,56 +453,3 @@ def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
                            f"(what loss scaling is for), not necessarily a kernel bug]")
     return out
 
-
-def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
-    # Index is assigned in execution order by compare_dumps; SeqId is the fallback
-    for key in ("Index", "SeqId"):
-        if key in table.columns:
-            k = pd.to_numeric(table[key], errors="coerce")
-            return table.assign(__k=k).sort_values("__k", kind="stable", na_position="last").drop(columns="__k")
-    return table
-
-
-def first_failure(table: pd.DataFrame) -> pd.Series | None:
-    """The first failing row in execution order whose op caused its error (Origin "caused
-    here"); the first failing row when no op did. None when nothing fails."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
-    if failed.empty:
-        return None
-    if "Origin" in failed.columns:
-        # the earliest op whose inputs still agree but whose output does not: later failures
-        # (and earlier ones that only carry a difference in from outside) inherit from it
-        caused = failed[failed["Origin"] == ORIGIN_CAUSED]
-        if not caused.empty:
-            return _execution_order(caused).iloc[0]
-        # none: an op whose inputs agree and whose output sits at its dtype's underflow edge
-        # is still where the difference starts; inherited rows got theirs from elsewhere
-        under = failed[failed["Origin"] == ORIGIN_UNDERFLOW]
-        if not under.empty:
-            return _execution_order(under).iloc[0]
-    return _execution_order(failed).iloc[0]
-
-
-def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Failing ops (one row each: its worst tensor), largest Severity first."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    failed = table[table["Result"] == RESULT_FAIL]
-    if failed.empty:
-        return failed
-    key = ["NPUDump", "SeqId"] if "SeqId" in failed.columns else ["NPUDump"]
-    sev = pd.to_numeric(failed["Severity"], errors="coerce").fillna(0.0)
-    worst = failed.assign(__s=sev).sort_values("__s", ascending=False, kind="stable")
-    worst = worst.drop_duplicates(subset=key, keep="first")
-    return worst.drop(columns="__s").head(n)
-
-
-def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per unmatched op (either side), in execution order."""
-    if "Result" not in table.columns:
-        table = apply_verdict(table)
-    un = table[table["Result"] == RESULT_UNMATCHED]
-    return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
-                                                       if c in un.columns]))

@@ -36,7 +36,7 @@ _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceF
 _HIGHER_IS_BETTER = ("CosineSimilarity",)
 
 
-def _num(v: Any) -> float:
+def as_float(v: Any) -> float:
     try:
         return float(v)
     except (TypeError, ValueError):
@@ -54,7 +54,7 @@ def _g(v: float) -> str:
 
 
 def seqid_text(v: Any) -> str:
-    f = _num(v)
+    f = as_float(v)
     if math.isnan(f):
         return ""
     return str(int(f)) if f.is_integer() else _g(f)
@@ -65,7 +65,7 @@ def bound_clause(row: Mapping[str, Any]) -> str:
     the verdict's Deciding* columns; the row's FailReason when it has none (an older csv)."""
     metric = _text(row.get("DecidingMetric"))
     knob = _text(row.get("DecidedBy"))
-    value, bound = _num(row.get("DecidingValue")), _num(row.get("DecidingBound"))
+    value, bound = as_float(row.get("DecidingValue")), as_float(row.get("DecidingBound"))
     dtype = _text(row.get("PrecisionDtype")) or _text(row.get("DataType"))
     if knob == "CompareStatus":                 # size mismatch, corrupt data: the reason says it
         return _text(row.get("CompareFailReason")) or metric

@@ -61,15 +61,7 @@ def write_results(table: pd.DataFrame, out_dir: Path, formats: list[str], *, met
     if "xlsx" in formats:
         _require_openpyxl()
     base = _free_basename(out_dir, basename or f"result_{timestamp()}")
-    paths: list[Path] = []
-    try:
-        for fmt in formats:
-            path = out_dir / f"{base}.{fmt}"
-            _write_format(table, fmt, path, meta=meta, force=force)
-            paths.append(path)
-    except OSError as e:
-        raise DumpWriteError(f"{out_dir}: cannot write results ({e.strerror or e})") from e
-    return paths
+    return _write_formats(table, formats, lambda fmt: out_dir / f"{base}.{fmt}", out_dir, meta=meta, force=force)
 
 
 def new_result_csv(out_dir: Path, basename: str | None = None) -> Path:
@@ -93,14 +85,21 @@ def write_other_formats(csv_path: Path, formats: list[str], *, meta: dict | None
     for c in ("SeqId", "GoldenSeqId", "Index"):
         if c in table.columns:
             table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
+    return _write_formats(table, formats, lambda fmt: csv_path.with_suffix(f".{fmt}"), csv_path.parent,
+                          meta=meta, force=force)
+
+
+def _write_formats(table: pd.DataFrame, formats, path_of, folder: Path, *, meta: dict | None,
+                   force: bool) -> list[Path]:
+    """Each format to `path_of(fmt)`; an OS failure is one error naming `folder`."""
     paths: list[Path] = []
     try:
         for fmt in formats:
-            path = csv_path.with_suffix(f".{fmt}")
+            path = path_of(fmt)
             _write_format(table, fmt, path, meta=meta, force=force)
             paths.append(path)
     except OSError as e:
-        raise DumpWriteError(f"{csv_path.parent}: cannot write results ({e.strerror or e})") from e
+        raise DumpWriteError(f"{folder}: cannot write results ({e.strerror or e})") from e
     return paths
 
 

@@ -15,12 +15,13 @@ from typing import Any
 
 import pandas as pd
 
-from accucmp.report.headline import middle_ellipsis
+from accucmp.report import findings
+from accucmp.report.headline import as_float, middle_ellipsis
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
-# The column that ranks failing ops, best first. C's verdict may add a normalised
-# score column; fall back to metrics where larger is worse.
+# The column that ranks failing ops, best first: the verdict's Severity, else (a table
+# judged elsewhere) a metric where larger is worse.
 _SEVERITY_COLUMNS = ("Severity", "Score", "ErrorUnits", "ErrorRatio", "RelativeEuclideanDistance",
                      "MaxRelativeError", "MeanRelativeError", "MaxAbsoluteError")
 _WORST_COLUMNS = ("Severity", "ErrorUlps", "CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError")
@@ -58,30 +59,9 @@ def _order(table: pd.DataFrame) -> pd.DataFrame:
         columns=[f"__{k}" for k in keys])
 
 
-def _verdict_module():
-    try:
-        from accucmp.compare import verdict
-    except ImportError:
-        return None
-    return verdict
-
-
 def _first_failure(table: pd.DataFrame) -> dict[str, Any] | None:
-    first_failure = getattr(_verdict_module(), "first_failure", None)
-    if first_failure is not None:
-        row = first_failure(table)
-        if row is None:
-            return None
-        if isinstance(row, pd.DataFrame):
-            return None if row.empty else row.iloc[0].to_dict()
-        if isinstance(row, pd.Series):
-            return row.to_dict()
-        if isinstance(row, dict):
-            return row
-        # an index label
-        return table.loc[row].to_dict()
-    failed = _order(table[table["Result"] == "fail"]) if "Result" in table.columns else table.iloc[0:0]
-    return None if failed.empty else failed.iloc[0].to_dict()
+    row = findings.first_failure(table)
+    return None if row is None else row.to_dict()
 
 
 def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
@@ -89,9 +69,8 @@ def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
     failed = table[table["Result"] == "fail"] if "Result" in table.columns else table.iloc[0:0]
     worst_by = next((c for c in _SEVERITY_COLUMNS if c in table.columns
                      and pd.to_numeric(failed[c], errors="coerce").notna().any()), None)
-    verdict = _verdict_module()
-    if verdict is not None and "Severity" in table.columns and hasattr(verdict, "worst_ops"):
-        worst = verdict.worst_ops(table, max(top, 1))  # one row per op, its worst tensor
+    if "Severity" in table.columns:
+        worst = findings.worst_ops(table, max(top, 1))  # one row per op, its worst tensor
         worst_by = "Severity"
     elif worst_by is not None and not failed.empty:
         key = pd.to_numeric(failed[worst_by], errors="coerce")
@@ -101,10 +80,8 @@ def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
         worst = _order(failed)
     if "Result" not in table.columns:
         unmatched = table.iloc[0:0]
-    elif verdict is not None and hasattr(verdict, "unmatched_ops"):
-        unmatched = verdict.unmatched_ops(table)  # one row per op
     else:
-        unmatched = _order(table[table["Result"] == "unmatched"])
+        unmatched = findings.unmatched_ops(table)  # one row per op
     return Summary(
         counts=counts, total=len(table),
         first_failure=_first_failure(table) if counts.get("fail") else None,
@@ -261,7 +238,7 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     body, whys = [], []
     for r in rows:
         path = _text(r, "NPUDumpPath")
-        sev = _num(r.get("Severity"))
+        sev = as_float(r.get("Severity"))
         body.append((_seqid(r), _text(r, "NPUDump"), _PHASE.get(_text(r, "Phase"), _text(r, "Phase")),
                      _text(r, "Module"), "/".join(path.strip("/").split("/")[2:]),
                      "" if math.isnan(sev) else f"{sev:.3g}"))
@@ -294,13 +271,6 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
         out.append(line(b).rstrip())
         out.append(indent + (w if width is None else middle_ellipsis(w, width - len(indent))))
     return out
-
-
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None = None, top: int = 5,

@@ -21,8 +21,10 @@ running op's name and the recorded seqid, with attrs replayed=True, source_seqid
 Unmatched ops run on their live inputs and are not stored. Replacing arguments at the
 dispatch level is below autograd, so the graph and gradients are untouched.
 
-(One module for the policy's life cycle, entry checks, prefetch thread and per-op
-substitution, which share its state; matching.py and source.py hold the rest.)
+(One module, ~440 lines, for the policy's life cycle, entry checks, prefetch thread and
+per-op substitution, which all share the policy's state; matching.py (which recorded call),
+source.py (the load file's tensors) and layout.py (a recorded tensor laid out as the live
+one) hold the rest.)
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from ..opmap import OpMap, get_op_map
 from ..capture.snapshots import _is_dtensor
 from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
-from .recorded import NotReplayable, draws_random, non_overlapping, resolve_op
+from .op_names import draws_random, resolve_op
+from .recorded import NotReplayable
 from .index import read_catalog
+from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
 from .source import RecordedTensors
 from . import own_error
@@ -68,7 +72,6 @@ class ReplaySummary:
     casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
     never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
     random_replayed: int = 0                 # random ops whose recorded outputs were handed on
-    inputs_already_equal: int = 0            # live inputs that held the recorded bits (kept)
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -392,17 +395,16 @@ class ReplayPolicy(Policy):
                 with torch.no_grad():
                     live.copy_(src)
                 return live
-            if not self._inputs_stored and _usable_as_is(live, src, self.keep_live_strides):
+            if not self._inputs_stored and usable_as_is(live, src, self.keep_live_strides):
                 # Nothing to gain from keeping the live tensor (no copy to save, no input
                 # to link in the dump): hand on the recorded one without reading both.
                 return src
-            if _bitwise_equal(live, src):
+            if bitwise_equal(live, src):
                 # The live input already holds the recorded bits (shared weights, a replay into
                 # the recording's own run): it is what the op would get, without the copy, and
                 # the replay's dump can link it to the output that made it.
-                self.summary.inputs_already_equal += 1
                 return live
-            return _like(live, src, self.keep_live_strides)
+            return like_live(live, src, self.keep_live_strides)
         if isinstance(live, (list, tuple)):
             if len(rec.children) != len(live):
                 raise NotReplayable(f"input '{arg}': recorded list has {len(rec.children)} items, "
@@ -419,47 +421,6 @@ class ReplayPolicy(Policy):
 
 class _NoFit(Exception):
     pass
-
-
-def _usable_as_is(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> bool:
-    """`src` already has what the op would have seen of `live` but the values: dtype,
-    device and (when kept) strides; `_like` returns it without a copy."""
-    return src.dtype == live.dtype and src.device == live.device and (
-        not keep_strides or src.stride() == live.stride() or live.numel() <= 1)
-
-
-def _like(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
-    """`src`'s values with `live`'s dtype, device and (when it is a plain layout) strides."""
-    if _usable_as_is(live, src, keep_strides):
-        return src                       # already what the op would have seen: no copy
-    if keep_strides and live.layout == torch.strided and _dense_non_overlapping(live):
-        out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)
-        return out.copy_(src)
-    return src.to(device=live.device, dtype=live.dtype).contiguous()
-
-
-_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
-    """Same dtype, shape and bits (so -0.0 != 0.0 and NaN payloads count). torch.equal on
-    same-width integer views: a memcmp for dense tensors, which stops at the first
-    difference, so inputs that differ (the usual case across devices) cost little."""
-    if live.dtype != src.dtype or live.shape != src.shape or live.device != src.device \
-            or live.layout != torch.strided or live.is_conj() or live.is_neg() \
-            or src.is_conj() or src.is_neg() or live.dtype.is_complex:
-        return False
-    as_int = _SAME_WIDTH_INT.get(live.element_size())
-    if as_int is None:
-        return False
-    try:
-        return bool(torch.equal(live.detach().view(as_int), src.view(as_int)))
-    except RuntimeError:
-        return False
-
-
-def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    return non_overlapping(tuple(t.shape), tuple(t.stride()))
 
 
 def _has_dtensor(live: dict[str, Any]) -> bool:
@@ -481,4 +442,4 @@ def _has_tensor(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
 
 
-__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError", "resolve_op"]
+__all__ = ["ReplayPolicy", "ReplaySummary", "ReplayError"]

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from ..capture.opschema import named_returns, op_info
-from .recorded import draws_random
+from .op_names import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}
 

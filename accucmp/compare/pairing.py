@@ -1,0 +1,118 @@
+"""The match stage: which op of one dump pairs with which op of the other (torch-free).
+
+match_ops takes the two open dumps and their op lists and returns a Matched: the op
+pairs in execution order (a side None when unmatched), how they were paired (by seqid
+for a replay or an extract, else by aligning the name streams, with the leftovers
+aligned into regions), the io groups both dumps recorded, and what the comparison's
+meta says about it. The pairing algorithms themselves are matching.py (ops, and
+tensors within a pair) and align.py (regions of fused vs decomposed ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dumpfile import schema as S
+from dumpfile.read.reader import DumpFile, h5_errors
+
+from accucmp.compare import align, matching
+
+
+@dataclass(frozen=True, slots=True)
+class Matched:
+    """The match stage's result, handed to the read stage (rows.py) pair by pair."""
+
+    pairs: tuple[matching.OpPair, ...]  # execution order
+    replay: bool                        # paired by seqid (the files share the numbering)
+    inherit: bool                       # carry precision forward (independent runs, not replays)
+    ios: tuple[str, ...]                # the io groups both dumps recorded
+    target_ops: int                     # ops taking part, after the filters and --select
+    golden_ops: int
+    target_filter: str                  # each dump's own op filter, described
+    golden_filter: str
+    ops_left_out: int                   # by the other dump's op filter
+    notes: tuple[str, ...]
+    aligned_regions: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def _attr_text(v) -> str:
+    if v is None:
+        return ""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
+    """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
+    execution order); `pattern`: --select, `amap`: the --align-map overrides."""
+    from dumpfile.golden_info import read_not_replayed
+
+    # A filtered dump (include/exclude/modules/phases) against one filtered differently or
+    # not at all: pass each side's ops through the other's selection, so both streams hold
+    # the ops both runs would have written; otherwise the name-stream alignment pairs a
+    # selected op with a same-named op the filter dropped (another layer's mm).
+    with h5_errors(tf.path):
+        t_sel = tf.op_filter
+    with h5_errors(gf.path):
+        g_sel = gf.op_filter
+    filtered_out = 0
+    if t_sel != g_sel:
+        n = len(t_ops) + len(g_ops)
+        if g_sel is not None:
+            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
+        if t_sel is not None:
+            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
+        filtered_out = n - len(t_ops) - len(g_ops)
+    if pattern is not None:
+        keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
+        t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
+    with h5_errors(gf.path):
+        not_replayed = read_not_replayed(gf.h5)
+    pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
+                              golden_missing_reasons=not_replayed)
+    replay = matching.is_replay_pairing(tf.mode, gf.mode)
+    warnings = []
+    # An extracted file (accucmp extract: a few ops of a run, under their seqids) against
+    # a whole dump: the name-stream alignment pairs its mm/13 with the run's first mm. When
+    # its seqids line up with the other file's (same names at the same seqids), pair by
+    # seqid and leave out the other file's ops the extract does not hold.
+    subset_note = ""
+    from accucmp.extract import ROOT_EXTRACTED_FROM
+
+    extracted = [f for f in (tf, gf) if f.attrs.get(ROOT_EXTRACTED_FROM) is not None]
+    if not replay and extracted:
+        seqs_t, seqs_g = {o.seqid for o in t_ops}, {o.seqid for o in g_ops}
+        # the whole dump's ops the extract holds (both extracted: the seqids both hold)
+        t_sub = t_ops if gf not in extracted else [o for o in t_ops if o.seqid in seqs_g]
+        g_sub = g_ops if tf not in extracted else [o for o in g_ops if o.seqid in seqs_t]
+        trial = matching.pair_by_seqid(t_sub, g_sub)
+        bad, both = matching.seqid_name_mismatches(trial)
+        if both and bad <= matching.MAX_SEQID_NAME_MISMATCH * both:
+            left_out = len(t_ops) + len(g_ops) - len(t_sub) - len(g_sub)
+            pairs, replay = trial, True
+            t_ops, g_ops = t_sub, g_sub
+            subset_note = (f"{' and '.join(f.path for f in extracted)} extracted: paired by seqid"
+                           + (f", {left_out} op(s) of the other file outside the extract left out" if left_out else ""))
+    if replay:
+        bad, both = matching.seqid_name_mismatches(pairs)
+        if both and bad > matching.MAX_SEQID_NAME_MISMATCH * both:
+            replay = False
+            pairs = matching.pair_by_stream(t_ops, g_ops)
+            src = _attr_text(tf.attrs.get(S.ROOT_LOAD_FILE) or gf.attrs.get(S.ROOT_LOAD_FILE))
+            warnings.append(f"seqids do not line up: {bad} of {both} ops paired by seqid have different names, "
+                            f"so {gf.path} is not the file {tf.path} was replayed from"
+                            + (f" ({src})" if src else "") + "; paired by aligning the op streams instead")
+    # Independent runs that computed one thing with different ops (fused attention vs
+    # bmm+softmax+bmm): the ops both sides left unmatched, aligned many-to-one (align.py)
+    regions = []
+    if not replay:
+        pairs, regions = align.align_pairs(pairs, amap)
+    # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
+    # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
+    # side; the other side's tensors are not "unmatched", they were never asked for.
+    ios = tuple(io for io in (S.INPUT_GROUP, S.OUTPUT_GROUP)
+                if io in tf.recorded_io and io in gf.recorded_io)
+    return Matched(tuple(pairs), replay, not matching.is_replay_pairing(tf.mode, gf.mode), ios,
+                   len(t_ops), len(g_ops), t_sel.describe() if t_sel else "", g_sel.describe() if g_sel else "",
+                   filtered_out, tuple(([subset_note] if subset_note else []) + align.notes(regions)),
+                   tuple(r.description for r in regions), tuple(warnings))

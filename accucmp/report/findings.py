@@ -1,0 +1,67 @@
+"""What a judged comparison table points at first: the first failure (the earliest op that
+caused its error), the worst failing ops, the unmatched ops (torch-free). The terminal
+summary, the reports and the demo read these; a table without a verdict is judged first
+with the default thresholds.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW
+from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
+
+
+def _execution_order(table: pd.DataFrame) -> pd.DataFrame:
+    # Index is assigned in execution order by compare_dumps; SeqId is the fallback
+    for key in ("Index", "SeqId"):
+        if key in table.columns:
+            k = pd.to_numeric(table[key], errors="coerce")
+            return table.assign(__k=k).sort_values("__k", kind="stable", na_position="last").drop(columns="__k")
+    return table
+
+
+def _rows(table: pd.DataFrame, result: str) -> pd.DataFrame:
+    """The rows whose Result is `result`, the table judged first when it has no verdict."""
+    if "Result" not in table.columns:
+        table = apply_verdict(table)
+    return table[table["Result"] == result]
+
+
+def first_failure(table: pd.DataFrame) -> pd.Series | None:
+    """The first failing row in execution order whose op caused its error (Origin "caused
+    here"); the first failing row when no op did. None when nothing fails."""
+    failed = _rows(table, RESULT_FAIL)
+    if failed.empty:
+        return None
+    if "Origin" in failed.columns:
+        # the earliest op whose inputs still agree but whose output does not: later failures
+        # (and earlier ones that only carry a difference in from outside) inherit from it
+        caused = failed[failed["Origin"] == ORIGIN_CAUSED]
+        if not caused.empty:
+            return _execution_order(caused).iloc[0]
+        # none: an op whose inputs agree and whose output sits at its dtype's underflow edge
+        # is still where the difference starts; inherited rows got theirs from elsewhere
+        under = failed[failed["Origin"] == ORIGIN_UNDERFLOW]
+        if not under.empty:
+            return _execution_order(under).iloc[0]
+    return _execution_order(failed).iloc[0]
+
+
+def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Failing ops (one row each: its worst tensor), largest Severity first."""
+    failed = _rows(table, RESULT_FAIL)
+    if failed.empty:
+        return failed
+    key = ["NPUDump", "SeqId"] if "SeqId" in failed.columns else ["NPUDump"]
+    sev = pd.to_numeric(failed["Severity"], errors="coerce").fillna(0.0)
+    worst = failed.assign(__s=sev).sort_values("__s", ascending=False, kind="stable")
+    worst = worst.drop_duplicates(subset=key, keep="first")
+    return worst.drop(columns="__s").head(n)
+
+
+def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per unmatched op (either side), in execution order."""
+    un = _rows(table, RESULT_UNMATCHED)
+    return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
+                                                       if c in un.columns]))

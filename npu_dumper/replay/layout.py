@@ -1,0 +1,51 @@
+"""A recorded tensor handed to a live op as the live argument would have been: its dtype,
+device and (for plain layouts) strides, without a copy when nothing differs, and whether
+the live tensor already holds the recorded bits (load_replay.py's substitution uses these).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .recorded import non_overlapping
+
+
+def usable_as_is(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> bool:
+    """`src` already has what the op would have seen of `live` but the values: dtype,
+    device and (when kept) strides; `like_live` returns it without a copy."""
+    return src.dtype == live.dtype and src.device == live.device and (
+        not keep_strides or src.stride() == live.stride() or live.numel() <= 1)
+
+
+def like_live(live: torch.Tensor, src: torch.Tensor, keep_strides: bool) -> torch.Tensor:
+    """`src`'s values with `live`'s dtype, device and (when it is a plain layout) strides."""
+    if usable_as_is(live, src, keep_strides):
+        return src                       # already what the op would have seen: no copy
+    if keep_strides and live.layout == torch.strided and dense_non_overlapping(live):
+        out = torch.empty_strided(live.shape, live.stride(), dtype=live.dtype, device=live.device)
+        return out.copy_(src)
+    return src.to(device=live.device, dtype=live.dtype).contiguous()
+
+
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (so -0.0 != 0.0 and NaN payloads count). torch.equal on
+    same-width integer views: a memcmp for dense tensors, which stops at the first
+    difference, so inputs that differ (the usual case across devices) cost little."""
+    if live.dtype != src.dtype or live.shape != src.shape or live.device != src.device \
+            or live.layout != torch.strided or live.is_conj() or live.is_neg() \
+            or src.is_conj() or src.is_neg() or live.dtype.is_complex:
+        return False
+    as_int = _SAME_WIDTH_INT.get(live.element_size())
+    if as_int is None:
+        return False
+    try:
+        return bool(torch.equal(live.detach().view(as_int), src.view(as_int)))
+    except RuntimeError:
+        return False
+
+
+def dense_non_overlapping(t: torch.Tensor) -> bool:
+    return non_overlapping(tuple(t.shape), tuple(t.stride()))
