@@ -233,11 +233,6 @@ def open_output(path: str | os.PathLike, mode: str = "wb", *, force: bool = Fals
             raise DumpWriteError(f"{os.fspath(path)}: write failed ({_why(e)})") from e
 
 
-def write_bytes(path: str | os.PathLike, data: bytes | str, *, force: bool = False) -> None:
-    with open_output(path, "wb", force=force) as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-
-
 def open_append_nofollow(path: str | os.PathLike, *, encoding: str = "utf-8") -> IO:
     """Append to a file this command created earlier in the run (a mapping table growing
     op by op); O_NOFOLLOW: a link put there meanwhile is refused, not followed."""

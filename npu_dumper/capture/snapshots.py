@@ -374,10 +374,6 @@ class CaptureRegistry:
         with self._lock:
             return list(self._pending.get(ptr, ()))
 
-    def pending_count(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self._pending.values())
-
 
 # ---- storage changes the dispatcher does not see -------------------------------------
 _guarded: list[CaptureRegistry] = []
