@@ -197,6 +197,10 @@ class CatalogRows:
             self._lo = lo
         return self._block[row - lo]
 
+    def get_range(self, lo: int, hi: int) -> Any:
+        """Rows [lo, hi) (not cached)."""
+        return self._ds[lo:hi]
+
     def all(self) -> Any:
         return self._ds[()]
 
