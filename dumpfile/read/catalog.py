@@ -246,10 +246,12 @@ def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager:
             raise _NotPlaced
         n = e[S.CAT_NAME]
         dtype, shape = e[S.ATTR_DTYPE], e[S.ATTR_SHAPE]
-        if type(n) is not str or type(dtype) is not str or type(shape) is not list:
+        if type(n) is not str or type(dtype) is not str or type(shape) is not list \
+                or not all(type(x) is int and x >= 0 for x in shape):
             raise _NotPlaced
+        shape = tuple(shape)
         sd = np.dtype(e[S.CAT_STORED_DTYPE])
-        ss = tuple(int(x) for x in e.get(S.CAT_STORED_SHAPE, shape))
+        ss = tuple(int(x) for x in e[S.CAT_STORED_SHAPE]) if S.CAT_STORED_SHAPE in e else shape
         if sd.kind not in "biufc" or sd.subdtype is not None:
             raise _NotPlaced
         attrs: dict[str, Any] = {S.ATTR_TYPE: code, S.ATTR_DTYPE: dtype, S.ATTR_SHAPE: shape}

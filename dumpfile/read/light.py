@@ -172,6 +172,14 @@ class LightValue(ValueRecord):
 LightTensor = LightValue        # (compare's name for the tensor records)
 
 
+def some_attrs(oid, names: frozenset) -> dict[bytes, Any]:
+    """Those of `names` (bytes) the object has, read: one listing of its attribute names
+    instead of an existence check per name (rare attributes are usually all absent)."""
+    found: list[bytes] = []
+    h5a.iterate(oid, lambda name: found.append(name) if name in names else None)
+    return {n: ll_attr(oid, n) for n in found}
+
+
 def _wanted_attrs(oid) -> dict[str, Any] | None:
     """The layout walk's attributes of an object; None when one is of a kind the low-level
     read does not handle (the caller then asks the reader)."""

@@ -85,8 +85,11 @@ class ValueRecord:
     @property
     @_guarded
     def shape(self) -> tuple[int, ...]:
-        if S.ATTR_SHAPE in self.attrs:
-            return tuple(int(x) for x in np.asarray(self.attrs[S.ATTR_SHAPE]).reshape(-1))
+        a = self.attrs.get(S.ATTR_SHAPE)
+        if type(a) is tuple:                 # (records from the catalog: checked ints already)
+            return a
+        if a is not None:
+            return tuple(int(x) for x in np.asarray(a).reshape(-1))
         ds = self.file.h5[self.path]
         return tuple(ds.shape) if isinstance(ds, h5py.Dataset) and ds.shape is not None else ()
 
