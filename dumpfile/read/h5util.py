@@ -7,6 +7,7 @@ import contextlib
 from typing import Any, Iterator
 
 import h5py
+import numpy as np
 
 from dumpfile.errors import DumpFormatError, raised_by_h5py
 from dumpfile.read import recovery
@@ -67,3 +68,21 @@ def _attr_str(v: Any) -> str:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     return "" if v is None else str(v)
+
+
+# ---- the order of a group's members (every reader: DumpFile.values, light, catalog) ----
+def suffix_index(key: str) -> tuple[int, str]:
+    """Sort key of a list's members (item_0, item_1, ... item_10): by their numeric suffix."""
+    tail = key.rsplit("_", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 62, key)
+
+
+def ordered_names(names: list[str], order: Any) -> list[str]:
+    """A group's member names in argument order: those its `order` attribute lists first,
+    then the others in link (name) order."""
+    if order is None or isinstance(order, h5py.Empty):
+        return names
+    present = set(names)
+    listed = [_attr_str(n) for n in np.asarray(order).reshape(-1)]
+    known = set(listed)
+    return [n for n in listed if n in present] + [n for n in names if n not in known]

@@ -32,7 +32,7 @@ from h5py import h5a, h5d, h5g, h5o, h5s
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 from dumpfile.read import legacy
-from dumpfile.read.h5util import _attr_str, h5_errors
+from dumpfile.read.h5util import _attr_str, h5_errors, ordered_names, suffix_index  # noqa: F401
 from dumpfile.read.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
 from dumpfile.read.reader import DumpFile, ValueRecord
 from dumpfile.read.values import chunk_slabs, decode_raw
@@ -79,23 +79,6 @@ def link_names(gid) -> list[str]:
     names: list[bytes] = []
     gid.links.iterate(names.append)     # name order, as Group.keys()
     return [n.decode("utf-8", "surrogateescape") for n in names]
-
-
-def suffix_index(key: str) -> tuple[int, str]:
-    """Sort key of a list's members (item_0, item_1, ... item_10): by their numeric suffix."""
-    tail = key.rsplit("_", 1)[-1]
-    return (int(tail) if tail.isdigit() else 1 << 62, key)
-
-
-def ordered_names(names: list[str], order: Any) -> list[str]:
-    """A group's member names in argument order: those its `order` attribute lists first,
-    then the others in link (name) order."""
-    if order is None or isinstance(order, h5py.Empty):
-        return names
-    present = set(names)
-    listed = [_attr_str(n) for n in np.asarray(order).reshape(-1)]
-    known = set(listed)
-    return [n for n in listed if n in present] + [n for n in names if n not in known]
 
 
 @dataclass

@@ -31,7 +31,8 @@ from dumpfile.errors import DumpFormatError, raised_by_h5py
 from dumpfile.read.values import (  # noqa: F401  (public here too: DumpFile's helpers)
     DECODED_NUMPY_DTYPE, _WIDE_OK, _strides_are_dense, chunk_slabs, decode_raw, view_of)
 from dumpfile.read.h5util import (  # noqa: F401
-    H5_ERRORS, READ_ERRORS, _attr_str, corrupt_dump_error, existing, h5_errors, h5_message, members)
+    H5_ERRORS, READ_ERRORS, _attr_str, corrupt_dump_error, existing, h5_errors, h5_message, members,
+    ordered_names, suffix_index)
 from dumpfile.read.records import (  # noqa: F401  (public here too)
     OpRecord, TableValueRecord, ValueRecord, _LazyOpRecord, _TableOpRecord, _guarded)
 
@@ -294,12 +295,8 @@ class DumpFile:
         grp = existing(self.h5, group_path)
         if grp is None:
             return {}
-        out = {name: self._record(f"{group_path}/{name}", name) for name in grp.keys()}
-        order = grp.attrs.get("order")
-        if order is not None:
-            names = [_attr_str(n) for n in np.asarray(order).reshape(-1)]
-            out = {n: out[n] for n in names if n in out} | {n: v for n, v in out.items() if n not in names}
-        return out
+        names = ordered_names(list(grp.keys()), grp.attrs.get("order"))
+        return {name: self._record(f"{group_path}/{name}", name) for name in names}
 
     @_guarded
     def _record(self, path: str, name: str) -> ValueRecord:
@@ -311,7 +308,7 @@ class DumpFile:
         code = int(code)
         rec = ValueRecord(self, path, name, code, attrs)
         if isinstance(obj, h5py.Group):
-            kids = sorted(obj.keys(), key=lambda k: _suffix_index(k))
+            kids = sorted(obj.keys(), key=suffix_index)
             rec.children = [self._record(f"{path}/{k}", k) for k in kids]
         return rec
 
@@ -405,10 +402,3 @@ class DumpFile:
             with h5_errors(self.path, rec.path):
                 piece = ds[tuple(slice(a, a + c) for a, c in zip(start, count))]
             yield decode_raw(piece, dtype_name).reshape(-1)
-
-
-def _suffix_index(key: str) -> tuple[int, str]:
-    tail = key.rsplit("_", 1)[-1]
-    return (int(tail), key) if tail.isdigit() else (1 << 62, key)
-
-
