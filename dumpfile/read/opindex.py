@@ -18,6 +18,7 @@ not the whole catalog (~500 B an op: 166 MB for 333k ops).
 from __future__ import annotations
 
 import array
+import copy
 from typing import Any
 
 import h5py
@@ -51,6 +52,20 @@ class OpIndex:
 
     def __len__(self) -> int:
         return len(self.seqid)
+
+    def bound_to(self, file) -> "OpIndex":
+        """This index with `file` as its file (the columns shared), one copy per file."""
+        if file is self.file:
+            return self
+        copies = self.__dict__.setdefault("_copies", {})
+        other = copies.get(id(file))
+        if other is None or other.file is not file:
+            other = copy.copy(self)
+            other.file = file
+            other.attrs = {}
+            other.__dict__.pop("_copies", None)
+            copies[id(file)] = other
+        return other
 
     def phase_of(self, i: int) -> str:
         c = self.phase[i]

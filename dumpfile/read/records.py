@@ -112,21 +112,21 @@ class OpRecord:
     All of a file's ops are held for a whole compare (10^5-10^6 per file): two slots and
     an optional file, no strings or ints of its own."""
 
-    __slots__ = ("_ix", "_i", "_file")
+    __slots__ = ("_ix", "_i")
 
     def __init__(self, ix, i: int):
         self._ix = ix
         self._i = i
-        self._file = None
 
     @property
     def file(self) -> "DumpFile":
-        # (a forked compare worker rebinds each op to the file it opened again)
-        return self._file if self._file is not None else self._ix.file
+        return self._ix.file
 
     @file.setter
     def file(self, f: "DumpFile") -> None:
-        self._file = f
+        # a forked compare worker rebinds each op to the file it opened again: the ops of
+        # one index move to one copy of it bound to that file (no slot per op for it)
+        self._ix = self._ix.bound_to(f)
 
     @property
     def op(self) -> str:
