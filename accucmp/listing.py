@@ -187,6 +187,7 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
     text: dict[Any, str] = {}
     shown: dict[tuple, str] = {}            # (Type, stored value text) -> shown value
     shape_of: dict[bytes, tuple] = {}
+    same: dict[tuple, TensorLine] = {}      # lines shared by rows that show the same
     out: dict[int, list[TensorLine]] = {}
     per_op: dict[int, tuple[list, list]] = {}
     for i, (q, io, name, code) in enumerate(zip(cols["seqid"], cols["io"], cols["name"], cols["Type"])):
@@ -198,6 +199,17 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
             continue
         if code == S.TYPE_TENSOR_STATS:
             dt = cols["dtype"][i]
+            if st is None:
+                # without --stats a line is its row's name, dtype and shape: one line per
+                # distinct row, shared (a model's ops repeat a few hundred)
+                raw = shapes[i]
+                lkey = (io, name, code, dt, raw.dtype.str, raw.tobytes()) if isinstance(raw, np.ndarray) else None
+                line = same.get(lkey) if lkey is not None else None
+                if line is not None:
+                    entries.append((name, line))
+                    continue
+            else:
+                lkey = None
             sa = np.asarray(shapes[i], dtype=np.int64).reshape(-1)
             key = sa.tobytes()
             shape = shape_of.get(key)
@@ -208,16 +220,21 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
                               text[dt] if dt in text else text.setdefault(dt, _attr_str(dt)), shape)
             if st is not None and not cols["uninitialized"][i]:
                 line.stats = {k: float(c[i]) for k, c in zip(S.STATS_FIELDS, st)}
+            if lkey is not None:
+                same[lkey] = line
         else:
             key = (code, cols["value"][i])
-            value = shown.get(key)
-            if value is None:
-                try:
-                    value = shown[key] = _short(T.decode_value(code, _attr_str(key[1])))
-                except ValueError:
-                    return None
-            line = TensorLine("in" if io == T.IO_INPUT else "out", name,
-                              S.TYPE_NAMES.get(code, str(code)), value=value)
+            lkey = (io, name, key)
+            line = same.get(lkey)
+            if line is None:
+                value = shown.get(key)
+                if value is None:
+                    try:
+                        value = shown[key] = _short(T.decode_value(code, _attr_str(key[1])))
+                    except ValueError:
+                        return None
+                line = same[lkey] = TensorLine("in" if io == T.IO_INPUT else "out", name,
+                                               S.TYPE_NAMES.get(code, str(code)), value=value)
         entries.append((name, line))
     for q, (ins, outs) in per_op.items():
         out[q] = _table_flatten(ins) + _table_flatten(outs)
