@@ -140,7 +140,7 @@ def main() -> None:
             goal = "" if stats else f"; as a process / 1 s goal: {tp:4.2f}x"
             print(f"  ls{flag:8s} {label:16s} {n:6d} ops: in process {t:6.2f} s ({n / t:9,.0f} ops/s); "
                   f"as a process {tp:6.2f} s{goal}", flush=True)
-        rows = (a.ops // 10) * 4
+        rows = (a.ops // 10) * 3     # tensor rows: 3 tensors an op (the scalar is no row)
         out = os.path.join(d, "out")
         t = process(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q", "--jobs", "1"], 1)
         print(f"  compare --jobs 1, {rows} rows of 64 float32: {t:.2f} s = {rows / t:,.0f} rows/s "
