@@ -245,6 +245,12 @@ def _table_flatten(entries: list) -> list[TensorLine]:
     """Lines in the order `_flatten` gives the records _table_values builds: a row whose
     name's parent ("tensors" of "tensors/tensors_0") is a list row earlier in the op goes
     under that list, in row order; the rest in row order."""
+    lines = [line for _, line in entries]
+    for line in lines:
+        if line is None:
+            break
+    else:                              # no list row in the op (the usual case): row order
+        return lines
     children: dict[str, list] = {}
     top = []
     for name, line in entries:
