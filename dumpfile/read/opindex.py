@@ -192,12 +192,12 @@ def _present(h5: h5py.File, names: list[str], op_code: np.ndarray, seqid: np.nda
 
 class CatalogRows:
     """The catalog's raw rows (JSON text as bytes, b"" for an op it does not describe) by
-    index row number, read in blocks of CATALOG_BLOCK rows with the last block kept."""
+    index row number, read in blocks of CATALOG_BLOCK rows, the last two kept (ops are in
+    seqid order, index rows in publication order: near a block's edge they may alternate)."""
 
     def __init__(self, ds: h5py.Dataset):
         self._ds = ds
-        self._lo = -1
-        self._block: Any = None
+        self._blocks: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return self._ds.shape[0]
@@ -206,11 +206,12 @@ class CatalogRows:
         if row < 0:
             return None
         lo = row - row % CATALOG_BLOCK
-        if lo != self._lo:
-            self._block = None
-            self._block = self._ds[lo:min(len(self), lo + CATALOG_BLOCK)]
-            self._lo = lo
-        return self._block[row - lo]
+        block = self._blocks.get(lo)
+        if block is None:
+            if len(self._blocks) >= 2:
+                self._blocks.pop(next(iter(self._blocks)))
+            block = self._blocks[lo] = self._ds[lo:min(len(self), lo + CATALOG_BLOCK)]
+        return block[row - lo]
 
     def get_range(self, lo: int, hi: int) -> Any:
         """Rows [lo, hi) (not cached)."""
