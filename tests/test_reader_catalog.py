@@ -95,3 +95,26 @@ def test_op_index_columns_and_dropped_groups(pair, tmp_path):
         ix = f.op_index
         assert ix.names == ["aten.add.Tensor", "aten.mm.default"] and len(ix) == 7
         assert ops[0] == f.ops()[0] and ops[0] != ops[1]
+
+
+def test_listing_strips_placement_outside_strings_only(tmp_path, monkeypatch):
+    # a name that spells a placement key inside its JSON string: listing parses each row
+    # once per distinct text with offsets left out, and must not cut into the string
+    from accucmp import listing
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    odd = 'a","off":7,"obj":"/x'
+    ops = [dict(op="aten.add.Tensor", seqid=i, inputs={odd: x, "self": x * i}, outputs={"result": x})
+           for i in range(1, 4)]
+    write_dump(tmp_path / "d.h5", ops)
+    walks = []
+    real = listing._light_values
+    monkeypatch.setattr(listing, "_light_values", lambda f, p: walks.append(p) or real(f, p))
+    via, _ = listing.list_ops(tmp_path / "d.h5")
+    assert walks == []                                    # every op from its catalog row
+    with h5py.File(tmp_path / "d.h5", "r+") as h:
+        del h[S.CATALOG_PATH]
+    walked, _ = listing.list_ops(tmp_path / "d.h5")
+    assert via == walked
+    assert sorted(v.name for v in via[0].values) == sorted([odd, "self", "result"])
+    assert {id(v) for v in via[0].values if v.name != "self"} == {id(v) for v in via[2].values if v.name != "self"}
