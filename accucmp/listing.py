@@ -5,7 +5,6 @@ and then in chunks, so listing a large dump stays cheap."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -14,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from dumpfile import DumpFile, ValueRecord
+from dumpfile import DumpFile
 from dumpfile import schema as S
-from dumpfile.read.reader import _attr_str, existing, h5_errors
+from dumpfile.read import catalog as catalog_mod, light
+from dumpfile.read.reader import _attr_str, h5_errors
 
 
 @dataclass
@@ -49,7 +49,7 @@ def _flatten(side: str, recs: dict, prefix: str = "") -> list:
     out = []
     for name, rec in recs.items():
         label = f"{prefix}{name}"
-        if rec.is_list:
+        if rec.is_list or rec.children:
             out += _flatten(side, {c.name: c for c in rec.children}, prefix=f"{label}/")
         else:
             out.append((side, label, rec))
@@ -101,6 +101,8 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
         # names, dtypes, shapes and values of every op from the catalog, read once (format
         # 1.2+), instead of walking each op's groups (~0.3 ms an op)
         catalog = None if (stats or f.is_table) else _catalog_rows(f)
+        lines_seen: dict = {}          # one TensorLine per distinct entry (ops repeat them)
+        by_text: dict = {}             # an op's lines by its row without placement (ops repeat them)
         # a statistics table: every op's lines from the table's columns, read once
         table = _table_lines(f, stats) if f.is_table else None
         for op in f.ops():
@@ -111,17 +113,25 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
             if limit is not None and len(lines) >= limit:
                 break
             if not stats and not f.is_table:   # table (stats 1.1) files: values from the rows below
-                vals = _catalog_values(catalog.get(op.path)) if catalog else None
+                vals = None
+                if catalog is not None:
+                    text = catalog.get(op.index_row)
+                    vals = by_text.get(text) if text else None
+                    if vals is None and text:
+                        vals = _catalog_values(catalog_mod.parse_row(text), lines_seen)
+                        if vals is not None and len(by_text) < _MAX_DISTINCT_ROWS:
+                            by_text[text] = vals
                 if vals is None:
                     f.check_all()
                     vals = _light_values(f, op.path)
-                # (only an op with no outputs can have raised: no attribute read per op)
-                raised = "" if any(v.side == "out" for v in vals) else _raised(op)
+                # (only an op with no outputs can have raised: no attribute read per op; the
+                # lines are inputs then outputs, so the last says whether there are outputs)
+                raised = "" if vals and vals[-1].side == "out" else _raised(op)
                 lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
                 continue
             vals = table.get(op.seqid) if table is not None else None
             if vals is not None:
-                raised = "" if any(v.side == "out" for v in vals) else _raised(op)
+                raised = "" if vals and vals[-1].side == "out" else _raised(op)
                 lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
                 continue
             if not f.is_table:
@@ -136,7 +146,7 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
                     line = TensorLine(side, label, S.TYPE_NAMES.get(rec.type, str(rec.type)),
                                       value=_short(rec.read()))
                 vals.append(line)
-            raised = "" if any(v.side == "out" for v in vals) else _raised(op)
+            raised = "" if vals and vals[-1].side == "out" else _raised(op)
             lines.append(OpLine(op.seqid, op.op, op.phase or "", op.module or "", vals, raised))
         info["shown"] = len(lines)
     return lines, info
@@ -177,6 +187,7 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
     text: dict[Any, str] = {}
     shown: dict[tuple, str] = {}            # (Type, stored value text) -> shown value
     shape_of: dict[bytes, tuple] = {}
+    same: dict[tuple, TensorLine] = {}      # lines shared by rows that show the same
     out: dict[int, list[TensorLine]] = {}
     per_op: dict[int, tuple[list, list]] = {}
     for i, (q, io, name, code) in enumerate(zip(cols["seqid"], cols["io"], cols["name"], cols["Type"])):
@@ -188,6 +199,17 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
             continue
         if code == S.TYPE_TENSOR_STATS:
             dt = cols["dtype"][i]
+            if st is None:
+                # without --stats a line is its row's name, dtype and shape: one line per
+                # distinct row, shared (a model's ops repeat a few hundred)
+                raw = shapes[i]
+                lkey = (io, name, code, dt, raw.dtype.str, raw.tobytes()) if isinstance(raw, np.ndarray) else None
+                line = same.get(lkey) if lkey is not None else None
+                if line is not None:
+                    entries.append((name, line))
+                    continue
+            else:
+                lkey = None
             sa = np.asarray(shapes[i], dtype=np.int64).reshape(-1)
             key = sa.tobytes()
             shape = shape_of.get(key)
@@ -198,16 +220,21 @@ def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None
                               text[dt] if dt in text else text.setdefault(dt, _attr_str(dt)), shape)
             if st is not None and not cols["uninitialized"][i]:
                 line.stats = {k: float(c[i]) for k, c in zip(S.STATS_FIELDS, st)}
+            if lkey is not None:
+                same[lkey] = line
         else:
             key = (code, cols["value"][i])
-            value = shown.get(key)
-            if value is None:
-                try:
-                    value = shown[key] = _short(T.decode_value(code, _attr_str(key[1])))
-                except ValueError:
-                    return None
-            line = TensorLine("in" if io == T.IO_INPUT else "out", name,
-                              S.TYPE_NAMES.get(code, str(code)), value=value)
+            lkey = (io, name, key)
+            line = same.get(lkey)
+            if line is None:
+                value = shown.get(key)
+                if value is None:
+                    try:
+                        value = shown[key] = _short(T.decode_value(code, _attr_str(key[1])))
+                    except ValueError:
+                        return None
+                line = same[lkey] = TensorLine("in" if io == T.IO_INPUT else "out", name,
+                                               S.TYPE_NAMES.get(code, str(code)), value=value)
         entries.append((name, line))
     for q, (ins, outs) in per_op.items():
         out[q] = _table_flatten(ins) + _table_flatten(outs)
@@ -218,6 +245,12 @@ def _table_flatten(entries: list) -> list[TensorLine]:
     """Lines in the order `_flatten` gives the records _table_values builds: a row whose
     name's parent ("tensors" of "tensors/tensors_0") is a list row earlier in the op goes
     under that list, in row order; the rest in row order."""
+    lines = [line for _, line in entries]
+    for line in lines:
+        if line is None:
+            break
+    else:                              # no list row in the op (the usual case): row order
+        return lines
     children: dict[str, list] = {}
     top = []
     for name, line in entries:
@@ -240,39 +273,57 @@ def _table_flatten(entries: list) -> list[TensorLine]:
     return out
 
 
-def _catalog_rows(f: DumpFile) -> dict[str, Any] | None:
-    """Op group path -> its catalog row (DumpFile.catalog_rows). Only names, Types, dtypes,
-    shapes and values are taken from it: they stay true when a tool rewrites the file (its
-    offsets may not, and are not used here)."""
-    return f.catalog_rows()
+def _catalog_rows(f: DumpFile):
+    """The catalog's rows by index row, placement left out (dumpfile.read.catalog).
+    Only names, Types, dtypes, shapes and values are taken from it: they stay true when a
+    tool rewrites the file (its offsets may not, and are not used here)."""
+    return catalog_mod.described_rows(f)
+
+
+# Distinct catalog rows whose lines are kept (parsed once): a model's ops repeat a few
+# hundred patterns; a bound for files where every row differs.
+_MAX_DISTINCT_ROWS = 1 << 16
 
 
 _TENSOR_TYPES, _TYPE_NAMES, _DTYPE, _SHAPE = S.TENSOR_TYPES, S.TYPE_NAMES, S.ATTR_DTYPE, S.ATTR_SHAPE
 
 
-def _catalog_values(row: Any) -> list[TensorLine] | None:
-    """What _light_values reads from an op's groups, from its catalog row; None when the
-    row does not describe the op (empty, malformed, or an entry lacking what is shown)."""
-    if not row:
+def _catalog_values(d: Any, seen: dict) -> list[TensorLine] | None:
+    """What _light_values reads from an op's groups, from its parsed catalog row; None when
+    the row does not describe the op (empty, malformed, or an entry lacking what is shown).
+    Lines are shared through `seen` between ops with the same entry."""
+    if not d:
         return None
     try:
-        d = json.loads(row)
         out: list[TensorLine] = []
         for side, key in (("in", S.CAT_INPUTS), ("out", S.CAT_OUTPUTS)):
             for e in d[key]:
                 if S.CAT_LENGTH in e:        # a list: its children follow as entries
                     continue
-                code, name = int(e[S.CAT_TYPE]), str(e[S.CAT_NAME])
+                code, name = e[S.CAT_TYPE], e[S.CAT_NAME]
                 if code in _TENSOR_TYPES:
                     dtype, shape = e[_DTYPE], e[_SHAPE]
-                    if type(dtype) is not str or type(shape) is not list \
-                            or not all(type(x) is int for x in shape):
-                        return None
-                    out.append(TensorLine(side, name, _TYPE_NAMES.get(code, "Tensor"), dtype,
-                                          tuple(shape)))
+                    key_ = (side, name, code, dtype, tuple(shape) if type(shape) is list else None)
+                    line = seen.get(key_)
+                    if line is None:
+                        if type(dtype) is not str or type(name) is not str or type(shape) is not list \
+                                or not all(type(x) is int for x in shape):
+                            return None
+                        line = seen[key_] = TensorLine(side, name, _TYPE_NAMES.get(code, "Tensor"), dtype,
+                                                       key_[4])
+                    out.append(line)
                 elif S.CAT_VALUE in e:
-                    out.append(TensorLine(side, name, S.TYPE_NAMES.get(code, str(code)),
-                                          value=_short(e[S.CAT_VALUE])))
+                    v = e[S.CAT_VALUE]
+                    try:
+                        key_ = (side, name, code, type(v), v)
+                        line = seen.get(key_)
+                    except TypeError:        # lists: not hashable
+                        key_, line = None, None
+                    if line is None:
+                        line = TensorLine(side, str(name), S.TYPE_NAMES.get(code, str(code)), value=_short(v))
+                        if key_ is not None:
+                            seen[key_] = line
+                    out.append(line)
                 else:                        # (complex, NaN: only in the file)
                     return None
         return out
@@ -281,45 +332,26 @@ def _catalog_values(row: Any) -> list[TensorLine] | None:
 
 
 def _light_values(f: DumpFile, op_path: str) -> list[TensorLine]:
-    """Names, kinds, dtypes and shapes reading only the 3 attributes needed (h5py attribute
-    reads cost tens of microseconds each; the full record reads every attribute)."""
+    """Names, kinds, dtypes, shapes and values of an op from its groups, through the light
+    walk (dumpfile.read.light: only the attributes shown are read)."""
     out: list[TensorLine] = []
     for side, sub in (("in", S.INPUT_GROUP), ("out", S.OUTPUT_GROUP)):
-        grp = existing(f.h5, f"{op_path}/{sub}")
-        if grp is None:
-            continue
-        names = list(grp.keys())
-        order = grp.attrs.get("order")
-        if order is not None:
-            known = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(order).reshape(-1)]
-            names = [n for n in known if n in names] + [n for n in names if n not in known]
-        _light_walk(f, grp, names, side, "", out)
+        recs = light.walk_group(f, f"{op_path}/{sub}", values=True)
+        for _, label, rec in _flatten(side, recs):
+            if rec.is_tensor:
+                out.append(TensorLine(side, label, S.TYPE_NAMES.get(rec.type, "Tensor"),
+                                      rec.dtype or _stored_dtype(f, rec), rec.shape))
+            else:
+                out.append(TensorLine(side, label, S.TYPE_NAMES.get(rec.type, str(rec.type)),
+                                      value=_short(rec.read())))
     return out
 
 
-def _light_walk(f: DumpFile, grp, names, side: str, prefix: str, out: list[TensorLine]) -> None:
-    import h5py
-
-    for name in names:
-        obj = grp[name]
-        a = obj.attrs
-        code = a.get(S.ATTR_TYPE)
-        if isinstance(obj, h5py.Group):
-            kids = sorted(obj.keys(), key=lambda k: (int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit()
-                                                     else 1 << 62, k))
-            _light_walk(f, obj, kids, side, f"{prefix}{name}/", out)
-            continue
-        code = S.TYPE_TENSOR if code is None else int(code)
-        label = f"{prefix}{name}"
-        if code in S.TENSOR_TYPES:
-            dtype = a.get(S.ATTR_DTYPE)
-            dtype = dtype.decode() if isinstance(dtype, bytes) else (dtype or str(obj.dtype))
-            shape = a.get(S.ATTR_SHAPE)
-            shape = tuple(int(x) for x in np.asarray(shape).reshape(-1)) if shape is not None else tuple(obj.shape or ())
-            out.append(TensorLine(side, label, S.TYPE_NAMES.get(code, "Tensor"), dtype, shape))
-        else:
-            rec = ValueRecord(f, obj.name, name, code, dict(a))
-            out.append(TensorLine(side, label, S.TYPE_NAMES.get(code, str(code)), value=_short(rec.read())))
+def _stored_dtype(f: DumpFile, rec) -> str:
+    try:
+        return str(f.h5[rec.path].dtype)
+    except (KeyError, TypeError, AttributeError):
+        return ""
 
 
 def _fmt(v: float) -> str:
@@ -354,10 +386,19 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
         header += f"; showing {info['shown']}"
     if plain:
         out = [header, "seqid\top\tphase\tmodule\tinputs\toutputs"]
+        # lines read from the catalog are shared between ops (listing._catalog_values):
+        # each described once; an op's cells are cached by the identity of its lines
+        cells: dict[tuple, str] = {}
         for ln in lines:
-            ins = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "in")
-            outs = _outputs_text(ln, stats, "; ")
-            out.append("\t".join(_cell(c) for c in (str(ln.seqid), ln.op, ln.phase, ln.module, ins, outs)))
+            key = tuple(map(id, ln.values))
+            text = cells.get(key) if not ln.raised else None
+            if text is None:
+                ins = "; ".join(describe_value(v, stats) for v in ln.values if v.side == "in")
+                outs = _outputs_text(ln, stats, "; ")
+                text = _cell(ins) + "\t" + _cell(outs)
+                if not ln.raised:
+                    cells[key] = text
+            out.append("\t".join((str(ln.seqid), _cell(ln.op), _cell(ln.phase), _cell(ln.module), text)))
         # print, not rich: rich expands tabs, and plain output is for cut/awk/grep
         print("\n".join(out))
         return

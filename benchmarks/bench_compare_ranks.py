@@ -203,8 +203,12 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another checkout (e.g. `git worktree add /tmp/base HEAD~5`): "
                     "its streamed compare of the same dumps, alternating with this one's")
     ap.add_argument("--repeat", type=int, default=3, help="with --against: runs of each")
+    ap.add_argument("--keep", help="directory to keep (and reuse) the --rss-rows dumps in: a 1M-row pair "
+                    "takes minutes to write")
     args = ap.parse_args()
     d = tempfile.mkdtemp(prefix="bench_ranks_")
+    kept = args.keep or d
+    os.makedirs(kept, exist_ok=True)
     try:
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
         # 1. Dask: 1 vs 2 workers
@@ -215,10 +219,11 @@ def main():
             counts = [int(x) for x in args.rss_rows.split(",") if x]
             peaks = {}
             for n in counts:
-                t, g = os.path.join(d, f"t{n}.h5"), os.path.join(d, f"g{n}.h5")
+                t, g = os.path.join(kept, f"t{n}.h5"), os.path.join(kept, f"g{n}.h5")
                 t0 = time.perf_counter()
-                write_small(t, n)
-                write_small(g, n, fault_seqid=n // 6)
+                if not (os.path.exists(t) and os.path.exists(g)):
+                    write_small(t, n)
+                    write_small(g, n, fault_seqid=n // 6)
                 wt = time.perf_counter() - t0
                 res = child("stream", t, g, os.path.join(d, f"s{n}.csv"))
                 peaks[n] = res["peak_mb"]
@@ -231,7 +236,7 @@ def main():
                     old = child("table", t, g, os.path.join(d, f"m{n}.csv"))
                     print(f"[rss] in-memory pipeline (compare_dumps + apply_verdict + to_csv), {old['rows']:,} rows: "
                           f"peak RSS {old['peak_mb']:.0f} MB")
-                for p in (t, g):
+                for p in (t, g) if not args.keep else ():
                     os.remove(p)
             if len(peaks) > 1:
                 lo, hi = counts[0], counts[-1]

@@ -107,6 +107,7 @@ def test_bad_tensors_become_rows_with_reasons(tmp_path):
     write_dump(tmp_path / "t.h5", t_ops)
     with h5py.File(tmp_path / "t.h5", "a") as f:   # op1: shape attribute lies about the data
         f["/aten.op1.default/1/output/result"].attrs[S.ATTR_SHAPE] = np.array([5, 5])
+        del f[S.CATALOG_PATH]       # an in-place edit drops the catalog (docs/FORMAT.md "The catalog")
     t = apply_verdict(compare_dumps(tmp_path / "t.h5", tmp_path / "g.h5").table)
     by = {r["NPUDump"].split(".")[1]: r for r in t.to_dict("records")}
     assert by["op1"]["CompareStatus"] == "corrupt" and "disagrees with the stored data" in by["op1"]["CompareFailReason"]

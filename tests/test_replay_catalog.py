@@ -58,7 +58,7 @@ class _Idents:
 
 def _check(cat, walk, idents: _Idents, kinds: set) -> None:
     where = walk.path
-    assert type(cat).__name__ == "IndexedValue"
+    assert type(cat).__name__ == "LightValue"
     assert (cat.path, cat.name, cat.type) == (walk.path, walk.name, walk.type), where
     kinds.add(cat.type)
     assert list(cat.attrs) == list(walk.attrs), where

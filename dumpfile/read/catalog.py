@@ -1,0 +1,310 @@
+"""Value records from the catalog (`/_npu_dumper/catalog`, format 1.2+), torch-free.
+
+The writer keeps, next to the index, one JSON row per op naming its values with the
+attributes readers use and, for plain contiguous tensors, where their bytes are
+(docs/FORMAT.md "The catalog"). Records built here are the ones `light.walk_group` reads
+from the groups, without opening any op group (~0.05 ms an op instead of ~0.7 ms):
+
+- `read_catalog(f, group)`: every op's records at once, layout included (load-replay);
+- `op_values(f, op, eager)`: one op's tensor records, read by row in blocks (compare:
+  the catalog of a 333k-op file is ~166 MB of text, never held whole), small tensors'
+  bytes read with pread at their recorded offsets when the file's offsets are its own;
+- `described_rows(f)`: rows with each entry's placement left out, so that a reader
+  parses each distinct row once (listing: a model's ops repeat a few hundred patterns).
+
+The groups stay the truth: a row that is empty, malformed or lacks what a reader needs
+gives None for that op (the reader walks it), and a catalog whose offsets are not the
+file's (a tool rewrote it: h5repack) is not used for offsets (`offsets_hold`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any
+
+import numpy as np
+from h5py import h5o
+
+from dumpfile import schema as S
+from dumpfile.read.lowlevel import contiguous_offset
+from dumpfile.read.reader import DumpFile, ValueRecord
+from dumpfile.read.light import LightValue, suffix_index
+
+_OFFSET_SAMPLES = 8
+_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def catalog_attrs(e: dict, code: int) -> dict[str, Any]:
+    """An entry's attributes as a layout walk reads them from the object (numpy scalars/arrays)."""
+    attrs: dict[str, Any] = {S.ATTR_TYPE: np.int64(code)}
+    for k in S.CATALOG_ATTRS:
+        if k not in e:
+            continue
+        v = e[k]
+        if k in (S.ATTR_SHAPE, S.ATTR_STRIDE, S.ATTR_LIVE_STRIDE):
+            attrs[k] = np.array(v, dtype=np.int64)
+        elif k == S.ATTR_STORAGE_OFFSET:
+            attrs[k] = np.int64(v)
+        elif k == S.ATTR_UNINITIALIZED:
+            attrs[k] = np.bool_(v)
+        elif isinstance(v, str):
+            attrs[k] = v
+        else:
+            raise TypeError(f"attribute {k} is not a string")
+    return attrs
+
+
+def _group_records(f: DumpFile, group_path: str, entries: list, hashed: dict,
+                   placed: list) -> dict[str, ValueRecord]:
+    """The records of one group from its catalog entries, as a layout walk builds them."""
+    top: dict[str, ValueRecord] = {}
+    lists: dict[str, LightValue] = {}
+    for e in entries:
+        n = e[S.CAT_NAME]
+        code = int(e[S.CAT_TYPE])
+        parent, _, leaf = n.rpartition("/")
+        path = f"{group_path}/{n}"
+        rec = LightValue(f, path, leaf, code, catalog_attrs(e, code))
+        if S.CAT_LENGTH in e:
+            lists[n] = rec
+        elif code in S.TENSOR_TYPES:
+            shape = tuple(int(x) for x in e[S.ATTR_SHAPE])
+            stride = S.live_stride(e)
+            canonical = e.get(S.CAT_OBJECT, path)
+            if code == S.TYPE_TENSOR and len(shape) >= 2 and len(stride) == len(shape) \
+                    and stride != _row_major(shape):
+                # a stored tensor that replay may lay out as recorded (ReplayPolicy._strided_base):
+                # views of it key their base by hash(h5[path].id) (recorded.tensor_from_record),
+                # so it takes that identity, as the walk gives it (opened once per dataset)
+                ident0 = hashed.get(canonical)
+                if ident0 is None:
+                    ident0 = hashed[canonical] = hash(h5o.open(f.h5.id, canonical.encode("utf-8", "surrogateescape")))
+            else:
+                ident0 = ("obj", canonical)
+            rec.ident = (ident0, int(e.get(S.ATTR_STORAGE_OFFSET, 0)), shape, stride)
+            if code == S.TYPE_TENSOR and S.CAT_OFFSET in e:
+                rec.file_offset = int(e[S.CAT_OFFSET])
+                rec.stored_nbytes = int(e[S.CAT_NBYTES])
+                rec.stored_dtype = np.dtype(e[S.CAT_STORED_DTYPE])
+                rec.stored_shape = tuple(int(x) for x in e.get(S.CAT_STORED_SHAPE, shape))
+                placed.append(rec)
+        elif S.CAT_VALUE in e:
+            rec.value = e[S.CAT_VALUE]
+        if parent:
+            lists[parent].children.append(rec)     # KeyError: malformed, the caller walks
+        else:
+            top[n] = rec
+    for rec in lists.values():
+        rec.children.sort(key=lambda c: suffix_index(c.name))
+    return top
+
+
+def read_catalog(f: DumpFile, group: str = S.INPUT_GROUP) -> dict[str, dict[str, ValueRecord] | None] | None:
+    """Every op's `group` (input/ or output/) records from the file's catalog, by op group
+    path (`OpRecord.path`): what a layout walk (`light.walk_group(layout=True, values=True)`)
+    would return for it, or None for an op the catalog does not describe (walk it). None
+    when the file has no usable catalog: absent (older files, the original tool's,
+    statistics tables), not one row per index row (a crash between the two writes, a tool
+    that edited one of them), unreadable, or with offsets that are not the file's."""
+    key = S.CAT_INPUTS if group == S.INPUT_GROUP else S.CAT_OUTPUTS
+    rows = f.catalog_rows()
+    if rows is None:
+        return None
+    hashed: dict[str, int] = {}
+    placed: list[LightValue] = []
+    out: dict[str, dict[str, ValueRecord] | None] = {}
+    for path, raw in rows.items():
+        try:
+            out[path] = (_group_records(f, f"{path}/{group}", json.loads(raw)[key], hashed, placed)
+                         if raw else None)
+        except _CAT_ERRORS:
+            out[path] = None        # not described, or malformed: walk this op
+    return out if _placed_hold(f, placed) else None
+
+
+def _placed_hold(f: DumpFile, placed: list[LightValue]) -> bool:
+    """Whether the catalog's file offsets are this file's: a tool that rewrites the file
+    (h5repack, a copy of every group) copies the catalog as it is while the datasets move,
+    and readers read bytes at those offsets. Checked on a few datasets spread over the file
+    (first and last included; a rewrite moves nearly all of them)."""
+    if not placed:
+        return True
+    n = len(placed)
+    k = min(n, _OFFSET_SAMPLES)
+    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
+    try:
+        for i in picks:
+            rec = placed[i]
+            oid = h5o.open(f.h5.id, rec.path.encode("utf-8", "surrogateescape"))
+            if contiguous_offset(oid, rec.stored_nbytes) != rec.file_offset:
+                return False
+    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+# ---- compare: one op at a time ------------------------------------------------------
+class _FileState:
+    """Per file: whether its catalog's offsets hold (checked once, on rows spread over
+    the catalog) and the descriptor small tensors are read through."""
+
+    def __init__(self, f: DumpFile):
+        self.fd = -1
+        self.size = 0
+        self.offsets = False
+        cat = f.catalog
+        if cat is None or getattr(f, "_source", None) is not None:
+            return          # (a file recovered after a kill is read through a copy: HDF5's reads only)
+        n = len(cat)
+        placed: list[LightValue] = []
+        try:
+            for r in sorted({round(i * (n - 1) / max(_OFFSET_SAMPLES - 1, 1)) for i in range(_OFFSET_SAMPLES)}):
+                d = parse_row(cat.get(r) or b"null")
+                if d is None:
+                    continue
+                path = _op_path_of_row(f, r)
+                if path is None:
+                    continue
+                for side, key in ((S.INPUT_GROUP, S.CAT_INPUTS), (S.OUTPUT_GROUP, S.CAT_OUTPUTS)):
+                    _group_records(f, f"{path}/{side}", d.get(key, []), {}, placed)
+        except _CAT_ERRORS:
+            return
+        if not _placed_hold(f, placed):
+            return
+        try:
+            self.fd = f.h5.id.get_vfd_handle()      # the descriptor HDF5 reads this file through
+            self.size = os.fstat(self.fd).st_size
+            self.offsets = True
+        except (AttributeError, TypeError, ValueError, OSError, RuntimeError):
+            self.fd = -1
+
+
+def _op_path_of_row(f: DumpFile, row: int) -> str | None:
+    ix = f.op_index
+    hit = np.flatnonzero(np.frombuffer(ix.row, dtype=np.int64) == row) if len(ix) else ()
+    if not len(hit):
+        return None
+    i = int(hit[0])
+    return S.op_group_path(ix.names[ix.op_code[i]], ix.seqid[i])
+
+
+def _state(f: DumpFile) -> _FileState:
+    st = f.__dict__.get("_catalog_state")
+    if st is None:
+        st = f.__dict__["_catalog_state"] = _FileState(f)
+    return st
+
+
+def op_values(f: DumpFile, op, eager: int = 0) -> tuple[dict, dict] | None:
+    """(inputs, outputs) of `op` as tensor records from its catalog row, lists flattened
+    to "name/name_i" (as matching.tensor_leaves); None when the catalog cannot stand in for
+    the op's groups: no usable catalog, an empty or malformed row, or an entry it does not
+    place well enough (a tensor stored other than contiguously: views, statistics and
+    compressed or empty datasets are read from the groups)."""
+    cat = f.catalog
+    row = getattr(op, "index_row", -1)
+    if cat is None or row < 0:
+        return None
+    try:
+        raw = cat.get(row)
+    except (OSError, ValueError, KeyError, RuntimeError, IndexError):
+        return None
+    if not raw:
+        return None
+    try:
+        d = json.loads(raw)
+        st = _state(f)
+        base = op.path
+        return (_tensors(f, st, f"{base}/{S.INPUT_GROUP}", d[S.CAT_INPUTS], eager),
+                _tensors(f, st, f"{base}/{S.OUTPUT_GROUP}", d[S.CAT_OUTPUTS], eager))
+    except (*_CAT_ERRORS, _NotPlaced):
+        return None
+
+
+class _NotPlaced(Exception):
+    pass
+
+
+def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager: int) -> dict:
+    out: dict[str, ValueRecord] = {}
+    for e in entries:
+        code = e[S.CAT_TYPE]
+        if type(code) is not int or code not in S.TENSOR_TYPES:
+            continue                       # lists (their children follow) and plain values
+        if code != S.TYPE_TENSOR or S.CAT_OFFSET not in e:
+            raise _NotPlaced
+        n = e[S.CAT_NAME]
+        dtype, shape = e[S.ATTR_DTYPE], e[S.ATTR_SHAPE]
+        if type(n) is not str or type(dtype) is not str or type(shape) is not list \
+                or not all(type(x) is int and x >= 0 for x in shape):
+            raise _NotPlaced
+        shape = tuple(shape)
+        sd = np.dtype(e[S.CAT_STORED_DTYPE])
+        ss = tuple(int(x) for x in e[S.CAT_STORED_SHAPE]) if S.CAT_STORED_SHAPE in e else shape
+        if sd.kind not in "biufc" or sd.subdtype is not None:
+            raise _NotPlaced
+        attrs: dict[str, Any] = {S.ATTR_TYPE: code, S.ATTR_DTYPE: dtype, S.ATTR_SHAPE: shape}
+        if S.ATTR_UNINITIALIZED in e:
+            attrs[S.ATTR_UNINITIALIZED] = bool(e[S.ATTR_UNINITIALIZED])
+        rec = LightValue(f, f"{group_path}/{n}", n.rpartition("/")[2], code, attrs)
+        rec.stored_shape, rec.stored_dtype, rec.fast = ss, sd, True
+        size = math.prod(ss)
+        off, nb = int(e[S.CAT_OFFSET]), int(e[S.CAT_NBYTES])
+        if st.offsets and size <= eager and nb == size * sd.itemsize and 0 <= off and off + nb <= st.size:
+            arr = np.empty(ss, dtype=sd)
+            try:
+                if not nb or os.preadv(st.fd, [arr], off) == nb:
+                    rec.data = arr
+            except OSError:
+                pass                       # read() reads it through HDF5 and reports a failure on the row
+        out[n] = rec
+    return out
+
+
+# ---- listing: what ops show, without where it is ---------------------------------------
+# An entry's placement: the file offset and, for hard links, the linked dataset's path.
+# (Outside strings only: inside a JSON string every quote is escaped, so `,"off":` cannot
+# occur there.)
+_PLACEMENT = re.compile(rb',"(?:off|obj)":(?:-?\d+|"(?:[^"\\]|\\.)*")')
+
+
+class DescribedRows:
+    """Catalog rows by index row with each entry's placement left out (bytes; None for a
+    row that does not describe its op): what two ops holding the same names, dtypes,
+    shapes and values share, so a reader can parse each distinct row once."""
+
+    def __init__(self, rows):
+        self._rows = rows          # a CatalogRows
+
+    def get(self, row: int) -> bytes | None:
+        if row < 0 or row >= len(self._rows):
+            return None
+        raw = self._rows.get(row)
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogateescape")
+        return _PLACEMENT.sub(b"", raw) if raw else None
+
+
+def described_rows(f: DumpFile) -> DescribedRows | None:
+    """The file's catalog for listing (None: no usable catalog, walk the groups)."""
+    return DescribedRows(f.catalog) if f.catalog is not None else None
+
+
+def parse_row(text) -> dict | None:
+    """One row parsed: its dict, None when it is not a JSON object."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
