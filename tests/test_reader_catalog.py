@@ -118,3 +118,27 @@ def test_listing_strips_placement_outside_strings_only(tmp_path, monkeypatch):
     assert via == walked
     assert sorted(v.name for v in via[0].values) == sorted([odd, "self", "result"])
     assert {id(v) for v in via[0].values if v.name != "self"} == {id(v) for v in via[2].values if v.name != "self"}
+
+
+def test_a_tensor_rewritten_elsewhere_behind_a_kept_catalog_reads_its_new_value(tmp_path):
+    """A user edits a dump with h5py (deletes a small tensor and writes another value under
+    its name) and keeps the catalog: the old bytes still lie at the catalog's offset, but
+    the compare must show the value the file now holds, not the one the catalog points at.
+    40 ops, the edited one not among those the per-file offset check samples."""
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    ops = [dict(op="aten.mm.default", seqid=i, inputs={"self": x + i}, outputs={"result": x * i})
+           for i in range(1, 41)]
+    t, g = tmp_path / "t.h5", tmp_path / "g.h5"
+    write_dump(g, ops)
+    shutil.copy(g, t)
+    path = f"{S.op_group_path('aten.mm.default', 20)}/{S.OUTPUT_GROUP}/result"
+    with h5py.File(t, "r+") as h:
+        old, attrs = h[path][()], dict(h[path].attrs)
+        h.create_dataset("edited", data=old + np.float32(5.0))     # (before the delete: the
+        del h[path]                                                # old bytes stay where they were)
+        h.move("edited", path)
+        h[path].attrs.update(attrs)
+    table = _table(t, g)
+    assert (table["MaxAbsoluteError"].astype(float) > 0).sum() == 1
+    row = table[table["NPUDumpPath"] == path]
+    assert float(row["MaxAbsoluteError"].iloc[0]) == pytest.approx(5.0)

@@ -238,6 +238,7 @@ class _NotPlaced(Exception):
 
 def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager: int) -> dict:
     out: dict[str, ValueRecord] = {}
+    group = None            # opened at the first tensor read by pread (names are looked up in it)
     for e in entries:
         code = e[S.CAT_TYPE]
         if type(code) is not int or code not in S.TENSOR_TYPES:
@@ -261,7 +262,8 @@ def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager:
         rec.stored_shape, rec.stored_dtype, rec.fast = ss, sd, True
         size = math.prod(ss)
         off, nb = int(e[S.CAT_OFFSET]), int(e[S.CAT_NBYTES])
-        if st.offsets and size <= eager and nb == size * sd.itemsize and 0 <= off and off + nb <= st.size:
+        if st.offsets and size <= eager and nb == size * sd.itemsize and 0 <= off and off + nb <= st.size \
+                and _still_at(group := group or _open_group(f, group_path), n, off, nb):
             arr = np.empty(ss, dtype=sd)
             try:
                 if not nb or os.preadv(st.fd, [arr], off) == nb:
@@ -270,6 +272,27 @@ def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager:
                 pass                       # read() reads it through HDF5 and reports a failure on the row
         out[n] = rec
     return out
+
+
+def _open_group(f: DumpFile, path: str):
+    try:
+        return h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
+    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _still_at(group, name: str, off: int, nbytes: int) -> bool:
+    """Whether the dataset `name` of `group` still stores its bytes at the catalog's
+    offset. A dump edited with h5py (a tensor deleted and written again under its name)
+    keeps its catalog while the new bytes lie elsewhere and the old ones stay at the old
+    offset: the per-file sample cannot see one such tensor, so each pread is checked (one
+    H5Oopen in the op's group, far less than the attribute reads the catalog saves)."""
+    if group is False:
+        return False
+    try:
+        return contiguous_offset(h5o.open(group, name.encode("utf-8", "surrogateescape")), nbytes) == off
+    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
+        return False
 
 
 # ---- listing: what ops show, without where it is ---------------------------------------
