@@ -142,3 +142,34 @@ def test_a_tensor_rewritten_elsewhere_behind_a_kept_catalog_reads_its_new_value(
     assert (table["MaxAbsoluteError"].astype(float) > 0).sum() == 1
     row = table[table["NPUDumpPath"] == path]
     assert float(row["MaxAbsoluteError"].iloc[0]) == pytest.approx(5.0)
+
+
+def test_load_replay_reads_a_large_tensor_rewritten_behind_a_kept_catalog_from_its_new_place(tmp_path):
+    """Load-replay's raw reads (pread/mmap at the catalog's offset, large tensors) check the
+    offset against the dataset itself: an edited golden gives the op its new value."""
+    import torch
+    from npu_dumper.replay.source import RecordedTensors
+
+    x = np.arange(32768, dtype=np.float32)             # 128 KiB: read raw, not through h5py
+    ops = [dict(op="aten.neg.default", seqid=i, inputs={"self": x + i}, outputs={"result": -(x + i)})
+           for i in range(1, 41)]
+    g = tmp_path / "g.h5"
+    write_dump(g, ops)
+    path = f"{S.op_group_path('aten.neg.default', 20)}/{S.INPUT_GROUP}/self"
+    with h5py.File(g, "r+") as h:
+        old, attrs = h[path][()], dict(h[path].attrs)
+        h.create_dataset("edited", data=old + np.float32(5.0))
+        del h[path]
+        h.move("edited", path)
+        h[path].attrs.update(attrs)
+    with DumpFile(g) as f:
+        recs = catalog.read_catalog(f)
+        assert recs is not None                          # the kept catalog is used
+        rec = recs[S.op_group_path("aten.neg.default", 20)]["self"]
+        src = RecordedTensors()
+        src.open(f, str(g))
+        try:
+            got = src.load(rec)
+        finally:
+            src.close()
+    torch.testing.assert_close(got, torch.from_numpy(x + 25.0), rtol=0, atol=0)

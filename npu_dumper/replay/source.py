@@ -151,6 +151,15 @@ class RecordedTensors:
         offset = getattr(rec, "file_offset", None)
         if offset is not None:
             dt, shape, nbytes = rec.stored_dtype, rec.stored_shape, rec.stored_nbytes
+            if nbytes < _RAW_READ_MIN_BYTES:
+                return None
+            # the index's offset is checked against the dataset itself (one open): a dump
+            # edited with h5py keeps its catalog while a rewritten tensor's bytes move
+            try:
+                if contiguous_offset(self._file.h5[rec.path].id, nbytes) != offset:
+                    return None
+            except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
+                return None
         else:
             try:
                 if obj is None:
