@@ -9,7 +9,7 @@ The concerns around it have their own modules: the HDF5 objects it makes
 (h5objects.py), the catalog it keeps next to the index (catalog.py), what keeps the file
 openable after a failed write or a kill (durability.py, its base class).
 
-Why ~470 lines: DumpWriter is one state machine over one open file (the op being
+Why ~460 lines: DumpWriter is one state machine over one open file (the op being
 written, its deferred ops whose bytes another thread writes, the index rows not yet
 published); its methods share that state and an order (begin_op, values, end_op,
 release_ops, flush), and the value writers are the format's layout, each a few lines
