@@ -381,14 +381,13 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
     def _finish(self, clean: bool) -> None:
         wt = self._writer
         w = wt.writer
-        f = w.file
         dev = self._mode.first_device or "cpu"
         layout = parallel_layout(self._tracker, self._mode) if self.rank is not None else None
         if isinstance(w, RemoteDumpWriter):
             w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
             if layout:
                 w.extra_root_attrs[S.ROOT_PARALLEL_LAYOUT] = layout
-        elif f is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout):
+        elif (f := w.file) is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout):
             try:
                 extra = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
                 if layout:

@@ -343,3 +343,30 @@ def test_claim_blocks_allocates_the_range_it_is_given(tmp_path):
         assert ei.value.errno in (errno.ENOSPC, errno.EFBIG)
     finally:
         os.close(fd)
+
+
+def test_a_flush_keeps_little_clean_metadata_and_the_cache_size_for_dirty_entries(tmp_path):
+    # HDF5 walks every cached entry at each flush: a cache left to fill its 32 MB with
+    # clean entries made each flush slower as the dump grew. After a flush past 8 MB the
+    # writer keeps ~2 MB of them; the cache's size (which holds dirty entries until the next flush) is
+    # set back, and nothing dropped was dirty: the file reads back whole.
+    from dumpfile.write.durability import CLEAN_METADATA_DROP_ABOVE, CLEAN_METADATA_KEPT_BYTES
+    from dumpfile.write.h5objects import METADATA_CACHE_BYTES
+    p = tmp_path / "many.h5"
+    n = 4000
+    with DumpWriter(p, flush_interval=1e9) as w:
+        for i in range(1, n + 1):
+            w.begin_op("aten.add.Tensor", i)
+            w.write_value(w.io_groups()[0], "alpha", i)
+            w.end_op()
+        before = w.file.id.get_mdc_size()[2]
+        w.flush()
+        after = w.file.id.get_mdc_size()[2]
+        assert w.file.id.get_mdc_config().max_size == METADATA_CACHE_BYTES
+        assert before > CLEAN_METADATA_DROP_ABOVE and after <= CLEAN_METADATA_KEPT_BYTES
+        w.begin_op("aten.add.Tensor", n + 1)        # (evicted entries are read back)
+        w.end_op()
+    with DumpFile(p) as f:
+        ops = f.ops()
+        assert len(ops) == n + 1 and ops[-1].seqid == n + 1
+        assert ops[3210].inputs()["alpha"].read() == 3211

@@ -17,7 +17,7 @@ import torch
 import npu_dumper
 import sample_models
 from dumpfile import schema as S
-from dumpfile.write import writer as W
+from dumpfile.write import catalog as C
 from dumpfile.read.reader import DumpFile
 from dumpfile.write.writer import DumpWriter, TensorMeta
 from npu_dumper.replay import matching as R     # (where load-replay calls read_group)
@@ -162,7 +162,7 @@ def test_process_writer_writes_the_same_catalog(tmp_path):
 def _exotic(path, monkeypatch) -> dict:
     """Entries the sample models do not make, links to forgotten descriptions, a deferred
     op, an aborted one and one written partly around the writer. Returns op paths."""
-    monkeypatch.setattr(W, "CATALOG_MAX_DESCRIPTIONS", 3)     # forget early: links read the file
+    monkeypatch.setattr(C, "CATALOG_MAX_DESCRIPTIONS", 3)     # forget early: links read the file
     big = np.arange(256 * 128, dtype=np.float32).reshape(256, 128)
     with DumpWriter(path) as w:
         g = w.begin_op("aten.exotic.default", 1)

@@ -35,9 +35,9 @@ terminal's process group is the caller's to act on.
 
 Torch-free: the child imports only dumpfile, h5py and numpy.
 
-Why one module of ~510 lines: both ends of the connection (the caller's RemoteDumpWriter
-and the child's loop) and the watchdog share the protocol above; kept together, a
-change to a message is made on both sides at once.
+The child's side (its serving loop, `python -m dumpfile.write.remote_child`) is
+remote_child.py; the protocol above is the contract between the two modules, and a change
+to a message is made on both sides at once.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import schema as S
-from ..errors import DumpWriteError, writer_error_message
+from ..errors import DumpWriteError
 from .writer import pwrite_all
 
 # Seconds without progress on the socket after which the child counts as hung (a send
@@ -89,7 +89,7 @@ class _Child:
         parent_sock, child_sock = socket.socketpair()
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dumpfile.write.remote", str(child_sock.fileno())],
+            [sys.executable, "-m", "dumpfile.write.remote_child", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),), close_fds=True)
         child_sock.close()
         _set_timeouts(parent_sock, _watchdog_s())
@@ -166,7 +166,8 @@ class RemoteDumpWriter:
 
     Not a DumpWriter: it offers what the dumper's writer uses — `path`, `send` of op
     records, `recv` of their replies, `write_at` (local pwrite), `release_ops`, `close` —
-    and no h5py objects (the dumper's ProcessWriter, written for it, calls nothing else).
+    and no h5py objects (no `file`; the dumper's ProcessWriter, written for it, calls
+    nothing else).
     Not locked: one thread sends and one receives (see the module doc); close() runs
     after both have stopped.
     """
@@ -193,8 +194,6 @@ class RemoteDumpWriter:
         except OSError as e:
             self._fail_close()
             raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
-
-    file = None
 
     def send(self, msg: tuple) -> None:
         child = self._child
@@ -301,216 +300,3 @@ class RemoteDumpWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-# ---- child side ---------------------------------------------------------------------------
-class _Server:
-    def __init__(self, conn: Connection):
-        import numpy as np
-        from .writer import DumpWriter
-        self.np = np
-        self.DumpWriter = DumpWriter
-        self.conn = conn
-        self.w = None
-        self.error: str | None = None
-        self.flush_interval = 1.0
-
-    parent_gone = False     # set by SIGTERM (the caller died, or its watchdog asks us to stop)
-
-    def serve(self) -> None:
-        conn = self.conn
-        while True:
-            if self.parent_gone:
-                # Only here, between DumpWriter calls: stopping inside a flush (as a
-                # SIGKILL would) could leave HDF5's metadata half written.
-                self._caller_gone()
-            try:
-                if self.w is not None and not conn.poll(self.flush_interval):
-                    if not self.parent_gone:
-                        self._idle_flush()
-                    continue
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self._caller_gone()
-            if self.parent_gone:
-                self._caller_gone()
-            kind = msg[0]
-            if kind == "op":
-                self._reply(self._op(msg[1]))
-            elif kind == "release":
-                # bytes written: publish even after a failure (the final flush, after the
-                # disk-space reserve is given back, may still make them durable)
-                if self.w is not None:
-                    self.w.release_ops(msg[1])
-                    if self.error is None:
-                        self._maybe_flush()     # as promptly as the thread writer
-            elif kind == "open":
-                self._reply(self._open(*msg[1:]))
-            elif kind == "close":
-                self._reply(self._close(*msg[1:]))
-            elif kind == "ping":
-                self._reply(("ok",))
-
-    def _reply(self, msg: tuple) -> None:
-        try:
-            self.conn.send(msg)
-        except (OSError, EOFError):     # the caller is gone
-            self._caller_gone()
-
-    def _caller_gone(self) -> None:
-        """Close the file as of the ops the caller released (never marked complete), so
-        that plain HDF5 tools open it and its lock is let go, then exit. Exiting without
-        closing left the metadata HDF5 had evicted since the last flush pointing past the
-        end of allocation the superblock records (4 and 9 files in 10 did not open)."""
-        try:
-            if self.w is not None:
-                self._drain()
-                self._close(False, {})
-        finally:
-            os._exit(0)
-
-    def _drain(self) -> None:
-        """The messages the caller sent before it died: SIGTERM comes at once, while its
-        last ops and releases may still wait in the socket (a kill lost up to a flush
-        interval of ops that way)."""
-        conn = self.conn
-        try:
-            while conn.poll(0):
-                msg = conn.recv()
-                if msg[0] == "op" and self.error is None:
-                    self._op(msg[1])
-                elif msg[0] == "release" and self.w is not None:
-                    self.w.release_ops(msg[1])
-        except (EOFError, OSError):
-            pass
-
-    def _open(self, path, mode, root_attrs, flush_interval):
-        self.error = None
-        self.flush_interval = flush_interval
-        try:
-            self.w = self.DumpWriter(path, mode=mode, root_attrs=root_attrs,
-                                     flush_interval=flush_interval)
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            self.w = None
-            return ("err", writer_error_message(e, path))
-        return ("ok",)
-
-    def _fail(self, e: BaseException) -> None:
-        """Every failure in the child: a failed write freezes the file as its last good
-        flush left it (DumpWriter.fail); anything else drops the half-written op. The
-        first one is reported at the next op and at the close."""
-        w = self.w
-        if isinstance(e, (OSError, RuntimeError, DumpWriteError)):
-            msg = str(w.fail(e))
-        else:
-            w.abort_op()
-            msg = writer_error_message(e, w.path)
-        if self.error is None:
-            self.error = msg
-
-    def _maybe_flush(self) -> None:
-        try:
-            self.w.maybe_flush()
-        except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-            self._fail(e)
-
-    def _idle_flush(self) -> None:
-        if self.error is None:
-            try:
-                self.w.flush()
-            except BaseException as e:  # noqa: BLE001 - reported at the next op or the close
-                self._fail(e)
-
-    def _op(self, rec):
-        w = self.w
-        if w is None:
-            return ("skip",)
-        if self.error is not None:      # (a failed flush): the caller learns it at once
-            return ("err", self.error)
-        op, seqid, phase, module, grad_fn, attrs, inputs, outputs = rec
-        offsets: list[int] = []
-        try:
-            w.begin_op(op, seqid, phase=phase, module=module, grad_fn=grad_fn, attrs=attrs)
-            for parent, entries in zip(w.io_groups(), (inputs, outputs)):
-                for name, node in entries:
-                    self._node(parent, name, node, offsets)
-                if len(entries) > 1:
-                    w.set_order(parent, [n for n, _ in entries])
-            w.end_op(deferred=True)
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            self._fail(e)
-            return ("err", self.error)
-        return ("ok", offsets)
-
-    def _node(self, parent, name: str, node: tuple, offsets: list) -> None:
-        w = self.w
-        kind = node[0]
-        if kind == "reserve":
-            _, shape, dtype, meta = node
-            r = w.reserve_tensor(parent, name, shape, self.np.dtype(dtype), meta)
-            if r is None:
-                raise DumpWriteError(f"{w.path}: {parent.name}/{name}: cannot reserve a "
-                                     "contiguous dataset for the dump writer process")
-            offsets.append(r[1])
-        elif kind == "link":
-            w.link(parent, name, node[1])
-        elif kind == "view":
-            w.write_view(parent, name, node[1], node[2])
-        elif kind == "tensor":
-            w.write_tensor(parent, name, node[1], node[2])
-        elif kind == "value":
-            w.write_value(parent, name, node[1], node[2])
-        elif kind == "named":
-            w.write_named(parent, name, node[1], node[2], schema_type=node[3])
-        elif kind == "list":
-            _, type_code, schema_type, items = node
-            grp = w.create_list(parent, name, type_code, len(items), schema_type)
-            for item_name, item in items:
-                self._node(grp, item_name, item, offsets)
-        else:
-            raise DumpWriteError(f"{w.path}: unknown record kind {kind!r}")
-
-    def _close(self, complete, extra_attrs):
-        w, self.w = self.w, None
-        if w is None:
-            return ("closed", 0, 0, self.error)
-        err = self.error
-        if w.num_deferred:      # ops whose bytes were not written: not in the file
-            w.release_reserve()
-            w.drop_deferred()
-        try:
-            for k, v in extra_attrs.items():
-                w.file.attrs[k] = v
-        except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
-            pass
-        try:
-            w.close(complete=bool(complete) and err is None)
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            if err is None:
-                err = writer_error_message(e, w.path)
-        # (the ops the file keeps: all of them after a good close, else the last flush's)
-        return ("closed", w.bytes_written, w.durable_ops, err)
-
-
-def _main() -> None:
-    fd = int(sys.argv[1])
-    server = _Server(Connection(fd))
-    try:    # stop with the caller (Linux): no orphan writing after a SIGKILL
-        import ctypes
-
-        def _parent_gone(signum, frame):
-            server.parent_gone = True       # acted on between two messages (serve)
-
-        signal.signal(signal.SIGTERM, _parent_gone)
-        # a Ctrl-C reaches the whole process group: the caller decides what it means
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            os._exit(0)
-    except Exception:  # noqa: BLE001 - end of file on the connection still ends us
-        pass
-    server.serve()
-
-
-if __name__ == "__main__":
-    _main()

@@ -22,14 +22,12 @@ from __future__ import annotations
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpWriteError
 from dumpfile.write.remote import RemoteDumpWriter
-from dumpfile.write.writer import DIRECT_WRITE_MIN_BYTES
-
-import torch
 
 from ..capture import ListOf, Named, TensorCapture, Value
 from ..capture.tensors import storage_array
+from .plan import LINK, VIEW, deferred_dtype
 from .protocol import OpJob
-from .thread import WriterThread, _extent, _is_dense, _storage_dtype
+from .thread import WriterThread
 
 
 def _plain(v):
@@ -78,27 +76,20 @@ class ProcessWriter(WriterThread):
         return ("value", str(node), None)   # pragma: no cover - capture builds only the above
 
     def _tensor_record(self, gpath: str, name: str, cap: TensorCapture):
-        # WriterThread._write_tensor's decisions, with paths computed instead of returned
+        """The plan's placement of one capture as a record for the child (the paths the
+        child will create are known here: `{group}/{name}`)."""
         path = f"{gpath}/{name}"
-        key = None
-        if self.dedup and cap.ptr and cap.owner is not None:
-            key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
-            hit = self._exact.get(key)
-            if hit is not None and hit[1]() is not None:
-                self.num_links += 1
-                return ("link", hit[0])
-            if cap.stride and all(s >= 0 for s in cap.stride):
-                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
-                for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
-                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
-                        self._exact[key] = (path, cap.owner)
-                        self.num_views += 1
-                        return ("view", b_path, self._meta(cap))
+        p = self.plan.place(cap)
+        if p.kind is LINK:
+            self.plan.stored(p, path, cap)
+            return ("link", p.ref)
+        if p.kind is VIEW:
+            self.plan.stored(p, path, cap)
+            return ("view", p.ref, self._meta(cap))
         with cap.lock:
             t = cap.tensor
-            dt = _storage_dtype(cap.dtype) if cap.stride and cap.dtype != "complex32" \
-                and t.layout == torch.strided else None
-            if dt is not None and dt.isnative and cap.nbytes >= DIRECT_WRITE_MIN_BYTES:
+            dt = deferred_dtype(cap, t)
+            if dt is not None:
                 rec = ("reserve", cap.shape, dt.str, self._meta(cap))
                 self._pieces.append((cap, None, cap.nbytes))   # the data thread writes the bytes
             else:
@@ -108,12 +99,7 @@ class ProcessWriter(WriterThread):
                 rec = ("tensor", storage_array(t).copy(), self._meta(cap))
                 cap.done = True
                 cap.tensor = None
-        self.num_datasets += 1
-        if key is not None:
-            self._exact[key] = (path, cap.owner)
-            if cap.stride and _is_dense(cap.shape, cap.stride) and all(s >= 0 for s in cap.stride):
-                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
-                self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
+        self.plan.stored(p, path, cap)
         return rec
 
     def _idle_flush(self) -> None:
@@ -137,7 +123,7 @@ class ProcessWriter(WriterThread):
         self._data_thread.join()
         try:
             self._release_written()     # even after a failure: the ops before it are whole
-        except BaseException as e:  # noqa: BLE001 - surfaced via check()
+        except BaseException as e:  # noqa: BLE001 - raised at block exit
             self._fail(e)
 
     # ---- data thread ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Same queue, backpressure, flushing and error surfacing as WriterThread (it is one);
 only the per-op work differs: statistics are computed here (torch reductions, which
 release the GIL) and each op becomes a few table rows (dumpfile.write.stats), not
-HDF5 groups and datasets. The same data seen again (same storage, write generation,
-version and element set; W and W.t() share statistics) repeats the numbers it had.
+HDF5 groups and datasets. What each tensor becomes is the plan's (sinks/plan.py, with
+views=False): the same data seen again (same storage, write generation, version and
+element set; W and W.t() share statistics) repeats the numbers it had.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..capture import ListOf, Named, TensorCapture, Value
 from ..capture.tensor_hash import content_hash
 from ..capture.tensor_hist import _EMPTY as _NO_HIST, log2_histogram
 from ..capture.tensor_stats import batchable, fast_tensor_stats, in_memory_order, rows_stats, stack_for_stats
+from .plan import LINK
 from .protocol import OpJob
 from .thread import WriterThread
 
@@ -52,17 +54,9 @@ class StatsWriterThread(WriterThread):
         # in the user's thread at the next op (DumpMode checks `failed`) or at block exit.
         try:
             self.writer.open()
-        except BaseException as e:  # noqa: BLE001 - surfaced via check()
+        except BaseException as e:  # noqa: BLE001 - raised at block exit
             self._error = e
         super()._run()
-
-    def _key(self, cap: TensorCapture):
-        if self.dedup and cap.ptr and cap.owner is not None:
-            # statistics do not depend on element order and hashes are of storage order:
-            # W and W.t() share them
-            return (cap.ptr, cap.gen, cap.version, cap.dtype,
-                    tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
-        return None
 
     def _batch(self, job: OpJob) -> None:
         """Statistics of the small tensors of `job` and of the jobs queued behind it, one
@@ -83,10 +77,9 @@ class StatsWriterThread(WriterThread):
             for cap in j.captures:
                 if cap.done or cap in self._ready:
                     continue
-                key = self._key(cap)
+                key = self.plan.key(cap)
                 if key is not None:
-                    hit = self._exact.get(key)
-                    if (hit is not None and hit[1]() is not None) or key in keys:
+                    if key in keys or self.plan.earlier(key) is not None:
                         continue
                     keys.add(key)
                 caps.append(cap)
@@ -163,13 +156,12 @@ class StatsWriterThread(WriterThread):
             rows.extend(value_rows(seqid, io, name, str(node)))
 
     def _stats(self, cap: TensorCapture) -> tuple[list[float], int, Any]:
-        """(statistics, content hash, log2 histogram or empty) of a captured tensor."""
-        key = self._key(cap)
-        if key is not None:
-            hit = self._exact.get(key)
-            if hit is not None and hit[1]() is not None:
-                self.num_links += 1
-                return hit[0]
+        """(statistics, content hash, log2 histogram or empty) of a captured tensor: the
+        plan's LINK repeats what the same data had, NEW computes them (or takes the batch's)."""
+        p = self.plan.place(cap)
+        if p.kind is LINK:
+            self.plan.stored(p, p.ref, cap)
+            return p.ref
         stats = self._ready.pop(cap, None)
         if stats is None:
             with cap.lock:
@@ -177,7 +169,5 @@ class StatsWriterThread(WriterThread):
                 stats = (fast_tensor_stats(in_memory_order(t), self._scratch), *self._digests(t))
                 cap.done = True
                 cap.tensor = None
-        self.num_datasets += 1
-        if key is not None:
-            self._exact[key] = (stats, cap.owner)
+        self.plan.stored(p, stats, cap)
         return stats

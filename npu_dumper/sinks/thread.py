@@ -1,9 +1,10 @@
 """The background writer: turns captured ops into the dump file off the main thread.
 
-The main thread only snapshots (aliases) and enqueues; this thread copies the data
-out, deduplicates (hard links for the same data, views for re-stridings of stored
-data), computes statistics in stats-only mode, writes through dumpfile.DumpWriter
-and flushes at least every `flush_interval` seconds even when no op arrives.
+The main thread only snapshots (aliases) and enqueues; this thread executes what the
+plan (sinks/plan.py: new data, a hard link, a view entry) decides for each capture,
+copies the data out, writes through dumpfile.DumpWriter and flushes at least every
+`flush_interval` seconds even when no op arrives. The process writer (process.py) and
+the statistics writer (stats.py) are this pipeline with another last step.
 The queue is bounded in bytes and in time: the main thread waits when it is full, or
 when the oldest op not yet written was recorded more than `max_lag` (0.4 x
 flush_interval) ago, or when the queued ops would take the writer longer than that at
@@ -12,7 +13,7 @@ The time bound keeps the flush promise under load: a writer starved of CPU, or w
 to a slow disk, fell minutes behind, and a kill then lost everything recorded since
 (0-91 of ~190 ops read back after 2.5 s on a busy 2-core machine). It only moves the
 wait: a block whose writer is slower than the model waits at exit for the rest anyway.
-An exception here is kept and re-raised in the user's thread (`check()`).
+An exception here is kept (`_fail`) and raised in the user's thread at block exit.
 
 With `poll_interval` set (statistics-only dumps), the main thread does not wake this
 thread per op: this thread looks at the queue every `poll_interval` seconds while ops
@@ -29,10 +30,9 @@ compute. The data thread takes ops in order; an op is published in the file's in
 (DumpWriter.release_ops) only once all its bytes are written, so every op a flush
 publishes reads back after a crash.
 
-Why one module of ~450 lines: the two threads share the queue, the dedup maps and the
-count of published ops, and every fault (a failed write in either thread, an
-interrupt, the flush bound) ends in one place (`_fail`); split, that state would be
-passed across modules.
+Every fault of the three writers (a failed write in either thread, a lost or hung
+writer process, an interrupt) ends in one place, `_fail`: the first one stops recording,
+is re-raised once in the user's thread, and freezes the file at its last good flush.
 """
 
 from __future__ import annotations
@@ -45,32 +45,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dumpfile import schema as S
-from dumpfile.errors import DumpError, DumpWriteError, writer_error_message
+from dumpfile.errors import DumpError, DumpWriteError
 from dumpfile.write.writer import DumpWriter, TensorMeta
 
 from ..capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
-from ..errors import DumperError
-from ..capture.tensor_stats import tensor_stats
 from ..capture.tensors import numpy_view, storage_array
+from .plan import LINK, VIEW, StoragePlan, deferred_dtype
 from .protocol import OpJob
 from .worker_threads import TaskHandle, run_in_thread
-
-
-def _is_dense(shape: tuple, stride: tuple) -> bool:
-    """Non-overlapping and dense: the elements fill a contiguous storage range."""
-    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
-    expected = 1
-    for st, sz in dims:
-        if st != expected:
-            return False
-        expected *= sz
-    return True
-
-
-def _extent(shape: tuple, stride: tuple, offset: int) -> tuple[int, int]:
-    """[first, last] storage element a strided tensor touches (non-negative strides)."""
-    return offset, offset + sum((d - 1) * s for d, s in zip(shape, stride))
 
 
 # empty looks at the queue (poll_interval apart) before the writer sleeps until woken
@@ -104,14 +86,8 @@ class WriterThread:
         self._asleep = False         # waiting to be woken by the next op (under _cv)
         self._dirty = True           # written (or bytes completed) since the last idle flush
         self._error: BaseException | None = None
-        self._abandoned = False
-        self._reported = False
-        # dedup maps; keys hold the capture's storage pointer, write generation and version
-        self._exact: dict[tuple, tuple[str, Any]] = {}
-        self._bases: dict[tuple, list[tuple[int, int, str, Any]]] = {}
-        self.num_links = 0
-        self.num_views = 0
-        self.num_datasets = 0
+        # what each capture becomes: new data, a link, a view entry (statistics: a row)
+        self.plan = StoragePlan(dedup=dedup, views=not stats_only)
         # data stage (full dumps): (job, [(capture, offset, nbytes)], metadata ok) in op order
         self._data_queue: deque[tuple[OpJob, list, bool] | None] = deque()
         self._data_ok = 0            # ops, counted in order, whose bytes are all written
@@ -126,6 +102,18 @@ class WriterThread:
         if not stats_only:
             self._data_thread = run_in_thread(self._data_run, "npu_dumper-data")
         self._thread = run_in_thread(self._run, "npu_dumper-writer")
+
+    @property
+    def num_links(self) -> int:
+        return self.plan.num_links
+
+    @property
+    def num_views(self) -> int:
+        return self.plan.num_views
+
+    @property
+    def num_datasets(self) -> int:
+        return self.plan.num_datasets
 
     # ---- main-thread side ----------------------------------------------------
     def submit(self, job: OpJob) -> None:
@@ -144,13 +132,6 @@ class WriterThread:
             if self.poll_interval is None or self._asleep or self._pending_bytes > self._wake_bytes:
                 self._cv.notify_all()
 
-    def check(self) -> None:
-        """Re-raise a writer failure in the caller's thread (once)."""
-        if self._error is not None and not self._reported:
-            self._reported = True
-            err = self._error
-            raise DumperError(writer_error_message(err, self.writer.path)) from err
-
     @property
     def failed(self) -> bool:
         return self._error is not None
@@ -162,7 +143,6 @@ class WriterThread:
         if self._error is None:
             self._error = DumpError(f"{self.writer.path}: interrupted; the ops not yet written "
                                     "were dropped")
-        self._abandoned = True
 
     def close(self) -> None:
         """Write everything queued, then stop the thread."""
@@ -204,7 +184,7 @@ class WriterThread:
                 if self._error is None:
                     try:
                         self._idle_flush()
-                    except BaseException as e:  # noqa: BLE001 - surfaced via check()
+                    except BaseException as e:  # noqa: BLE001 - raised at block exit
                         self._fail(e)
                 continue
             if job is None:
@@ -217,7 +197,7 @@ class WriterThread:
                 if self._error is None:
                     self._write_job(job)
                     ok = True
-            except BaseException as e:  # noqa: BLE001 - surfaced via check()
+            except BaseException as e:  # noqa: BLE001 - raised at block exit
                 self._fail(e)
             finally:
                 if self._data_thread is not None:
@@ -235,7 +215,7 @@ class WriterThread:
     def _fail(self, e: BaseException) -> None:
         """Every failure of this writer, from either thread, comes here. The first one
         stops recording (DumpMode records nothing more, the user's step goes on) and is
-        reported once, at block exit (check()). A failed write (OSError, h5py's
+        reported once, at block exit (the dumper raises `_error`). A failed write (OSError, h5py's
         RuntimeError, DumpWriteError) also freezes the file as its last good flush left
         it (DumpWriter.fail: nothing more is written to it); anything else drops the
         half-written op and the close keeps every op written before."""
@@ -310,7 +290,7 @@ class WriterThread:
             job, pieces, ok = item
             try:
                 ok = self._write_pieces(job, pieces, ok)
-            except BaseException as e:  # noqa: BLE001 - surfaced via check()
+            except BaseException as e:  # noqa: BLE001 - raised at block exit
                 self._data_failed = True
                 self._fail(e)
             finally:
@@ -386,15 +366,6 @@ class WriterThread:
         else:  # pragma: no cover - capture only builds the kinds above
             w.write_value(parent, name, str(node))
 
-    def _reserve(self, parent, name: str, cap: TensorCapture, t: torch.Tensor):
-        """Dataset created now, bytes written by the data thread; None: write it here."""
-        if not cap.stride or cap.dtype == "complex32" or t.layout != torch.strided:
-            return None
-        dt = _storage_dtype(cap.dtype)
-        if dt is None:
-            return None
-        return self.writer.reserve_tensor(parent, name, cap.shape, dt, self._meta(cap))
-
     def _meta(self, cap: TensorCapture) -> TensorMeta:
         return TensorMeta(dtype=cap.dtype, shape=cap.shape, stride=cap.stride,
                           storage_offset=cap.offset, device=cap.device,
@@ -402,33 +373,20 @@ class WriterThread:
                           extra=cap.extra or {})
 
     def _write_tensor(self, parent, name: str, cap: TensorCapture) -> None:
+        """Execute the plan's placement of one capture through the DumpWriter."""
         w = self.writer
-        key = None
-        if self.dedup and cap.ptr and cap.owner is not None:
-            if self.stats_only:   # statistics do not depend on element order: W and W.t() share
-                key = (cap.ptr, cap.gen, cap.version, cap.dtype,
-                       tuple(sorted(zip(cap.shape, cap.stride))), cap.offset)
-            else:
-                key = (cap.ptr, cap.gen, cap.version, cap.dtype, cap.shape, cap.stride, cap.offset)
-            hit = self._exact.get(key)
-            if hit is not None and hit[1]() is not None:
-                w.link(parent, name, hit[0])
-                self.num_links += 1
-                return
-            if not self.stats_only and cap.stride and all(s >= 0 for s in cap.stride):
-                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
-                for b_lo, b_hi, b_path, b_owner in self._bases.get(key[:4], ()):
-                    if b_lo <= lo and hi <= b_hi and b_owner() is not None:
-                        path = w.write_view(parent, name, b_path, self._meta(cap))
-                        self._exact[key] = (path, cap.owner)
-                        self.num_views += 1
-                        return
+        p = self.plan.place(cap)
+        if p.kind is LINK:
+            self.plan.stored(p, w.link(parent, name, p.ref), cap)
+            return
+        if p.kind is VIEW:
+            self.plan.stored(p, w.write_view(parent, name, p.ref, self._meta(cap)), cap)
+            return
         with cap.lock:
             t = cap.tensor
             reserved = None
-            if self.stats_only:
-                path = w.write_stats(parent, name, tensor_stats(t), self._meta(cap))
-            elif self._data_thread is not None and (reserved := self._reserve(parent, name, cap, t)):
+            if self._data_thread is not None and (dt := deferred_dtype(cap, t)) is not None \
+                    and (reserved := w.reserve_tensor(parent, name, cap.shape, dt, self._meta(cap))):
                 path, offset, nbytes = reserved     # the data thread writes the bytes
                 self._pieces.append((cap, offset, nbytes))
             else:
@@ -436,23 +394,4 @@ class WriterThread:
             if reserved is None:
                 cap.done = True
                 cap.tensor = None
-        self.num_datasets += 1
-        if key is not None:
-            self._exact[key] = (path, cap.owner)
-            if not self.stats_only and cap.stride and _is_dense(cap.shape, cap.stride) \
-                    and all(s >= 0 for s in cap.stride):
-                lo, hi = _extent(cap.shape, cap.stride, cap.offset)
-                self._bases.setdefault(key[:4], []).append((lo, hi, path, cap.owner))
-
-
-_NUMPY_STORAGE: dict[str, np.dtype] = {}
-
-
-def _storage_dtype(dtype_name: str) -> np.dtype | None:
-    dt = _NUMPY_STORAGE.get(dtype_name)
-    if dt is None:
-        name = S.STORAGE_NUMPY_DTYPE.get(dtype_name)
-        if name is None:
-            return None
-        dt = _NUMPY_STORAGE[dtype_name] = np.dtype(name)
-    return dt
+        self.plan.stored(p, path, cap)
