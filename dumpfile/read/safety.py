@@ -13,6 +13,10 @@ job), so reading it must never follow it out of the file, hang or exhaust memory
 
 Every refusal is a DumpFormatError naming the file and the HDF5 object (one line, exit 2
 at the CLI boundary). Torch-free, numpy-free: h5py only.
+
+~500 lines, one module on purpose: every rule a hostile file is checked against lives
+here and only here (the one-pass walk, the per-dataset check, the child process for
+large files and the cheaper check of a plain listing apply the same rules).
 """
 
 from __future__ import annotations

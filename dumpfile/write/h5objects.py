@@ -4,6 +4,8 @@ one), TensorMeta and the attributes it becomes, the disk-space claims behind the
 flush promise, and the metadata-cache setting that keeps a killed file openable.
 Split from writer.py so that DumpWriter holds the file's structure and this module
 the objects; the names are re-exported from dumpfile.write.writer.
+(~410 lines: each part is a small low-level HDF5 object maker with its error handling;
+splitting them further would scatter what one file's objects look like.)
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ so autograd's reference counts on the user's tensor are untouched) plus its layo
 and the storage's version. The data is copied only when needed: by the writer
 thread when it writes, or by the main thread (copy-on-write) right before an op
 that writes the storage. `CaptureRegistry` tracks which captures are still pending.
+
+One module (~410 lines) because capture, copy-on-write and the storage guard are one
+protocol over the same state: a capture is valid only while the registry and the guard
+see every write and resize of its storage, and the dedup keys read their generations.
 """
 
 from __future__ import annotations
