@@ -239,7 +239,9 @@ def test_root_device_attributes_of_statistics_dumps(mlp_dumps, tmp_path):
 def test_batched_statistics_are_bit_identical_to_the_reference(threads):
     # many small tensors of repeated sizes (a layer's activations and gradients), some
     # transposed, NaN/Inf, constant, tiny spread, float64, and ones the batch leaves out
-    from npu_dumper.capture.tensor_stats import ROWS_FROM, batch_tensor_stats, batchable, tensor_stats
+    from npu_dumper.capture.tensor_stats import ROWS_FROM, batchable, tensor_stats
+
+    from .test_stats_batched import batch_stats_with_threads
     g = torch.Generator().manual_seed(0)
     ts = []
     for n in (2, 3, 7, 24, 96, 1000, 4097, 12288, ROWS_FROM - 1):
@@ -252,13 +254,7 @@ def test_batched_statistics_are_bit_identical_to_the_reference(threads):
            torch.tensor([2.5]), torch.arange(10), torch.randn(3, 4).to(torch.bfloat16),
            torch.randn(ROWS_FROM + 5, generator=g)]
     assert sum(batchable(t) for t in ts) > 30 and not all(batchable(t) for t in ts)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = batch_tensor_stats(ts)
-    finally:
-        torch.set_num_threads(old)
-    for t, row in zip(ts, got):
+    for t, row in zip(ts, batch_stats_with_threads(ts, threads)):
         want = tensor_stats(t)
         assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(row, want)), (t.shape, row, want)
 
