@@ -1,4 +1,6 @@
-"""Attribute creation through the HDF5 C library that h5py itself links (the writer's hot path).
+"""Attribute creation through the HDF5 C library that h5py itself links (the writer's hot path),
+and one read-side check (`stored_at`: where a dataset's bytes lie, for readers that read at
+a catalog offset).
 
 A dump of a model with many small ops makes ~35 attributes per op (the original layout's
 DeviceType, DataType, FormatType, Type, Stride, plus dtype and shape on every tensor, and
