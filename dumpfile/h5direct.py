@@ -29,33 +29,23 @@ _hid = ctypes.c_int64          # hid_t since HDF5 1.10 (h5py 3 requires >= 1.10)
 _H5P_DEFAULT = 0
 
 
+def _fn(dll: ctypes.PyDLL, name: str, restype, *argtypes):
+    f = getattr(dll, name)
+    f.restype, f.argtypes = restype, list(argtypes)
+    return f
+
+
 class _Lib:
     def __init__(self, dll: ctypes.PyDLL):
-        self.create = dll.H5Acreate2
-        self.create.restype = _hid
-        self.create.argtypes = [_hid, ctypes.c_char_p, _hid, _hid, _hid, _hid]
-        self.write = dll.H5Awrite
-        self.write.restype = ctypes.c_int
-        self.write.argtypes = [_hid, _hid, ctypes.c_void_p]
-        self.close = dll.H5Aclose
-        self.close.restype = ctypes.c_int
-        self.close.argtypes = [_hid]
+        self.create = _fn(dll, "H5Acreate2", _hid, _hid, ctypes.c_char_p, _hid, _hid, _hid, _hid)
+        self.write = _fn(dll, "H5Awrite", ctypes.c_int, _hid, _hid, ctypes.c_void_p)
+        self.close = _fn(dll, "H5Aclose", ctypes.c_int, _hid)
         # a dataset's storage place, for readers checking a catalog offset (read side)
-        self.oopen = dll.H5Oopen
-        self.oopen.restype = _hid
-        self.oopen.argtypes = [_hid, ctypes.c_char_p, _hid]
-        self.oclose = dll.H5Oclose
-        self.oclose.restype = ctypes.c_int
-        self.oclose.argtypes = [_hid]
-        self.id_type = dll.H5Iget_type
-        self.id_type.restype = ctypes.c_int
-        self.id_type.argtypes = [_hid]
-        self.offset = dll.H5Dget_offset
-        self.offset.restype = ctypes.c_uint64
-        self.offset.argtypes = [_hid]
-        self.storage_size = dll.H5Dget_storage_size
-        self.storage_size.restype = ctypes.c_uint64
-        self.storage_size.argtypes = [_hid]
+        self.oopen = _fn(dll, "H5Oopen", _hid, _hid, ctypes.c_char_p, _hid)
+        self.oclose = _fn(dll, "H5Oclose", ctypes.c_int, _hid)
+        self.id_type = _fn(dll, "H5Iget_type", ctypes.c_int, _hid)
+        self.offset = _fn(dll, "H5Dget_offset", ctypes.c_uint64, _hid)
+        self.storage_size = _fn(dll, "H5Dget_storage_size", ctypes.c_uint64, _hid)
 
 
 def _load() -> _Lib | None:
