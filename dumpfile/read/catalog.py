@@ -134,6 +134,25 @@ def read_catalog(f: DumpFile, group: str = S.INPUT_GROUP) -> dict[str, dict[str,
     return out if _placed_hold(f, placed) else None
 
 
+def stored_at(f: DumpFile, path: str, off: int, nbytes: int) -> bool:
+    """Whether the dataset at `path` stores exactly its `nbytes` bytes, contiguously, at
+    file offset `off` (a catalog's): checked before any read at a catalog offset. A dump
+    edited with h5py (a tensor deleted and written again under its name) keeps its catalog
+    while the new bytes lie elsewhere and the old ones stay at the old offset: a per-file
+    sample cannot see one such tensor. One H5Oopen, through the C library where h5direct
+    reaches it (~5 us; h5py's wrapper costs ~25)."""
+    raw = path.encode("utf-8", "surrogateescape")
+    if b"\0" in raw:
+        return False            # (a C string would end there: another object's path)
+    fast = h5direct.stored_at(f.h5.id, raw, off, nbytes)
+    if fast is not None:
+        return fast
+    try:
+        return contiguous_offset(h5o.open(f.h5.id, raw), nbytes) == off
+    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
+        return False
+
+
 def _placed_hold(f: DumpFile, placed: list[LightValue]) -> bool:
     """Whether the catalog's file offsets are this file's: a tool that rewrites the file
     (h5repack, a copy of every group) copies the catalog as it is while the datasets move,
@@ -144,15 +163,7 @@ def _placed_hold(f: DumpFile, placed: list[LightValue]) -> bool:
     n = len(placed)
     k = min(n, _OFFSET_SAMPLES)
     picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
-    try:
-        for i in picks:
-            rec = placed[i]
-            oid = h5o.open(f.h5.id, rec.path.encode("utf-8", "surrogateescape"))
-            if contiguous_offset(oid, rec.stored_nbytes) != rec.file_offset:
-                return False
-    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
-        return False
-    return True
+    return all(stored_at(f, placed[i].path, placed[i].file_offset, placed[i].stored_nbytes) for i in picks)
 
 
 # ---- compare: one op at a time ------------------------------------------------------
@@ -263,7 +274,7 @@ def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager:
         size = math.prod(ss)
         off, nb = int(e[S.CAT_OFFSET]), int(e[S.CAT_NBYTES])
         if st.offsets and size <= eager and nb == size * sd.itemsize and 0 <= off and off + nb <= st.size \
-                and _still_at(f, group_path, n, off, nb):
+                and stored_at(f, f"{group_path}/{n}", off, nb):
             arr = np.empty(ss, dtype=sd)
             try:
                 if not nb or os.preadv(st.fd, [arr], off) == nb:
@@ -272,25 +283,6 @@ def _tensors(f: DumpFile, st: _FileState, group_path: str, entries: list, eager:
                 pass                       # read() reads it through HDF5 and reports a failure on the row
         out[n] = rec
     return out
-
-
-def _still_at(f: DumpFile, group_path: str, name: str, off: int, nbytes: int) -> bool:
-    """Whether the dataset `name` of the group at `group_path` still stores its bytes at
-    the catalog's offset. A dump edited with h5py (a tensor deleted and written again
-    under its name) keeps its catalog while the new bytes lie elsewhere and the old ones
-    stay at the old offset: the per-file sample cannot see one such tensor, so each pread
-    is checked (one H5Oopen, through the C library where h5direct reaches it: ~5 us, where
-    h5py's wrapper costs ~25)."""
-    raw = f"{group_path}/{name}".encode("utf-8", "surrogateescape")
-    if b"\0" in raw:
-        return False            # (a C string would end there: another object's path)
-    fast = h5direct.stored_at(f.h5.id, raw, off, nbytes)
-    if fast is not None:
-        return fast
-    try:
-        return contiguous_offset(h5o.open(f.h5.id, raw), nbytes) == off
-    except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):
-        return False
 
 
 # ---- listing: what ops show, without where it is ---------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dumpfile import schema as S
+from dumpfile.read.catalog import stored_at
 from dumpfile.read.lowlevel import contiguous_offset
 from dumpfile.read.reader import DumpFile, ValueRecord
 
@@ -155,10 +156,7 @@ class RecordedTensors:
                 return None
             # the index's offset is checked against the dataset itself (one open): a dump
             # edited with h5py keeps its catalog while a rewritten tensor's bytes move
-            try:
-                if contiguous_offset(self._file.h5[rec.path].id, nbytes) != offset:
-                    return None
-            except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
+            if not stored_at(self._file, rec.path, offset, nbytes):
                 return None
         else:
             try:
