@@ -57,13 +57,24 @@ def is_cut_short(path: str) -> tuple[int, int] | None:
 
 
 class _RaisedEOA(io.RawIOBase):
-    """The file read-only, its superblock's EOA reading as the file's size."""
+    """The file read-only, its superblock's EOA reading as the file's size.
+
+    The size as it is when HDF5 reads the superblock, not as is_cut_short saw it: a file
+    can change in between (a writer process closing it; until issue 15's fix the dump
+    writer cut the disk space it had claimed past the EOA just after its close). A size
+    taken earlier then became an EOA past the file's end, and HDF5 refused the file
+    ("truncated file: eof = N, stored_eof = N + the space cut"). Never below the EOA
+    recorded: a file no longer cut short opens as it is."""
 
     def __init__(self, path: str, eoa_offset: int, size: int):
         super().__init__()
         self._f = open(path, "rb")
         self._lo = eoa_offset
-        self._patch = struct.pack("<Q", size)
+
+    def _patch(self) -> bytes:
+        fd = self._f.fileno()
+        recorded = struct.unpack("<Q", os.pread(fd, 8, self._lo))[0]
+        return struct.pack("<Q", max(recorded, os.fstat(fd).st_size))
 
     def readable(self) -> bool:
         return True
@@ -80,11 +91,12 @@ class _RaisedEOA(io.RawIOBase):
     def readinto(self, b) -> int:
         pos = self._f.tell()
         n = self._f.readinto(b)
-        lo, hi = self._lo, self._lo + len(self._patch)
+        lo, hi = self._lo, self._lo + 8
         if n and pos < hi and pos + n > lo:
+            patch = self._patch()
             mv = memoryview(b).cast("B")
             for i in range(max(lo, pos), min(hi, pos + n)):
-                mv[i - pos] = self._patch[i - lo]
+                mv[i - pos] = patch[i - lo]
         return n
 
     def close(self) -> None:
@@ -93,8 +105,10 @@ class _RaisedEOA(io.RawIOBase):
 
 
 def open_cut_short(path: str, eoa_offset: int, size: int) -> tuple[h5py.File, io.RawIOBase]:
-    """h5py.File of `path`, read-only, with the recorded EOA raised to `size`, and the
-    file object under it (close it after the h5py.File: h5py does not)."""
+    """h5py.File of `path`, read-only, with the recorded EOA raised to the file's size
+    (`size`, what is_cut_short saw, may be out of date: the size when HDF5 reads the
+    superblock is used), and the file object under it (close it after the h5py.File:
+    h5py does not)."""
     raw = _RaisedEOA(path, eoa_offset, size)
     try:
         return h5py.File(raw, "r"), raw

@@ -108,9 +108,14 @@ class DurableFile:
         self._last_flush = time.monotonic()
 
     # ---- disk space claimed before a flush ----------------------------------------------
-    def _claim_to_eoa(self) -> None:
+    def _claim_to_eoa(self, *, closing: bool = False) -> None:
         """Allocate the file's blocks up to HDF5's end of allocation (what the coming flush
-        writes stays below it). Raises OSError (ENOSPC, EFBIG past a file-size limit)."""
+        writes stays below it). Raises OSError (ENOSPC, EFBIG past a file-size limit).
+
+        The file grows to that end (and the headroom past it) while HDF5 writes it: a
+        kill inside the flush then still leaves a file as long as the end of allocation
+        its superblock may already record. `closing`: the claim before HDF5's close, see
+        close()."""
         try:
             fd = self._f.id.get_vfd_handle()
             eoa = self._f.id.get_filesize()     # max(end of file, end of allocation)
@@ -123,6 +128,16 @@ class DurableFile:
         # already written a superblock whose end of allocation the file never reached
         want = eoa + self._flush_headroom()
         size = os.fstat(fd).st_size
+        if closing:
+            # HDF5's own size first (the headroom claimed at the flushes goes), then the
+            # blocks past it without growing the file (KEEP_SIZE)
+            if size > eoa:
+                os.ftruncate(fd, eoa)
+                size = eoa
+            if want > size and self._claim_blocks:
+                if not claim_blocks(fd, size, want - size, keep_size=True):
+                    self._claim_blocks = False
+            return
         if want > size and self._claim_blocks:
             if not claim_blocks(fd, size, want - size):
                 self._claim_blocks = False
@@ -143,16 +158,15 @@ class DurableFile:
         self._flushed_rows = {ds.name: ds.shape[0] for ds in self._tables()
                               if ds is not None and ds.chunks}
 
-    def _trim_headroom(self) -> None:
-        """Give back the space claimed past the end of allocation (_claim_to_eoa): HDF5
-        truncates a file it closes to that end only when it wrote past it itself."""
-        from dumpfile.read.recovery import stored_eoa
-        eoa = stored_eoa(self.path)
-        try:
-            if eoa is not None and os.path.getsize(self.path) > eoa[1]:
-                os.truncate(self.path, eoa[1])
-        except OSError:
-            pass
+    def _release_unused_blocks(self) -> None:
+        """After HDF5's close: the blocks claimed past the file's end (close()'s claim,
+        KEEP_SIZE) that HDF5 did not write. A truncate to the file's own size: the size
+        and every byte stay as HDF5 left them (a reader may already have the file open)."""
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size)
+            except OSError:
+                pass
 
     # ---- write failures ---------------------------------------------------------------
     def fail(self, e: BaseException) -> DumpWriteError:
@@ -263,7 +277,15 @@ class DurableFile:
                 self.flush(final=True)
                 try:
                     rewrite_scalar_attr(self._f, S.ROOT_COMPLETE, bool(complete))
-                    self._claim_to_eoa()
+                    # The file's size set to HDF5's own here, while HDF5 holds its lock:
+                    # HDF5's close truncates to its end of allocation only when its idea of
+                    # the file's end differs from that end, so the headroom claimed at the
+                    # flushes often stayed, and was cut after the close, when the lock was
+                    # gone: a reader that had looked at the size meanwhile (dumpfile.read.
+                    # recovery raises the end of allocation to it) then found the file
+                    # shorter than that ("truncated file", issue 15). Nothing changes the
+                    # file's size or bytes after HDF5 lets go of it.
+                    self._claim_to_eoa(closing=True)
                 except (OSError, RuntimeError) as e:
                     raise self.fail(e) from e
             if self._failed is not None:
@@ -274,7 +296,7 @@ class DurableFile:
             except (OSError, RuntimeError):
                 pass
             if not self._frozen:
-                self._trim_headroom()
+                self._release_unused_blocks()
             self.release_reserve()
             if self._fd >= 0:
                 os.close(self._fd)

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import resource
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -292,6 +293,7 @@ def _scalar_type_code(value: Any, schema_type: str | None) -> int:
 
 
 _libc_fallocate: Any = None
+_FALLOC_FL_KEEP_SIZE = 1
 
 # Fault injection for the durability tests (a slow disk, without root or strace): seconds
 # slept at every maybe_flush (once per op) by whatever writes the file, thread or child
@@ -302,12 +304,14 @@ except ValueError:
     _TEST_WRITE_DELAY_S = 0.0
 
 
-def claim_blocks(fd: int, offset: int, nbytes: int) -> bool:
+def claim_blocks(fd: int, offset: int, nbytes: int, *, keep_size: bool = False) -> bool:
     """Allocate the file's blocks for [offset, offset + nbytes) now (Linux fallocate(2),
     mode 0: no data written, an unwritten extent on ext4/xfs). Raises OSError (ENOSPC:
     disk full). Returns False where the platform or file system has no such call (then
     nothing was claimed and the caller need not ask again). Not posix_fallocate: glibc
-    emulates that by writing a byte per block where the file system cannot allocate."""
+    emulates that by writing a byte per block where the file system cannot allocate.
+    `keep_size`: FALLOC_FL_KEEP_SIZE, the blocks without the file growing (DurableFile.
+    close: see there why)."""
     global _libc_fallocate
     if _libc_fallocate is None:
         try:
@@ -320,7 +324,12 @@ def claim_blocks(fd: int, offset: int, nbytes: int) -> bool:
             _libc_fallocate = False
     if _libc_fallocate is False or nbytes <= 0:
         return _libc_fallocate is not False
-    if _libc_fallocate(fd, 0, offset, nbytes) == 0:
+    if keep_size:
+        # (KEEP_SIZE skips the kernel's check of the file-size limit that mode 0 makes)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and offset + nbytes > limit:
+            raise SpaceClaimError(errno.EFBIG, os.strerror(errno.EFBIG))
+    if _libc_fallocate(fd, _FALLOC_FL_KEEP_SIZE if keep_size else 0, offset, nbytes) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):

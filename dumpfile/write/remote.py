@@ -27,9 +27,10 @@ no progress for WATCHDOG_S seconds (socket send/receive time-outs) is reported a
 one-line error, asked to close the file at its last flush (SIGTERM), and killed if it
 does not within a few seconds.
 
-End of file on the connection or SIGTERM (the caller died, e.g. SIGKILL; the kernel
-sends SIGTERM through PR_SET_PDEATHSIG) makes the child close the file as of the ops the
-caller had released (`complete` False) and exit: plain HDF5 tools open it, and HDF5's
+End of file on the connection, SIGTERM, or the caller's death (e.g. SIGKILL; the kernel
+signals it through PR_SET_PDEATHSIG, also when only the thread that started the child
+ends: the child then checks that its parent changed) makes the child close the file as of
+the ops the caller had released (`complete` False) and exit: plain HDF5 tools open it, and HDF5's
 file lock is let go within one flush. The child ignores SIGINT: a Ctrl-C sent to the
 terminal's process group is the caller's to act on.
 

@@ -7,8 +7,10 @@ with the file offsets of the tensors it reserved, and publishes an op only once 
 caller says its bytes are written (`release`). The protocol, and why no side can
 deadlock, are in remote.py's docstring; both ends change together.
 
-End of file on the connection or SIGTERM (the caller died: the kernel sends SIGTERM
-through PR_SET_PDEATHSIG; or the caller's watchdog stops a hung child) makes it close
+End of file on the connection, the caller's death (the kernel sends PARENT_DEATH_SIGNAL
+through PR_SET_PDEATHSIG, acted on once our parent changed: it comes too when only the
+thread that started us ends) or SIGTERM (the caller's watchdog stops a hung child) makes
+it close
 the file as of the ops the caller released (`complete` False) and exit, between two
 messages, never inside an HDF5 call. It ignores SIGINT: a Ctrl-C sent to the terminal's
 process group is the caller's to act on.
@@ -30,18 +32,23 @@ from .writer import DumpWriter
 
 
 class _Server:
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection, caller_pid: int | None = None):
         self.conn = conn
         self.w = None
         self.error: str | None = None
         self.flush_interval = 1.0
+        self.caller_pid = caller_pid if caller_pid is not None else os.getppid()
 
     parent_gone = False     # set by SIGTERM (the caller died, or its watchdog asks us to stop)
+
+    def _stop_asked(self) -> bool:
+        # (getppid: the caller's death also when a signal was missed; one cheap syscall)
+        return self.parent_gone or os.getppid() != self.caller_pid
 
     def serve(self) -> None:
         conn = self.conn
         while True:
-            if self.parent_gone:
+            if self._stop_asked():
                 # Only here, between DumpWriter calls: stopping inside a flush (as a
                 # SIGKILL would) could leave HDF5's metadata half written.
                 self._caller_gone()
@@ -54,7 +61,11 @@ class _Server:
             except (EOFError, OSError):
                 self._caller_gone()
             if self.parent_gone:
-                self._caller_gone()
+                # the message just received is the first the caller sent before it died:
+                # dropping it lost that op, and the ops after it that link to its tensors
+                # failed ("component not found") and froze the file at its last flush
+                # (issue 15: ~4 kills in 100)
+                self._caller_gone(msg)
             kind = msg[0]
             if kind == "op":
                 self._reply(self._op(msg[1]))
@@ -78,26 +89,26 @@ class _Server:
         except (OSError, EOFError):     # the caller is gone
             self._caller_gone()
 
-    def _caller_gone(self) -> None:
+    def _caller_gone(self, pending: tuple | None = None) -> None:
         """Close the file as of the ops the caller released (never marked complete), so
         that plain HDF5 tools open it and its lock is let go, then exit. Exiting without
         closing left the metadata HDF5 had evicted since the last flush pointing past the
         end of allocation the superblock records (4 and 9 files in 10 did not open)."""
         try:
             if self.w is not None:
-                self._drain()
+                self._drain(pending)
                 self._close(False, {})
         finally:
             os._exit(0)
 
-    def _drain(self) -> None:
-        """The messages the caller sent before it died: SIGTERM comes at once, while its
-        last ops and releases may still wait in the socket (a kill lost up to a flush
-        interval of ops that way)."""
+    def _drain(self, pending: tuple | None = None) -> None:
+        """The messages the caller sent before it died (`pending`, received already, first):
+        SIGTERM comes at once, while its last ops and releases may still wait in the
+        socket (a kill lost up to a flush interval of ops that way)."""
         conn = self.conn
         try:
-            while conn.poll(0):
-                msg = conn.recv()
+            while pending is not None or conn.poll(0):
+                msg, pending = (pending if pending is not None else conn.recv()), None
                 if msg[0] == "op" and self.error is None:
                     self._op(msg[1])
                 elif msg[0] == "release" and self.w is not None:
@@ -213,20 +224,34 @@ class _Server:
         return ("closed", w.bytes_written, w.durable_ops, err)
 
 
+# The signal the kernel sends us when our parent ends (PR_SET_PDEATHSIG).
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+
+
 def _main() -> None:
     fd = int(sys.argv[1])
-    server = _Server(Connection(fd))
+    caller = os.getppid()       # our parent, the caller, while it lives
+    server = _Server(Connection(fd), caller)
     try:    # stop with the caller (Linux): no orphan writing after a SIGKILL
         import ctypes
 
-        def _parent_gone(signum, frame):
+        def _stop(signum, frame):
             server.parent_gone = True       # acted on between two messages (serve)
 
-        signal.signal(signal.SIGTERM, _parent_gone)
+        def _parent_died(signum, frame):
+            # PR_SET_PDEATHSIG fires when the *thread* that started us ends, not only the
+            # caller's process: a dump run from a thread (or prestart() called from one)
+            # whose thread ended while a later dump used this pooled child had its file
+            # closed under it. Only a caller gone (we were reparented) ends the dump.
+            if os.getppid() != server.caller_pid:
+                server.parent_gone = True
+
+        signal.signal(signal.SIGTERM, _stop)    # the caller's watchdog, or anyone: stop
+        signal.signal(PARENT_DEATH_SIGNAL, _parent_died)
         # a Ctrl-C reaches the whole process group: the caller decides what it means
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
+        ctypes.CDLL(None).prctl(1, int(PARENT_DEATH_SIGNAL))     # PR_SET_PDEATHSIG
+        if caller == 1 or os.getppid() != caller:      # it died before prctl
             os._exit(0)
     except Exception:  # noqa: BLE001 - end of file on the connection still ends us
         pass
