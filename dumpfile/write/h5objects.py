@@ -140,18 +140,14 @@ def pwrite_all(fd: int, data: Any, offset: int, path: str) -> None:
         raise DumpWriteError(f"{path}: write failed ({e})") from e
 
 
-def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False) -> None:
-    """Create new attributes on a fresh object through h5py's low-level API.
-
-    h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
-    it (safe for overwriting); on a new object that is pure overhead and made
-    attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
-    Existing names fall back to the high-level path (overwrite semantics); `fresh=True`
-    promises the object was just created by this writer and skips that check.
-    """
-    oid = obj.id
+def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
+    """What h5direct.create_attrs takes for the attributes of `attrs` it can write (str,
+    native numbers and arrays of them; None values skipped), and the others: (key, array)
+    for h5py's low-level create, (key, None) for its high-level `attrs[k] = v`.
+    Returns (items, their keys, the others)."""
     fast: list[tuple[bytes, Any, Any, Any, Any]] = []
     keys: list[str] = []
+    slow: list[tuple[str, Any]] = []
     for k, v in attrs.items():
         if v is None:
             continue
@@ -165,30 +161,77 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False)
             arr = np.asarray(v)
             if arr.dtype.kind == "U" or (arr.dtype.kind == "O"
                                          and h5py.check_string_dtype(arr.dtype) is None):
-                obj.attrs[k] = v
+                slow.append((k, None))
                 continue
-        name = k.encode()
-        if not fresh and h5a.exists(oid, name):
-            obj.attrs[k] = v
-            continue
         ftype, mtype = _types(arr.dtype)
         if arr.dtype.kind == "O":
             text = h5direct.string_value(arr)
             if text is not None:
-                fast.append((name, ftype, None, _SCALAR_SPACE, text))
+                fast.append((k.encode(), ftype, None, _SCALAR_SPACE, text))
                 keys.append(k)
                 continue
         elif arr.dtype.isnative and arr.dtype.kind in "biuf":
-            fast.append((name, ftype, mtype, _space(arr.shape), np.asarray(arr, order="C")))
+            fast.append((k.encode(), ftype, mtype, _space(arr.shape), np.asarray(arr, order="C")))
             keys.append(k)
             continue
+        slow.append((k, np.asarray(arr, order="C")))
+    return fast, keys, slow
+
+
+def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False,
+              items: tuple | None = None) -> None:
+    """Create new attributes on a fresh object through h5py's low-level API.
+
+    h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
+    it (safe for overwriting); on a new object that is pure overhead and made
+    attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
+    Existing names fall back to the high-level path (overwrite semantics); `fresh=True`
+    promises the object was just created by this writer and skips that check.
+    `items`: _attr_items(attrs), made earlier (cached_attrs: the same attributes on
+    object after object); only with `fresh`.
+    """
+    oid = obj.id
+    if items is None:
+        items = _attr_items(attrs)
+    fast, keys, slow = items
+    if not fresh:
+        old = {i for i, (name, *_) in enumerate(fast) if h5a.exists(oid, name)}
+        if old:
+            fast = [it for i, it in enumerate(fast) if i not in old]
+            keys, old_keys = [k for i, k in enumerate(keys) if i not in old], \
+                [k for i, k in enumerate(keys) if i in old]
+            slow = [(k, None) for k in old_keys] + list(slow)
+    for k, arr in slow:
+        name = k.encode()
+        if arr is None or (not fresh and h5a.exists(oid, name)):
+            obj.attrs[k] = attrs[k]         # (overwrite semantics, or a value h5py converts)
+            continue
+        ftype, mtype = _types(arr.dtype)
         aid = h5a.create(oid, name, ftype, _space(arr.shape))
         if arr.size:
-            aid.write(np.asarray(arr, order="C"), mtype=mtype)
+            aid.write(arr, mtype=mtype)
     if fast:
         # (h5py's low-level calls cost about twice HDF5's own work per attribute)
         for i in h5direct.create_attrs(oid, fast):
             obj.attrs[keys[i]] = attrs[keys[i]]   # h5py: overwrites a half-made one, or raises
+
+
+# attributes written object after object (a tensor's eight, a value's Type and
+# schema_type): their h5direct items made once per distinct set
+_CACHED_ATTRS: dict[tuple, tuple[dict, tuple]] = {}
+_MAX_CACHED_ATTRS = 8192
+
+
+def cached_attrs(key: tuple, make) -> tuple[dict, tuple]:
+    """(attrs, set_attrs items) for `key`, `make()` giving the attrs the first time.
+    The dict is shared: callers must not change it."""
+    got = _CACHED_ATTRS.get(key)
+    if got is None:
+        attrs = make()
+        if len(_CACHED_ATTRS) >= _MAX_CACHED_ATTRS:
+            _CACHED_ATTRS.clear()
+        got = _CACHED_ATTRS[key] = (attrs, _attr_items(attrs))
+    return got
 
 
 def rewrite_scalar_attr(obj: h5py.HLObject, key: str, value: Any) -> None:
@@ -223,6 +266,16 @@ class TensorMeta:
     format_type: int | None = None   # None: from the strides (format_type_of)
     uninitialized: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def cached_attrs(self, type_code: int) -> tuple[dict[str, Any], tuple | None]:
+        """attrs(type_code) and its set_attrs items, made once per distinct tensor
+        description (a step's tensors repeat a few shapes and dtypes, and every step
+        repeats them). The dict is shared: do not change it."""
+        if self.extra:
+            return self.attrs(type_code), None
+        key = ("tensor", type_code, self.dtype, tuple(self.shape), tuple(self.stride),
+               self.storage_offset, self.device, self.format_type, bool(self.uninitialized))
+        return cached_attrs(key, lambda: self.attrs(type_code))
 
     def attrs(self, type_code: int) -> dict[str, Any]:
         # Stride describes the stored data (C order, logical shape): the original msaccucmp

@@ -34,12 +34,25 @@ from .catalog import NO_VALUE, Catalog
 from .durability import DurableFile
 from .h5objects import (  # noqa: F401 - claim_blocks, pwrite_all: also imported from here
     DIRECT_WRITE_MIN_BYTES, TensorMeta, _STATS_FIELDS, _clear_for_create, _keep_dirty_metadata,
-    _new_dataset, _scalar_type_code, _types, claim_blocks, new_table, pwrite_all, set_attrs)
+    _new_dataset, _scalar_type_code, _types, cached_attrs, claim_blocks, new_table, pwrite_all,
+    set_attrs)
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
     ("seqid", np.int64), ("op", _STR), ("phase", np.int8), ("module", _STR), ("grad_fn", _STR),
 ])
+
+
+_INPUT_B, _OUTPUT_B = S.INPUT_GROUP.encode(), S.OUTPUT_GROUP.encode()
+
+
+def _type_attrs(ds, code: int, schema_type: str | None) -> None:
+    """A value's Type and schema_type attributes on its new dataset (the same few pairs
+    value after value: their attribute items are made once)."""
+    st = schema_type or None
+    attrs, items = cached_attrs(("type", int(code), st),
+                                lambda: {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: st})
+    set_attrs(ds, attrs, fresh=True, items=items)
 
 
 class DumpWriter(DurableFile):
@@ -62,6 +75,7 @@ class DumpWriter(DurableFile):
         except OSError as e:
             raise DumpWriteError(f"{self.path}: cannot create dump file ({e})") from e
         f = self._f
+        self._lcpl = f._lcpl       # (h5py's: UTF-8 names, intermediate groups made)
         self._claim_blocks = True      # (reserve_tensor) until the file system says it cannot
         # A second descriptor for raw tensor bytes: os.pwrite releases the GIL, h5py does not,
         # so large writes overlap the user's Python (see write_tensor).
@@ -111,7 +125,11 @@ class DumpWriter(DurableFile):
         """Create /{op}/{seqid} with its input/ and output/ groups and attributes."""
         path = S.op_group_path(op, seqid)
         try:        # (no `path in file` check first: on a big file that lookup costs more)
-            g = self._f.create_group(path)
+            # low level, as create_group(path) makes it (its link creation list makes the
+            # /{op} group when missing), without the high-level wrapper's checks
+            # (a name that is not ASCII: h5py's own path, which marks it UTF-8)
+            g = h5py.Group(h5g.create(self._f.id, path.encode(), lcpl=self._lcpl)) \
+                if path.isascii() else self._f.create_group(path)
         except ValueError as e:
             if path in self._f:
                 raise DumpWriteError(f"{self.path}: op group {path} already exists") from e
@@ -125,7 +143,8 @@ class DumpWriter(DurableFile):
             set_attrs(g, {k: v for k, v in attrs.items()
                           if k in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)})
         # low level: no h5py object wrappers
-        ids = tuple(h5g.create(g.id, sub.encode(), lcpl=g._lcpl) for sub in (S.INPUT_GROUP, S.OUTPUT_GROUP))
+        gid, lcpl = g.id, self._lcpl
+        ids = (h5g.create(gid, _INPUT_B, lcpl=lcpl), h5g.create(gid, _OUTPUT_B, lcpl=lcpl))
         self._io_ids = ids
         row = (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or "", "")
         self._pending_index.append(row)
@@ -219,8 +238,8 @@ class DumpWriter(DurableFile):
                 ds = parent.create_dataset(name, data=data, **kw)
             else:
                 ds = _new_dataset(parent, name, data)
-        attrs = meta.attrs(S.TYPE_TENSOR)
-        set_attrs(ds, attrs, fresh=True)
+        attrs, items = meta.cached_attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True, items=items)
         self.bytes_written += data.nbytes
         path = ds.name
         if self._cat.prefix is not None:
@@ -260,8 +279,8 @@ class DumpWriter(DurableFile):
                 self._claim_blocks = claim_blocks(self._fd, offset, nbytes)
             except OSError as e:
                 raise DumpWriteError(f"{self.path}: write failed ({e})") from e
-        attrs = meta.attrs(S.TYPE_TENSOR)
-        set_attrs(ds, attrs, fresh=True)
+        attrs, items = meta.cached_attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True, items=items)
         self.bytes_written += nbytes
         path = ds.name
         if self._cat.prefix is not None:
@@ -362,7 +381,7 @@ class DumpWriter(DurableFile):
             ds = _new_dataset(parent, name, np.array(value, dtype=_STR))
         else:
             ds = _new_dataset(parent, name, np.asarray(value))
-        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, code, schema_type)
         path = ds.name
         if self._cat.prefix is not None:
             # what DumpFile.read_value gives back: None, the string, or the number as stored
@@ -382,7 +401,7 @@ class DumpWriter(DurableFile):
             set_attrs(ds, {S.ATTR_DTYPE: value}, fresh=True)
         else:
             ds = _new_dataset(parent, name, np.array(value, dtype=_STR))
-        set_attrs(ds, {S.ATTR_TYPE: type_code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, type_code, schema_type)
         if extra:
             set_attrs(ds, extra)
         path = ds.name
@@ -418,7 +437,7 @@ class DumpWriter(DurableFile):
                 self.write_value(g, f"{name}_{i}", v)
             return g.name
         ds = _new_dataset(parent, name, arr)
-        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, code, schema_type)
         path = ds.name
         if self._cat.prefix is not None:
             self._cat.entry(path, {S.CAT_TYPE: code}, arr.tolist())
