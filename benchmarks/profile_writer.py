@@ -10,6 +10,18 @@ cProfile. Compare its time with benchmarks/bench_hdf5_floor.py's floor (the same
 made by direct library calls): the difference is the writer's Python per op.
 
     python benchmarks/profile_writer.py [--steps N] [--top K] [--no-profile] [MODEL ...]
+
+On a machine shared with other work, CPU times move by more than the differences being
+measured; instruction counts do not. `--save FILE` stores one model's messages;
+`--replay FILE` replays them `--steps` times, untimed, without importing torch, to be
+counted by callgrind:
+
+    python benchmarks/profile_writer.py --save /tmp/shufflenet.msgs shufflenet
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/profile_writer.py --replay /tmp/shufflenet.msgs --steps 3
+
+(the difference of the `I refs` totals of --steps 3 and --steps 1, halved, is the
+writer's instructions per step; the start-up cancels out).
 """
 
 from __future__ import annotations
@@ -23,18 +35,15 @@ import sys
 import tempfile
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import npu_dumper  # noqa: E402
-from bench_models import get_model  # noqa: E402
-from dumpfile.write import remote  # noqa: E402
 from dumpfile.write.remote_child import _Server  # noqa: E402
 
 
 def record_messages(step, path: str) -> list[bytes]:
     """The pickled messages one dumped step sends the writer process (as the child gets them)."""
+    import npu_dumper
+    from dumpfile.write import remote
     sent: list[bytes] = []
     orig = remote.RemoteDumpWriter.send
 
@@ -79,7 +88,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--save", metavar="FILE", help="store the first model's messages, then stop")
+    ap.add_argument("--replay", metavar="FILE", help="replay stored messages, untimed (callgrind)")
     args = ap.parse_args()
+    if args.replay:
+        with open(args.replay, "rb") as fh:
+            msgs = pickle.load(fh)
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(args.steps):
+                replay(msgs, os.path.join(tmp, "dst.h5"), {})
+        return
+    import torch
+    from bench_models import get_model
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
@@ -91,6 +111,10 @@ def main() -> None:
             src = os.path.join(tmp, "src.h5")
             record_messages(step, src)                       # warm-up (op tables, the child)
             msgs = record_messages(step, src)
+            if args.save:
+                with open(args.save, "wb") as fh:
+                    pickle.dump(msgs, fh)
+                return
             nbytes = sum(map(len, msgs))
             dst = os.path.join(tmp, "dst.h5")
             plain, times = [], []

@@ -145,7 +145,7 @@ def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
     native numbers and arrays of them; None values skipped), and the others: (key, array)
     for h5py's low-level create, (key, None) for its high-level `attrs[k] = v`.
     Returns (items, their keys, the others)."""
-    fast: list[tuple[bytes, Any, Any, Any, Any]] = []
+    fast: list[tuple] = []
     keys: list[str] = []
     slow: list[tuple[str, Any]] = []
     for k, v in attrs.items():
@@ -167,11 +167,12 @@ def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
         if arr.dtype.kind == "O":
             text = h5direct.string_value(arr)
             if text is not None:
-                fast.append((k.encode(), ftype, None, _SCALAR_SPACE, text))
+                fast.append(h5direct.attr_item(k.encode(), ftype, None, _SCALAR_SPACE, text))
                 keys.append(k)
                 continue
         elif arr.dtype.isnative and arr.dtype.kind in "biuf":
-            fast.append((k.encode(), ftype, mtype, _space(arr.shape), np.asarray(arr, order="C")))
+            fast.append(h5direct.attr_item(k.encode(), ftype, mtype, _space(arr.shape),
+                                           np.asarray(arr, order="C")))
             keys.append(k)
             continue
         slow.append((k, np.asarray(arr, order="C")))
