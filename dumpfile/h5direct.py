@@ -98,10 +98,15 @@ def stored_at(loc: Any, name: bytes, offset: int, nbytes: int) -> bool | None:
 
 def attr_item(name: bytes, ftype: Any, mtype: Any, space: Any, value: Any) -> tuple:
     """One attribute prepared for create_attrs: `mtype` None for a str, whose `value` is
-    its UTF-8 bytes; else `value` is a C-contiguous numpy array. The C pointers and ids
+    its UTF-8 bytes (a list of them: a 1-d array of strings, as h5py writes a list of
+    str); else `value` is a C-contiguous numpy array. The C pointers and ids
     are taken here, once: an item made for a value written object after object (a
     tensor's dtype, device, Type...) is reused as it is (numpy's `.ctypes` costs ~1 us)."""
     if mtype is None:
+        if isinstance(value, list):     # an array of strings: an array of `char *`
+            ptr = (ctypes.c_char_p * len(value))(*value)
+            return (name, ftype.id, space.id, _VLEN_UTF8_MEM.id,
+                    ctypes.addressof(ptr) if value else None, (ftype, space, ptr))
         ptr = ctypes.c_char_p(value)
         return (name, ftype.id, space.id, _VLEN_UTF8_MEM.id, ctypes.addressof(ptr),
                 (ftype, space, ptr))
@@ -133,8 +138,12 @@ def create_attrs(oid: Any, items: list[tuple]) -> list[int]:
     return []
 
 
-def string_value(arr: np.ndarray) -> bytes | None:
-    """The UTF-8 bytes of a 0-d string array h5py would write as a variable-length string."""
+def string_value(arr: np.ndarray) -> bytes | list[bytes] | None:
+    """The UTF-8 bytes of a 0-d string array h5py would write as a variable-length string
+    (a list of them for a 1-d array); None where h5py's own path must decide."""
+    if arr.ndim == 1:
+        items = [string_value(np.asarray(x, dtype=arr.dtype)) for x in arr]
+        return None if any(b is None for b in items) else items
     if arr.ndim != 0:
         return None
     v = arr[()]

@@ -167,7 +167,7 @@ def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
         if arr.dtype.kind == "O":
             text = h5direct.string_value(arr)
             if text is not None:
-                fast.append(h5direct.attr_item(k.encode(), ftype, None, _SCALAR_SPACE, text))
+                fast.append(h5direct.attr_item(k.encode(), ftype, None, _space(arr.shape), text))
                 keys.append(k)
                 continue
         elif arr.dtype.isnative and arr.dtype.kind in "biuf":

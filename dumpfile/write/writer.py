@@ -175,7 +175,11 @@ class DumpWriter(DurableFile):
 
     def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
         """Record argument order: HDF5 lists members alphabetically."""
-        set_attrs(parent, {"order": np.array(list(names), dtype=object).astype(_STR)})
+        # (the same few name lists op after op: their attribute item made once)
+        names = tuple(names)
+        attrs, items = cached_attrs(("order", names), lambda: {
+            "order": np.array(list(names), dtype=object).astype(_STR)})
+        set_attrs(parent, attrs, items=items)
         if self._cat.prefix is not None:
             self._cat.set_order(parent.name, names)
 
