@@ -32,6 +32,10 @@ of the ratio is therefore at least `max(empty mode, hdf5 floor) / plain` (two fr
 and `(empty mode + hdf5 floor - plain) / plain` (one core).
 
     python benchmarks/bench_hdf5_floor.py [--rounds N] [MODEL ...]     (default shufflenet gpt2)
+
+`--replay DUMP.h5 --rounds N`: re-create the op groups of an existing dump N times, untimed,
+without importing torch (for callgrind, as profile_writer.py --replay: the difference of
+the `I refs` of N=3 and N=1, halved, is the floor's instructions per file).
 """
 
 from __future__ import annotations
@@ -45,15 +49,11 @@ import time
 
 import h5py
 import numpy as np
-import torch
 from h5py import h5a, h5d, h5p, h5r, h5t
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import npu_dumper  # noqa: E402
-from bench_models import get_model  # noqa: E402
 from dumpfile.write.h5objects import _keep_dirty_metadata  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 _hid = ctypes.c_int64
 _DLL = ctypes.PyDLL(h5a.__file__)
@@ -84,11 +84,6 @@ H5P_DEFAULT = 0
 _VLEN_MEM = h5t.C_S1.copy()
 _VLEN_MEM.set_size(h5t.VARIABLE)
 _VLEN_MEM.set_cset(h5t.CSET_UTF8)
-
-
-class EmptyMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 # ---- the structure of a dump ---------------------------------------------------------------
@@ -301,7 +296,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=["shufflenet", "gpt2"])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--replay", metavar="DUMP", help="re-create this dump's objects, untimed")
     args = ap.parse_args()
+    if args.replay:
+        r = read_recipe(args.replay)
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(args.rounds):
+                replay(r, os.path.join(tmp, "dst.h5"))
+        return
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import npu_dumper
+    from bench_models import get_model
+
+    class EmptyMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
