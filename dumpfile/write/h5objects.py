@@ -129,6 +129,22 @@ def _new_dataset(parent: h5py.Group, name: str, arr: np.ndarray | None, *,
     return _NewDataset(dsid, f"{parent.name}/{name}")
 
 
+# an object reference (a view's dataset): its file and memory types, made once (not
+# through _types: numpy dtypes compare equal without their metadata, so h5py's ref_dtype
+# and its string dtype are one key there)
+_REF_FTYPE = h5t.py_create(h5py.ref_dtype, logical=True)
+_REF_MTYPE = h5t.py_create(h5py.ref_dtype)
+
+
+def _new_ref_dataset(parent: h5py.Group, name: str, ref: np.ndarray) -> _NewDataset:
+    """`parent/name` holding one object reference (a 0-d h5py.ref_dtype array): what
+    create_dataset(name, data=ref, dtype=h5py.ref_dtype) makes, through the low-level API."""
+    dsid = h5d.create(parent.id, name.encode("utf-8", "surrogateescape"), _REF_FTYPE,
+                      _SCALAR_SPACE, dcpl=_DCPL_PLAIN, lcpl=parent._lcpl)
+    dsid.write(h5s.ALL, h5s.ALL, ref, mtype=_REF_MTYPE)
+    return _NewDataset(dsid, f"{parent.name}/{name}")
+
+
 def pwrite_all(fd: int, data: Any, offset: int, path: str) -> None:
     """All of a C-contiguous buffer at `offset` (os.pwrite may write less than asked)."""
     view = memoryview(data).cast("B")
