@@ -38,6 +38,7 @@ _MEM_TYPES: dict[np.dtype, Any] = {}
 
 
 _STR_ARRAYS: dict[str, np.ndarray] = {}     # interned string attribute values (names, dtypes)
+_STR_ITEMS: dict[tuple[str, str], tuple] = {}   # (name, str value) -> its h5direct.attr_item
 _SIMPLE_SPACES: dict[tuple, Any] = {}
 _NULL_SPACE = h5s.create(h5s.NULL)
 
@@ -167,6 +168,13 @@ def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
     for k, v in attrs.items():
         if v is None:
             continue
+        if type(v) is str:
+            # (an op's name, phase, module path...: the same few (name, value) pairs)
+            item = _STR_ITEMS.get((k, v))
+            if item is not None:
+                fast.append(item)
+                keys.append(k)
+                continue
         if isinstance(v, str):
             arr = _STR_ARRAYS.get(v)
             if arr is None:
@@ -183,7 +191,12 @@ def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
         if arr.dtype.kind == "O":
             text = h5direct.string_value(arr)
             if text is not None:
-                fast.append(h5direct.attr_item(k.encode(), ftype, None, _space(arr.shape), text))
+                item = h5direct.attr_item(k.encode(), ftype, None, _space(arr.shape), text)
+                if type(v) is str:
+                    if len(_STR_ITEMS) >= 8192:
+                        _STR_ITEMS.clear()
+                    _STR_ITEMS[(k, v)] = item
+                fast.append(item)
                 keys.append(k)
                 continue
         elif arr.dtype.isnative and arr.dtype.kind in "biuf":
