@@ -14,8 +14,9 @@ datasets allocated at creation and their bytes written with os.pwrite (as the du
 the file's settings as the dumper's (h5py.File, fixed metadata cache), file creation and
 close included. No torch, no Python per object beyond the ctypes call.
 
-Printed per model, as ratios to the plain step (all in this process, times are the fastest
-of --rounds interleaved repeats: other load on a shared machine only adds time):
+Printed per model, as ratios to the plain step (all in this process; times are process
+CPU time, which other load on a shared machine disturbs far less than wall time, and the
+fastest of --rounds interleaved repeats):
   * plain: the step's time; empty mode: the step under a TorchDispatchMode that only calls
     each op (the floor of any dispatch-mode dumper in the model's thread);
   * objects: counts of groups, datasets, attributes, links in one step's dump;
@@ -55,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dumpfile.write.h5objects import _keep_dirty_metadata  # noqa: E402
 
+CLOCK = time.process_time
 _hid = ctypes.c_int64
 _DLL = ctypes.PyDLL(h5a.__file__)
 DIRECT_MIN = 64 << 10
@@ -227,7 +229,7 @@ def replay(r: Recipe, path: str, *, libver=None, compact: bool = False,
         gcpl.set_attr_phase_change(*phase)
     gcpl_id = gcpl.id if (phase or not group_times) else H5P_DEFAULT
     t_attr = t_pwrite = 0.0
-    clock = time.perf_counter
+    clock = CLOCK
     t0 = clock()
     kw = dict(file_kw or {})
     if libver:
@@ -286,10 +288,10 @@ def replay(r: Recipe, path: str, *, libver=None, compact: bool = False,
 
 def ctypes_cost(n: int) -> float:
     """Seconds for n no-op library calls (what each object's ctypes call adds)."""
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(n):
         H5Iis_valid(0)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def main() -> None:
@@ -329,13 +331,13 @@ def main() -> None:
             calls = sum(1 + (s[0] == "a") + (s[0] == "d" and s[6] is not None) for s in r.steps)
             res: dict[str, list] = {k: [] for k in ("plain", "empty", "floor", "latest", "compact")}
             for _ in range(args.rounds):
-                t0 = time.perf_counter()
+                t0 = CLOCK()
                 step()
-                res["plain"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                res["plain"].append(CLOCK() - t0)
+                t0 = CLOCK()
                 with EmptyMode():
                     step()
-                res["empty"].append(time.perf_counter() - t0)
+                res["empty"].append(CLOCK() - t0)
                 res["floor"].append(replay(r, dst))
                 res["latest"].append(replay(r, dst, libver="latest"))
                 res["compact"].append(replay(r, dst, compact=True))
