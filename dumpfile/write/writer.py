@@ -34,8 +34,8 @@ from .catalog import NO_VALUE, Catalog
 from .durability import DurableFile
 from .h5objects import (  # noqa: F401 - claim_blocks, pwrite_all: also imported from here
     DIRECT_WRITE_MIN_BYTES, TensorMeta, _STATS_FIELDS, _clear_for_create, _keep_dirty_metadata,
-    _new_dataset, _new_ref_dataset, _scalar_type_code, _types, cached_attrs, claim_blocks, new_table, pwrite_all,
-    set_attrs)
+    _new_dataset, _new_ref_dataset, _scalar_type_code, _types, cached_attrs, claim_blocks,
+    new_table, pwrite_all, set_attrs)
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
