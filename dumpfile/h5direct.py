@@ -96,37 +96,54 @@ def stored_at(loc: Any, name: bytes, offset: int, nbytes: int) -> bool | None:
             lib.oclose(hid)
 
 
-def create_attrs(oid: Any, items: list[tuple[bytes, Any, Any, Any, Any]]) -> list[int]:
+def attr_item(name: bytes, ftype: Any, mtype: Any, space: Any, value: Any) -> tuple:
+    """One attribute prepared for create_attrs: `mtype` None for a str, whose `value` is
+    its UTF-8 bytes (a list of them: a 1-d array of strings, as h5py writes a list of
+    str); else `value` is a C-contiguous numpy array. The C pointers and ids
+    are taken here, once: an item made for a value written object after object (a
+    tensor's dtype, device, Type...) is reused as it is (numpy's `.ctypes` costs ~1 us)."""
+    if mtype is None:
+        if isinstance(value, list):     # an array of strings: an array of `char *`
+            ptr = (ctypes.c_char_p * len(value))(*value)
+            return (name, ftype.id, space.id, _VLEN_UTF8_MEM.id,
+                    ctypes.addressof(ptr) if value else None, (ftype, space, ptr))
+        ptr = ctypes.c_char_p(value)
+        return (name, ftype.id, space.id, _VLEN_UTF8_MEM.id, ctypes.addressof(ptr),
+                (ftype, space, ptr))
+    buf = value.ctypes.data if value.size else None
+    return (name, ftype.id, space.id, mtype.id, buf, (ftype, space, mtype, value))
+
+
+def create_attrs(oid: Any, items: list[tuple]) -> list[int]:
     """Create and write attributes on the object `oid` (an h5py ObjectID).
 
-    `items`: (name, file type, memory type or None for a str, space, value) where value is
-    a C-contiguous numpy array, or bytes (UTF-8) for a scalar string. Returns the indices
-    of the items not written (to be done through h5py), after the first failure: an
-    attribute half made (created, not written) is closed and reported too, so the caller
-    overwrites it.
+    `items`: attr_item()s. Returns the indices of the items not written (to be done
+    through h5py), after the first failure: an attribute half made (created, not
+    written) is closed and reported too, so the caller overwrites it.
     """
     lib = _LIB
     if lib is None:
         return list(range(len(items)))
     loc = oid.id
+    create, write, close = lib.create, lib.write, lib.close
     with phil:
-        for i, (name, ftype, mtype, space, value) in enumerate(items):
-            aid = lib.create(loc, name, ftype.id, space.id, _H5P_DEFAULT, _H5P_DEFAULT)
+        for i, (name, ftype, space, mtype, buf, _) in enumerate(items):
+            aid = create(loc, name, ftype, space, _H5P_DEFAULT, _H5P_DEFAULT)
             if aid < 0:
                 return list(range(i, len(items)))
-            if mtype is None:
-                ptr = ctypes.c_char_p(value)
-                ok = lib.write(aid, _VLEN_UTF8_MEM.id, ctypes.addressof(ptr)) >= 0
-            else:
-                ok = value.size == 0 or lib.write(aid, mtype.id, value.ctypes.data) >= 0
-            lib.close(aid)
+            ok = buf is None or write(aid, mtype, buf) >= 0
+            close(aid)
             if not ok:
                 return list(range(i, len(items)))
     return []
 
 
-def string_value(arr: np.ndarray) -> bytes | None:
-    """The UTF-8 bytes of a 0-d string array h5py would write as a variable-length string."""
+def string_value(arr: np.ndarray) -> bytes | list[bytes] | None:
+    """The UTF-8 bytes of a 0-d string array h5py would write as a variable-length string
+    (a list of them for a 1-d array); None where h5py's own path must decide."""
+    if arr.ndim == 1:
+        items = [string_value(np.asarray(x, dtype=arr.dtype)) for x in arr]
+        return None if any(b is None for b in items) else items
     if arr.ndim != 0:
         return None
     v = arr[()]

@@ -91,6 +91,56 @@ def test_process_writer_file_equals_thread_writer_file(tmp_path):
         np.testing.assert_array_equal(addmm.inputs()["self"].read(), _model()[0].bias.detach().numpy())
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_small_tensors_of_every_layout_equal_the_thread_writers(tmp_path, monkeypatch):
+    """Small tensors go to the child as their storage's bytes (process.py, _small_bytes)
+    where their layout allows it, else as arrays: dtypes stored as raw bits (bfloat16),
+    bool, a scalar, an empty tensor, an offset slice, a transposed (not C-order) tensor,
+    complex32, all read back as the values the ops saw and as the thread writer wrote."""
+    torch.manual_seed(0)
+    base = torch.randn(6, 8)
+    seen = {
+        "bf16": base.to(torch.bfloat16),
+        "bool": base > 0,
+        "i8": (base * 10).to(torch.int8),
+        "scalar": base[0, 0].clone(),
+        "empty": base[:0].clone(),
+        "slice": base[2:4],                  # a storage offset
+        "t": base.t(),                       # not C order
+        "c32": torch.complex(base[0], base[1]).to(torch.complex32),
+    }
+
+    def run():      # one op per tensor, which reads it as its `self`
+        for k, v in seen.items():
+            v.logical_not() if k == "bool" else v.clone() if k == "c32" else v.add(0)
+
+    import npu_dumper.sinks.process as process
+    as_bytes = []
+    small_bytes = process._small_bytes
+    monkeypatch.setattr(process, "_small_bytes",
+                        lambda cap: as_bytes.append(small_bytes(cap) is not None) or small_bytes(cap))
+    files = {}
+    for writer in ("thread", "process"):
+        files[writer] = tmp_path / f"{writer}.h5"
+        with npu_dumper.dumper(use_dump=True, dump_path=str(files[writer]), writer=writer):
+            run()
+    # sent as bytes: every input and output but the empty ones (no storage kept), the
+    # transposed ones (add keeps the layout) and complex32's
+    assert as_bytes.count(True) == 10 and as_bytes.count(False) == 6
+    a, b = _contents(files["thread"]), _contents(files["process"])
+    cat = S.CATALOG_PATH.lstrip("/")
+    a.pop(cat), b.pop(cat)
+    assert a == b
+    with npu_dumper.load(files["process"]) as f:
+        inputs = [o.inputs()["self"] for o in f.ops()]
+        assert len(inputs) == len(seen)
+        for rec, (name, live) in zip(inputs, seen.items()):
+            got = f.tensor(rec)
+            assert got.dtype == live.dtype and got.shape == live.shape, name
+            assert torch.equal(got.view(torch.int16) if got.dtype == torch.complex32 else got,
+                               live.view(torch.int16) if got.dtype == torch.complex32 else live), name
+
+
 def test_process_writer_reused_across_blocks_and_rejects_bad_option(tmp_path):
     for i in range(3):
         with npu_dumper.dumper(use_dump=True, dump_path=str(tmp_path / f"{i}.h5"), writer="process"):

@@ -101,6 +101,7 @@ class Catalog:
         self._groups: dict[str, dict[str, list[str]]] = {}   # io -> top name -> entries
         self._order: dict[str, list[str]] = {}
         self._bad = False
+        self._frags: dict[int, tuple] = {}    # (Catalog._fragment)
 
     # ---- the open op ---------------------------------------------------------------
     def begin(self, path: str) -> None:
@@ -175,7 +176,7 @@ class Catalog:
         """A dataset stored at `path` (tensor, view or statistics): remembered for links to
         it, and an entry of the open op when it is one."""
         try:
-            frag = _tensor_fragment(attrs, offset, nbytes, dtype, shape)
+            frag = self._fragment(attrs, offset, nbytes, dtype, shape)
         except (TypeError, ValueError, OverflowError):
             frag = None
         if frag is None:            # never fails the write: the op is left undescribed
@@ -185,6 +186,27 @@ class Catalog:
         place = self._place(path)
         if place is not None:
             self._add(place[0], place[1], '{"n":' + _cat_json(place[1]) + "," + frag + "}")
+
+    def _fragment(self, attrs: dict[str, Any], offset: int | None, nbytes: int, dtype: Any,
+                  shape: Any) -> str | None:
+        """_tensor_fragment's string. A plain tensor's attributes (a dict the writer
+        reuses for every tensor of that description, h5objects.cached_attrs) are encoded
+        once; only its place is added per tensor."""
+        if offset is None:
+            return _tensor_fragment(attrs, offset, nbytes, dtype, shape)
+        got = self._frags.get(id(attrs))
+        if got is None or got[0] is not attrs:
+            d = _cat_attrs(attrs)
+            if d is None or d[S.CAT_TYPE] != S.TYPE_TENSOR:
+                return _tensor_fragment(attrs, offset, nbytes, dtype, shape)
+            if len(self._frags) >= CATALOG_MAX_DESCRIPTIONS:
+                self._frags.clear()
+            # (the dict is held here, so its id is not reused while the entry lives)
+            got = self._frags[id(attrs)] = (attrs, _cat_json(d)[1:-1], d.get(S.ATTR_SHAPE))
+        ss = [int(x) for x in shape]
+        return (f'{got[1]},"{S.CAT_OFFSET}":{int(offset)},"{S.CAT_NBYTES}":{int(nbytes)},'
+                f'"{S.CAT_STORED_DTYPE}":{_cat_json(np.dtype(dtype).str)}'
+                + ("" if ss == got[2] else f',"{S.CAT_STORED_SHAPE}":{_cat_json(ss)}'))
 
     def link(self, path: str, existing_path: str) -> None:
         if not existing_path.startswith("/"):

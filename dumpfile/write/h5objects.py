@@ -39,6 +39,7 @@ _MEM_TYPES: dict[np.dtype, Any] = {}
 
 
 _STR_ARRAYS: dict[str, np.ndarray] = {}     # interned string attribute values (names, dtypes)
+_STR_ITEMS: dict[tuple[str, str], tuple] = {}   # (name, str value) -> its h5direct.attr_item
 _SIMPLE_SPACES: dict[tuple, Any] = {}
 _NULL_SPACE = h5s.create(h5s.NULL)
 
@@ -130,6 +131,22 @@ def _new_dataset(parent: h5py.Group, name: str, arr: np.ndarray | None, *,
     return _NewDataset(dsid, f"{parent.name}/{name}")
 
 
+# an object reference (a view's dataset): its file and memory types, made once (not
+# through _types: numpy dtypes compare equal without their metadata, so h5py's ref_dtype
+# and its string dtype are one key there)
+_REF_FTYPE = h5t.py_create(h5py.ref_dtype, logical=True)
+_REF_MTYPE = h5t.py_create(h5py.ref_dtype)
+
+
+def _new_ref_dataset(parent: h5py.Group, name: str, ref: np.ndarray) -> _NewDataset:
+    """`parent/name` holding one object reference (a 0-d h5py.ref_dtype array): what
+    create_dataset(name, data=ref, dtype=h5py.ref_dtype) makes, through the low-level API."""
+    dsid = h5d.create(parent.id, name.encode("utf-8", "surrogateescape"), _REF_FTYPE,
+                      _SCALAR_SPACE, dcpl=_DCPL_PLAIN, lcpl=parent._lcpl)
+    dsid.write(h5s.ALL, h5s.ALL, ref, mtype=_REF_MTYPE)
+    return _NewDataset(dsid, f"{parent.name}/{name}")
+
+
 def pwrite_all(fd: int, data: Any, offset: int, path: str) -> None:
     """All of a C-contiguous buffer at `offset` (os.pwrite may write less than asked)."""
     view = memoryview(data).cast("B")
@@ -141,21 +158,24 @@ def pwrite_all(fd: int, data: Any, offset: int, path: str) -> None:
         raise DumpWriteError(f"{path}: write failed ({e})") from e
 
 
-def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False) -> None:
-    """Create new attributes on a fresh object through h5py's low-level API.
-
-    h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
-    it (safe for overwriting); on a new object that is pure overhead and made
-    attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
-    Existing names fall back to the high-level path (overwrite semantics); `fresh=True`
-    promises the object was just created by this writer and skips that check.
-    """
-    oid = obj.id
-    fast: list[tuple[bytes, Any, Any, Any, Any]] = []
+def _attr_items(attrs: dict[str, Any]) -> tuple[list, list[str], list[str]]:
+    """What h5direct.create_attrs takes for the attributes of `attrs` it can write (str,
+    native numbers and arrays of them; None values skipped), and the others: (key, array)
+    for h5py's low-level create, (key, None) for its high-level `attrs[k] = v`.
+    Returns (items, their keys, the others)."""
+    fast: list[tuple] = []
     keys: list[str] = []
+    slow: list[tuple[str, Any]] = []
     for k, v in attrs.items():
         if v is None:
             continue
+        if type(v) is str:
+            # (an op's name, phase, module path...: the same few (name, value) pairs)
+            item = _STR_ITEMS.get((k, v))
+            if item is not None:
+                fast.append(item)
+                keys.append(k)
+                continue
         if isinstance(v, str):
             arr = _STR_ARRAYS.get(v)
             if arr is None:
@@ -166,30 +186,83 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False)
             arr = np.asarray(v)
             if arr.dtype.kind == "U" or (arr.dtype.kind == "O"
                                          and h5py.check_string_dtype(arr.dtype) is None):
-                obj.attrs[k] = v
+                slow.append((k, None))
                 continue
-        name = k.encode()
-        if not fresh and h5a.exists(oid, name):
-            obj.attrs[k] = v
-            continue
         ftype, mtype = _types(arr.dtype)
         if arr.dtype.kind == "O":
             text = h5direct.string_value(arr)
             if text is not None:
-                fast.append((name, ftype, None, _SCALAR_SPACE, text))
+                item = h5direct.attr_item(k.encode(), ftype, None, _space(arr.shape), text)
+                if type(v) is str:
+                    if len(_STR_ITEMS) >= 8192:
+                        _STR_ITEMS.clear()
+                    _STR_ITEMS[(k, v)] = item
+                fast.append(item)
                 keys.append(k)
                 continue
         elif arr.dtype.isnative and arr.dtype.kind in "biuf":
-            fast.append((name, ftype, mtype, _space(arr.shape), np.asarray(arr, order="C")))
+            fast.append(h5direct.attr_item(k.encode(), ftype, mtype, _space(arr.shape),
+                                           np.asarray(arr, order="C")))
             keys.append(k)
             continue
+        slow.append((k, np.asarray(arr, order="C")))
+    return fast, keys, slow
+
+
+def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any], *, fresh: bool = False,
+              items: tuple | None = None) -> None:
+    """Create new attributes on a fresh object through h5py's low-level API.
+
+    h5py's `attrs[k] = v` creates each attribute under a temporary name and renames
+    it (safe for overwriting); on a new object that is pure overhead and made
+    attribute writes the dumper's largest cost. Values: str, bool, int, float, arrays.
+    Existing names fall back to the high-level path (overwrite semantics); `fresh=True`
+    promises the object was just created by this writer and skips that check.
+    `items`: _attr_items(attrs), made earlier (cached_attrs: the same attributes on
+    object after object); only with `fresh`.
+    """
+    oid = obj.id
+    if items is None:
+        items = _attr_items(attrs)
+    fast, keys, slow = items
+    if not fresh:
+        old = {i for i, (name, *_) in enumerate(fast) if h5a.exists(oid, name)}
+        if old:
+            fast = [it for i, it in enumerate(fast) if i not in old]
+            keys, old_keys = [k for i, k in enumerate(keys) if i not in old], \
+                [k for i, k in enumerate(keys) if i in old]
+            slow = [(k, None) for k in old_keys] + list(slow)
+    for k, arr in slow:
+        name = k.encode()
+        if arr is None or (not fresh and h5a.exists(oid, name)):
+            obj.attrs[k] = attrs[k]         # (overwrite semantics, or a value h5py converts)
+            continue
+        ftype, mtype = _types(arr.dtype)
         aid = h5a.create(oid, name, ftype, _space(arr.shape))
         if arr.size:
-            aid.write(np.asarray(arr, order="C"), mtype=mtype)
+            aid.write(arr, mtype=mtype)
     if fast:
         # (h5py's low-level calls cost about twice HDF5's own work per attribute)
         for i in h5direct.create_attrs(oid, fast):
             obj.attrs[keys[i]] = attrs[keys[i]]   # h5py: overwrites a half-made one, or raises
+
+
+# attributes written object after object (a tensor's eight, a value's Type and
+# schema_type): their h5direct items made once per distinct set
+_CACHED_ATTRS: dict[tuple, tuple[dict, tuple]] = {}
+_MAX_CACHED_ATTRS = 8192
+
+
+def cached_attrs(key: tuple, make) -> tuple[dict, tuple]:
+    """(attrs, set_attrs items) for `key`, `make()` giving the attrs the first time.
+    The dict is shared: callers must not change it."""
+    got = _CACHED_ATTRS.get(key)
+    if got is None:
+        attrs = make()
+        if len(_CACHED_ATTRS) >= _MAX_CACHED_ATTRS:
+            _CACHED_ATTRS.clear()
+        got = _CACHED_ATTRS[key] = (attrs, _attr_items(attrs))
+    return got
 
 
 def rewrite_scalar_attr(obj: h5py.HLObject, key: str, value: Any) -> None:
@@ -224,6 +297,16 @@ class TensorMeta:
     format_type: int | None = None   # None: from the strides (format_type_of)
     uninitialized: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def cached_attrs(self, type_code: int) -> tuple[dict[str, Any], tuple | None]:
+        """attrs(type_code) and its set_attrs items, made once per distinct tensor
+        description (a step's tensors repeat a few shapes and dtypes, and every step
+        repeats them). The dict is shared: do not change it."""
+        if self.extra:
+            return self.attrs(type_code), None
+        key = ("tensor", type_code, self.dtype, tuple(self.shape), tuple(self.stride),
+               self.storage_offset, self.device, self.format_type, bool(self.uninitialized))
+        return cached_attrs(key, lambda: self.attrs(type_code))
 
     def attrs(self, type_code: int) -> dict[str, Any]:
         # Stride describes the stored data (C order, logical shape): the original msaccucmp

@@ -28,7 +28,25 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from ..errors import DumpWriteError, writer_error_message
-from .writer import DumpWriter
+from .writer import DumpWriter, TensorMeta
+
+# TensorMeta per distinct record: ops repeat a few tensor descriptions step after step
+_METAS: dict[tuple, TensorMeta] = {}
+
+
+def tensor_meta(rec: tuple) -> TensorMeta:
+    """The TensorMeta of a record's tensor: (dtype, shape, stride, storage offset, device,
+    uninitialized, extra attributes or None), as npu_dumper.sinks.process sends it."""
+    if rec[6] is not None:
+        return TensorMeta(rec[0], tuple(rec[1]), tuple(rec[2]), rec[3], rec[4],
+                          uninitialized=rec[5], extra=dict(rec[6]))
+    meta = _METAS.get(rec)
+    if meta is None:
+        if len(_METAS) >= 8192:
+            _METAS.clear()
+        meta = _METAS[rec] = TensorMeta(rec[0], tuple(rec[1]), tuple(rec[2]), rec[3], rec[4],
+                                        uninitialized=rec[5])
+    return meta
 
 
 class _Server:
@@ -177,9 +195,13 @@ class _Server:
     def _node(self, parent, name: str, node: tuple, offsets: list) -> None:
         w = self.w
         kind = node[0]
-        if kind == "reserve":
+        if kind == "bytes":
+            _, raw, dtype, shape, meta = node
+            arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+            w.write_tensor(parent, name, arr, tensor_meta(meta))
+        elif kind == "reserve":
             _, shape, dtype, meta = node
-            r = w.reserve_tensor(parent, name, shape, np.dtype(dtype), meta)
+            r = w.reserve_tensor(parent, name, shape, np.dtype(dtype), tensor_meta(meta))
             if r is None:
                 raise DumpWriteError(f"{w.path}: {parent.name}/{name}: cannot reserve a "
                                      "contiguous dataset for the dump writer process")
@@ -187,9 +209,9 @@ class _Server:
         elif kind == "link":
             w.link(parent, name, node[1])
         elif kind == "view":
-            w.write_view(parent, name, node[1], node[2])
+            w.write_view(parent, name, node[1], tensor_meta(node[2]))
         elif kind == "tensor":
-            w.write_tensor(parent, name, node[1], node[2])
+            w.write_tensor(parent, name, node[1], tensor_meta(node[2]))
         elif kind == "value":
             w.write_value(parent, name, node[1], node[2])
         elif kind == "named":

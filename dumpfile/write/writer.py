@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import h5py
 import numpy as np
-from h5py import h5g, h5s
+from h5py import h5g, h5r, h5s
 
 from .. import schema as S
 from ..errors import DumpWriteError
@@ -34,12 +34,25 @@ from .catalog import NO_VALUE, Catalog
 from .durability import DurableFile
 from .h5objects import (  # noqa: F401 - claim_blocks, pwrite_all: also imported from here
     DIRECT_WRITE_MIN_BYTES, TensorMeta, _STATS_FIELDS, _clear_for_create, _keep_dirty_metadata,
-    _new_dataset, _scalar_type_code, _types, claim_blocks, new_table, pwrite_all, set_attrs)
+    _new_dataset, _new_ref_dataset, _scalar_type_code, _types, cached_attrs, claim_blocks,
+    new_table, pwrite_all, set_attrs)
 
 _STR = h5py.string_dtype("utf-8")
 _INDEX_DTYPE = np.dtype([
     ("seqid", np.int64), ("op", _STR), ("phase", np.int8), ("module", _STR), ("grad_fn", _STR),
 ])
+
+
+_INPUT_B, _OUTPUT_B = S.INPUT_GROUP.encode(), S.OUTPUT_GROUP.encode()
+
+
+def _type_attrs(ds, code: int, schema_type: str | None) -> None:
+    """A value's Type and schema_type attributes on its new dataset (the same few pairs
+    value after value: their attribute items are made once)."""
+    st = schema_type or None
+    attrs, items = cached_attrs(("type", int(code), st),
+                                lambda: {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: st})
+    set_attrs(ds, attrs, fresh=True, items=items)
 
 
 class DumpWriter(DurableFile):
@@ -62,6 +75,7 @@ class DumpWriter(DurableFile):
         except OSError as e:
             raise DumpWriteError(f"{self.path}: cannot create dump file ({e})") from e
         f = self._f
+        self._lcpl = f._lcpl       # (h5py's: UTF-8 names, intermediate groups made)
         self._claim_blocks = True      # (reserve_tensor) until the file system says it cannot
         # A second descriptor for raw tensor bytes: os.pwrite releases the GIL, h5py does not,
         # so large writes overlap the user's Python (see write_tensor).
@@ -89,6 +103,7 @@ class DumpWriter(DurableFile):
             self._index = new_table(f, S.INDEX_PATH, _INDEX_DTYPE)
         self._cat = Catalog(f, self._index.shape)   # (its table is made at the first flush with rows)
         self._io_ids: tuple = ()       # begin_op's input/ and output/ group ids
+        self._op_gid = None            # ... and its op group's
         self._open_row: tuple | None = None
         # index rows waiting for the next flush: (seqid, op, phase, module, grad_fn, catalog row)
         self._pending_index: list[tuple] = []
@@ -111,7 +126,11 @@ class DumpWriter(DurableFile):
         """Create /{op}/{seqid} with its input/ and output/ groups and attributes."""
         path = S.op_group_path(op, seqid)
         try:        # (no `path in file` check first: on a big file that lookup costs more)
-            g = self._f.create_group(path)
+            # low level, as create_group(path) makes it (its link creation list makes the
+            # /{op} group when missing), without the high-level wrapper's checks
+            # (a name that is not ASCII: h5py's own path, which marks it UTF-8)
+            g = h5py.Group(h5g.create(self._f.id, path.encode(), lcpl=self._lcpl)) \
+                if path.isascii() else self._f.create_group(path)
         except ValueError as e:
             if path in self._f:
                 raise DumpWriteError(f"{self.path}: op group {path} already exists") from e
@@ -125,7 +144,9 @@ class DumpWriter(DurableFile):
             set_attrs(g, {k: v for k, v in attrs.items()
                           if k in (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)})
         # low level: no h5py object wrappers
-        ids = tuple(h5g.create(g.id, sub.encode(), lcpl=g._lcpl) for sub in (S.INPUT_GROUP, S.OUTPUT_GROUP))
+        gid, lcpl = g.id, self._lcpl
+        ids = (h5g.create(gid, _INPUT_B, lcpl=lcpl), h5g.create(gid, _OUTPUT_B, lcpl=lcpl))
+        self._op_gid = gid
         self._io_ids = ids
         row = (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or "", "")
         self._pending_index.append(row)
@@ -156,7 +177,11 @@ class DumpWriter(DurableFile):
 
     def set_order(self, parent: h5py.Group, names: Sequence[str]) -> None:
         """Record argument order: HDF5 lists members alphabetically."""
-        set_attrs(parent, {"order": np.array(list(names), dtype=object).astype(_STR)})
+        # (the same few name lists op after op: their attribute item made once)
+        names = tuple(names)
+        attrs, items = cached_attrs(("order", names), lambda: {
+            "order": np.array(list(names), dtype=object).astype(_STR)})
+        set_attrs(parent, attrs, items=items)
         if self._cat.prefix is not None:
             self._cat.set_order(parent.name, names)
 
@@ -219,8 +244,8 @@ class DumpWriter(DurableFile):
                 ds = parent.create_dataset(name, data=data, **kw)
             else:
                 ds = _new_dataset(parent, name, data)
-        attrs = meta.attrs(S.TYPE_TENSOR)
-        set_attrs(ds, attrs, fresh=True)
+        attrs, items = meta.cached_attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True, items=items)
         self.bytes_written += data.nbytes
         path = ds.name
         if self._cat.prefix is not None:
@@ -260,8 +285,8 @@ class DumpWriter(DurableFile):
                 self._claim_blocks = claim_blocks(self._fd, offset, nbytes)
             except OSError as e:
                 raise DumpWriteError(f"{self.path}: write failed ({e})") from e
-        attrs = meta.attrs(S.TYPE_TENSOR)
-        set_attrs(ds, attrs, fresh=True)
+        attrs, items = meta.cached_attrs(S.TYPE_TENSOR)
+        set_attrs(ds, attrs, fresh=True, items=items)
         self.bytes_written += nbytes
         path = ds.name
         if self._cat.prefix is not None:
@@ -306,14 +331,18 @@ class DumpWriter(DurableFile):
         `meta.stride`/`storage_offset` are the view's own; the base dataset's Stride and
         storage_offset attributes say where its elements live in the shared storage.
         """
-        base = self._f[base_path]
-        ds = parent.create_dataset(name, data=base.ref, dtype=h5py.ref_dtype)
-        a = meta.attrs(S.TYPE_TENSOR_VIEW)
-        a[S.ATTR_BASE] = self._local_base(parent, base_path)
-        set_attrs(ds, a, fresh=True)
+        # low level: what create_dataset(name, data=f[base_path].ref, dtype=ref_dtype)
+        # makes, without opening the base or h5py's wrappers (~0.2 ms a view)
+        ref = np.array(h5r.create(self._f.id, base_path.encode("utf-8", "surrogateescape"),
+                                  h5r.OBJECT), dtype=h5py.ref_dtype)
+        ds = _new_ref_dataset(parent, name, ref)
+        attrs, items = meta.cached_attrs(S.TYPE_TENSOR_VIEW)
+        set_attrs(ds, attrs, fresh=True, items=items)
+        local = self._local_base(parent, base_path)
+        set_attrs(ds, {S.ATTR_BASE: local}, fresh=True)
         path = ds.name
         if self._cat.prefix is not None:
-            self._cat.tensor(path, a)
+            self._cat.tensor(path, {**attrs, S.ATTR_BASE: local})
         return path
 
     def _local_base(self, parent: h5py.Group, base_path: str) -> str:
@@ -332,12 +361,14 @@ class DumpWriter(DurableFile):
         own = "/".join(parts[:3])                  # /{op}/{seqid}
         if len(parts) < 4 or base_path.startswith(own + "/"):
             return base_path
-        grp = self._f[own]
+        # (the op being written: its group id from begin_op, no lookup by path)
+        gid = self._op_gid if own == self._open_path and self._op_gid is not None \
+            else self._f[own].id
         # one link per base, named after its path ("/" is not allowed in a link name)
         link = S.OP_BASE_LINK_PREFIX + base_path.strip("/").replace("/", "|")
-        if link.encode() not in grp.id:
-            grp.id.links.create_hard(link.encode(), self._f.id, base_path.encode(),
-                                     lcpl=grp._lcpl, lapl=grp._lapl)
+        if link.encode() not in gid:
+            gid.links.create_hard(link.encode(), self._f.id, base_path.encode(),
+                                  lcpl=self._lcpl, lapl=parent._lapl)
         return f"{own}/{link}"
 
     def link(self, parent: h5py.Group, name: str, existing_path: str) -> str:
@@ -362,7 +393,7 @@ class DumpWriter(DurableFile):
             ds = _new_dataset(parent, name, np.array(value, dtype=_STR))
         else:
             ds = _new_dataset(parent, name, np.asarray(value))
-        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, code, schema_type)
         path = ds.name
         if self._cat.prefix is not None:
             # what DumpFile.read_value gives back: None, the string, or the number as stored
@@ -382,7 +413,7 @@ class DumpWriter(DurableFile):
             set_attrs(ds, {S.ATTR_DTYPE: value}, fresh=True)
         else:
             ds = _new_dataset(parent, name, np.array(value, dtype=_STR))
-        set_attrs(ds, {S.ATTR_TYPE: type_code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, type_code, schema_type)
         if extra:
             set_attrs(ds, extra)
         path = ds.name
@@ -418,7 +449,7 @@ class DumpWriter(DurableFile):
                 self.write_value(g, f"{name}_{i}", v)
             return g.name
         ds = _new_dataset(parent, name, arr)
-        set_attrs(ds, {S.ATTR_TYPE: code, S.ATTR_SCHEMA_TYPE: schema_type or None}, fresh=True)
+        _type_attrs(ds, code, schema_type)
         path = ds.name
         if self._cat.prefix is not None:
             self._cat.entry(path, {S.CAT_TYPE: code}, arr.tolist())

@@ -19,13 +19,16 @@ metadata thread held inside a blocking send, both sides ended up blocked in a se
 
 from __future__ import annotations
 
+import ctypes
+
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpWriteError
 from dumpfile.write.remote import RemoteDumpWriter
+from dumpfile.write.writer import DIRECT_WRITE_MIN_BYTES
 
 from ..capture import ListOf, Named, TensorCapture, Value
 from ..capture.tensors import storage_array
-from .plan import LINK, VIEW, deferred_dtype
+from .plan import LINK, VIEW, deferred_dtype, storage_dtype
 from .protocol import OpJob
 from .thread import WriterThread
 
@@ -41,6 +44,41 @@ def _plain(v):
         if isinstance(v, cast):
             return cast(v)
     return str(v)
+
+
+def meta_record(cap: TensorCapture) -> tuple:
+    """The TensorMeta of a capture as the child takes it (remote_child.tensor_meta): a
+    tuple pickles in a fraction of a dataclass's time and bytes."""
+    return (cap.dtype, cap.shape, cap.stride, cap.offset, cap.device, bool(cap.uninitialized),
+            cap.extra or None)
+
+
+_DIRECT = DIRECT_WRITE_MIN_BYTES
+
+
+def _small_bytes(cap: TensorCapture) -> bytes | None:
+    """The bytes a small tensor is stored as, copied from its storage (call under
+    cap.lock), or None where that does not apply. Applies to a capture still holding its
+    CPU storage (a plain tensor, no conj/neg bit: TensorCapture keeps the storage only
+    then), laid out in C order, of a dtype stored as its own bytes (every stored dtype
+    but complex32, whose stored array has another shape): the stored array's bytes are
+    then exactly the storage's bytes from the tensor's offset."""
+    st = cap._storage
+    if st is None or cap.device != "cpu" or cap.nbytes >= _DIRECT or cap.dtype == "complex32":
+        return None
+    dt = storage_dtype(cap.dtype)
+    if dt is None or not dt.isnative:
+        return None
+    expected = 1
+    for n, s in zip(reversed(cap.shape), reversed(cap.stride)):
+        if n != 1 and s != expected:
+            return None
+        expected *= n
+    if len(cap.stride) != len(cap.shape) or dt.itemsize * expected != cap.nbytes:
+        return None
+    if not cap.nbytes:
+        return b""
+    return ctypes.string_at(st.data_ptr() + cap.offset * dt.itemsize, cap.nbytes)
 
 
 class ProcessWriter(WriterThread):
@@ -85,18 +123,27 @@ class ProcessWriter(WriterThread):
             return ("link", p.ref)
         if p.kind is VIEW:
             self.plan.stored(p, path, cap)
-            return ("view", p.ref, self._meta(cap))
+            return ("view", p.ref, meta_record(cap))
         with cap.lock:
+            raw = _small_bytes(cap)
+            if raw is not None:
+                # the stored bytes read straight from the kept storage (no tensor rebuilt,
+                # no numpy array pickled); the capture is written from here on
+                rec = ("bytes", raw, storage_dtype(cap.dtype).str, cap.shape, meta_record(cap))
+                cap.done = True
+                cap.tensor = None
+                self.plan.stored(p, path, cap)
+                return rec
             t = cap.tensor
             dt = deferred_dtype(cap, t)
             if dt is not None:
-                rec = ("reserve", cap.shape, dt.str, self._meta(cap))
+                rec = ("reserve", cap.shape, dt.str, meta_record(cap))
                 self._pieces.append((cap, None, cap.nbytes))   # the data thread writes the bytes
             else:
                 # a copy: storage_array may view the live tensor, and the record is pickled
                 # only when the whole op is sent; once `done` is set, copy-on-write no longer
                 # saves this capture, so a later in-place op could change what is sent
-                rec = ("tensor", storage_array(t).copy(), self._meta(cap))
+                rec = ("tensor", storage_array(t).copy(), meta_record(cap))
                 cap.done = True
                 cap.tensor = None
         self.plan.stored(p, path, cap)
