@@ -95,7 +95,6 @@ def test_the_writer_child_keeps_the_message_it_received_as_its_caller_died(tmp_p
         from multiprocessing.connection import Connection
         from dumpfile import schema as S
         from dumpfile.write import remote_child
-        from dumpfile.write.writer import TensorMeta
 
         a, b = socket.socketpair()
         caller, conn = Connection(a.detach()), Connection(b.detach())
@@ -106,7 +105,7 @@ def test_the_writer_child_keeps_the_message_it_received_as_its_caller_died(tmp_p
             return ("op", ("aten.neg.default", seqid, "forward", "", "", {{}}, [("self", node)], []))
 
         for m in [("open", {str(p)!r}, S.MODE_DUMP, {{}}, 100.0),
-                  op(1, ("tensor", x, TensorMeta("float32", (16,), (1,)))), ("release", 1),
+                  op(1, ("tensor", x, ("float32", (16,), (1,), 0, "cpu", False, None))), ("release", 1),
                   op(2, ("link", first)), ("release", 1)]:
             caller.send(m)
         server = remote_child._Server(conn)
