@@ -33,6 +33,9 @@ class TensorLine:
     shape: tuple[int, ...] | None = None
     value: str = ""    # non-tensor values, short
     stats: dict[str, float] = field(default_factory=dict)
+    # describe_value(line, True), made beforehand where it is cheaper by columns (a
+    # statistics table); not part of what the line is
+    described: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -173,76 +176,153 @@ def _outputs_text(ln: OpLine, stats: bool, sep: str) -> str:
     return text or (f"raised {ln.raised}" if ln.raised else "")
 
 
+_LISTING_FIELDS = ("seqid", "io", "name", "Type", "dtype", "shape", "uninitialized", "value")
+
+
 def _table_lines(f: DumpFile, stats: bool) -> dict[int, list[TensorLine]] | None:
-    """Every op's lines of a statistics table file by seqid, from the table's columns (a
-    field read per numpy row costs ~1 us, and DumpFile._table_values builds full records
-    per op: 8 s for 50k ops); the same lines as the per-op records give (lists flattened
-    as `_flatten` does, statistics as stored). None: read per op (a value row that does
-    not decode)."""
+    """Every op's lines of a statistics table file by seqid, from the table's columns: the
+    fields shown read once (stats_table.read_fields), names and dtypes decoded once per
+    distinct value, each op's lines a slice of one list of lines in (seqid, inputs first,
+    row) order, and with `stats` the statistics' text (`describe_value`) formatted a column
+    at a time (numpy) instead of per value (50k ops, 150k tensors: 11 s -> see README).
+    The same lines as the per-op records give (lists flattened as `_flatten` does,
+    statistics as stored). None: read per op (a value row that does not decode)."""
     import dumpfile.stats_table as T
 
-    tab = f._table
-    rows = tab.rows[tab._order]          # grouped by seqid, written order within an op
+    fields = _LISTING_FIELDS + (S.STATS_FIELDS if stats else ())
+    rows = T.read_fields(f.h5, fields, complete=f.complete)
     if not len(rows):
         return {}
-    cols = {k: rows[k].tolist() for k in ("seqid", "io", "name", "Type", "dtype", "value",
-                                          "uninitialized")}
-    shapes = rows["shape"]
-    st = [rows[k].tolist() for k in S.STATS_FIELDS] if stats else None
-    text: dict[Any, str] = {}
+    # inputs before outputs within an op, each in row order (lexsort is stable)
+    rows = rows[np.lexsort((rows["io"] != T.IO_INPUT, rows["seqid"]))]
+    seqids, codes = rows["seqid"], rows["Type"]
+    names = _decoded(rows["name"])
+    dtypes = _decoded(rows["dtype"])
+    sides = np.where(rows["io"] == T.IO_INPUT, "in", "out").tolist()
+    codes_l = codes.tolist()
+    is_tensor = codes == S.TYPE_TENSOR_STATS
+    shapes = _shape_tuples(rows["shape"], is_tensor)
+    suffix = None
+    if stats:
+        with_stats = is_tensor & ~rows["uninitialized"].astype(bool)
+        suffix = _stats_suffixes(rows, with_stats)
+        stats_of: list = [None] * len(rows)
+        stored = np.column_stack([rows[k][with_stats].astype(np.float64) for k in S.STATS_FIELDS])
+        for i, values_ in zip(np.flatnonzero(with_stats).tolist(), stored.tolist()):
+            stats_of[i] = dict(zip(S.STATS_FIELDS, values_))
+    values = rows["value"]
     shown: dict[tuple, str] = {}            # (Type, stored value text) -> shown value
-    shape_of: dict[bytes, tuple] = {}
-    same: dict[tuple, TensorLine] = {}      # lines shared by rows that show the same
-    out: dict[int, list[TensorLine]] = {}
-    per_op: dict[int, tuple[list, list]] = {}
-    for i, (q, io, name, code) in enumerate(zip(cols["seqid"], cols["io"], cols["name"], cols["Type"])):
-        name = text[name] if name in text else text.setdefault(name, _attr_str(name))
-        ins, outs = per_op.setdefault(q, ([], []))
-        entries = ins if io == T.IO_INPUT else outs
+    # lines shared by rows that show the same (a model's ops repeat a few hundred); a
+    # tensor's with its text without statistics
+    same_tensor: dict[tuple, tuple[TensorLine, str]] = {}
+    same_value: dict[tuple, TensorLine] = {}
+    lines: list[TensorLine | None] = []
+    type_names = S.TYPE_NAMES
+    for i, (side, name, code) in enumerate(zip(sides, names, codes_l)):
         if code in S.LIST_TYPES:
-            entries.append((name, None))     # a holder: its children are the lines
+            lines.append(None)               # a holder: its children are the lines
             continue
         if code == S.TYPE_TENSOR_STATS:
-            dt = cols["dtype"][i]
-            if st is None:
-                # without --stats a line is its row's name, dtype and shape: one line per
-                # distinct row, shared (a model's ops repeat a few hundred)
-                raw = shapes[i]
-                lkey = (io, name, code, dt, raw.dtype.str, raw.tobytes()) if isinstance(raw, np.ndarray) else None
-                line = same.get(lkey) if lkey is not None else None
-                if line is not None:
-                    entries.append((name, line))
-                    continue
-            else:
-                lkey = None
-            sa = np.asarray(shapes[i], dtype=np.int64).reshape(-1)
-            key = sa.tobytes()
-            shape = shape_of.get(key)
-            if shape is None:
-                shape = shape_of[key] = tuple(sa.tolist())
-            line = TensorLine("in" if io == T.IO_INPUT else "out", name,
-                              S.TYPE_NAMES.get(code, "Tensor"),
-                              text[dt] if dt in text else text.setdefault(dt, _attr_str(dt)), shape)
-            if st is not None and not cols["uninitialized"][i]:
-                line.stats = {k: float(c[i]) for k, c in zip(S.STATS_FIELDS, st)}
-            if lkey is not None:
-                same[lkey] = line
-        else:
-            key = (code, cols["value"][i])
-            lkey = (io, name, key)
-            line = same.get(lkey)
-            if line is None:
-                value = shown.get(key)
-                if value is None:
-                    try:
-                        value = shown[key] = _short(T.decode_value(code, _attr_str(key[1])))
-                    except ValueError:
-                        return None
-                line = same[lkey] = TensorLine("in" if io == T.IO_INPUT else "out", name,
-                                               S.TYPE_NAMES.get(code, str(code)), value=value)
-        entries.append((name, line))
-    for q, (ins, outs) in per_op.items():
-        out[q] = _table_flatten(ins) + _table_flatten(outs)
+            key = (side, name, code, dtypes[i], shapes[i])
+            hit = same_tensor.get(key)
+            if hit is None:
+                line = TensorLine(side, name, type_names.get(code, "Tensor"), dtypes[i], shapes[i])
+                hit = same_tensor[key] = (line, describe_value(line, False))
+            line = hit[0]
+            if suffix is not None and suffix[i] is not None:
+                # its own line: the statistics are this row's
+                line = TensorLine(side, name, line.kind, line.dtype, line.shape,
+                                  stats=stats_of[i], described=hit[1] + suffix[i])
+            lines.append(line)
+            continue
+        key = (side, name, code, values[i])
+        line = same_value.get(key)
+        if line is None:
+            vkey = (code, values[i])
+            value = shown.get(vkey)
+            if value is None:
+                try:
+                    value = shown[vkey] = _short(T.decode_value(code, _attr_str(vkey[1])))
+                except ValueError:
+                    return None
+            line = same_value[key] = TensorLine(side, name, type_names.get(code, str(code)), value=value)
+        lines.append(line)
+    out: dict[int, list[TensorLine]] = {}
+    starts = np.flatnonzero(np.diff(seqids)) + 1
+    bounds = zip(np.concatenate(([0], starts)).tolist(), np.append(starts, len(seqids)).tolist())
+    has_lists = bool(np.isin(codes, S.LIST_TYPES).any())
+    for q, (a, b) in zip(seqids[np.concatenate(([0], starts))].tolist(), bounds):
+        op_lines = lines[a:b]
+        if has_lists and None in op_lines:
+            op_lines = [line for side in ("in", "out")
+                        for line in _table_flatten([(names[j], lines[j]) for j in range(a, b)
+                                                    if sides[j] == side])]
+        out[q] = op_lines
+    return out
+
+
+def _decoded(column: np.ndarray) -> list[str]:
+    """A column of stored strings as str, each distinct value decoded once."""
+    items = column.tolist()
+    text = {v: _attr_str(v) for v in set(items)}
+    return list(map(text.__getitem__, items))
+
+
+def _shape_tuples(column: np.ndarray, wanted: np.ndarray) -> list[tuple | None]:
+    """The shape of each row whose `wanted` is set (a tuple, one object per distinct
+    shape), None for the others."""
+    out: list[tuple | None] = [None] * len(column)
+    shape_of: dict[bytes, tuple] = {}
+    idx = np.flatnonzero(wanted).tolist()
+    stored = column[idx].tolist()
+    # h5py gives each row's shape as a 1-d int64 array: its bytes are the key
+    if all(type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 for a in stored[:1]):
+        keys = list(map(np.ndarray.tobytes, stored))
+    else:
+        stored = [np.asarray(a, dtype=np.int64).reshape(-1) for a in stored]
+        keys = [a.tobytes() for a in stored]
+    for i, key, a in zip(idx, keys, stored):
+        shape = shape_of.get(key)
+        if shape is None:
+            shape = shape_of[key] = tuple(np.asarray(a, dtype=np.int64).reshape(-1).tolist())
+        out[i] = shape
+    return out
+
+
+def _whole(a: np.ndarray) -> np.ndarray:
+    """Where `_fmt` writes the value as an int (NaN, Inf: not whole)."""
+    return (np.abs(a) < 1e15) & (a == np.trunc(a))
+
+
+def _fmt_column(a: np.ndarray) -> list[str]:
+    """`_fmt` of every value of a float column, the same text."""
+    a = np.asarray(a, dtype=np.float64)
+    out = np.empty(len(a), dtype=object)
+    whole = _whole(a)
+    out[whole] = list(map(str, a[whole].astype(np.int64).tolist()))
+    out[~whole] = list(map("{:.4g}".format, a[~whole].tolist()))       # (NaN: "nan", as _fmt)
+    return out.tolist()
+
+
+def _stats_suffixes(rows: np.ndarray, wanted: np.ndarray) -> list[str | None]:
+    """`_stats_text` of each row whose `wanted` is set, formatted by columns; None for the others."""
+    idx = np.flatnonzero(wanted)
+    shown = [rows[k][idx].astype(np.float64) for k in ("min", "max", "mean")]
+    # rows with no whole number among the three (most): one format call for the three
+    fractional = ~(_whole(shown[0]) | _whole(shown[1]) | _whole(shown[2]))
+    text = np.empty(len(idx), dtype=object)
+    text[fractional] = list(map(" min={:.4g} max={:.4g} mean={:.4g}".format,
+                                *(a[fractional].tolist() for a in shown)))
+    text[~fractional] = list(map(" min={} max={} mean={}".format, *(_fmt_column(a[~fractional]) for a in shown)))
+    text = text.tolist()
+    for field_, label in (("nan_count", " nan="), ("inf_count", " inf=")):
+        col = rows[field_][idx]
+        some = np.flatnonzero(col != 0)                       # (NaN counts as some, as `if`)
+        for j, shown in zip(some.tolist(), _fmt_column(col[some])):
+            text[j] += label + shown
+    out: list[str | None] = [None] * len(rows)
+    for i, t in zip(idx.tolist(), text):
+        out[i] = t
     return out
 
 
@@ -368,18 +448,24 @@ def _fmt(v: float) -> str:
 
 
 def describe_value(v: TensorLine, with_stats: bool) -> str:
+    if with_stats and v.described is not None:
+        return v.described
     if v.shape is None:
         return f"{v.name}={v.value}"
     text = f"{v.name}: {v.dtype or '?'}{list(v.shape)}"
     if v.kind == "Tensor(view)":
         text += " view"
     if with_stats and v.stats:
-        s = v.stats
-        text += f" min={_fmt(s.get('min', math.nan))} max={_fmt(s.get('max', math.nan))} mean={_fmt(s.get('mean', math.nan))}"
-        if s.get("nan_count"):
-            text += f" nan={_fmt(s['nan_count'])}"
-        if s.get("inf_count"):
-            text += f" inf={_fmt(s['inf_count'])}"
+        text += _stats_text(v.stats)
+    return text
+
+
+def _stats_text(s: dict) -> str:
+    text = f" min={_fmt(s.get('min', math.nan))} max={_fmt(s.get('max', math.nan))} mean={_fmt(s.get('mean', math.nan))}"
+    if s.get("nan_count"):
+        text += f" nan={_fmt(s['nan_count'])}"
+    if s.get("inf_count"):
+        text += f" inf={_fmt(s['inf_count'])}"
     return text
 
 

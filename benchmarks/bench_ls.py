@@ -1,6 +1,7 @@
 """Reading speed: `accucmp ls` (and `ls --stats`) of a large dump, and `compare` rows/s.
 
-    python benchmarks/bench_ls.py [--ops 50000] [--repeat 3] [--keep DIR]
+    python benchmarks/bench_ls.py [--ops 50000] [--repeat 3] [--keep DIR] [--clock wall|cpu]
+                                  [--in-process-only]
 
 Writes, once, a full dump (tree layout with its catalog, DumpWriter) and a statistics-only
 dump (table layout) of N small ops (add/mm of 64-element float32 tensors, 3 tensors and a
@@ -10,6 +11,10 @@ the process start) and end to end as a process (`python -m accucmp.cli.main ls`)
 without --stats (--stats of a full dump reads every tensor: on the N/10-op dump); and `accucmp compare --jobs 1` (one process) of two full dumps of
 N/10 ops, in rows/s, end to end and warm in one process. Targets (issue 23): ls < 1 s for 50k
 ops warm; compare >= 5,000 rows/s; each printed as a ratio to its goal.
+
+`--clock cpu` times in process CPU time (time.process_time; for the runs as a process, the
+children's user + system time from getrusage): steadier than wall time on a shared machine,
+where other processes take the cores. `--in-process-only` leaves out the runs as a process.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,6 +41,14 @@ from dumpfile.write.stats import StatsDumpWriter, value_rows  # noqa: E402
 from dumpfile import schema as S  # noqa: E402
 
 ACCUCMP = [sys.executable, "-m", "accucmp.cli.main"]
+
+# the clock of the in-process timings (--clock): wall or this process's CPU time
+CLOCK = time.perf_counter
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _op(i: int, n_ops: int):
@@ -75,11 +89,11 @@ def in_process_ls(path: str, stats: bool, repeat: int) -> float:
     from accucmp.listing import list_ops, render
     times = []
     for _ in range(repeat + 1):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         lines, info = list_ops(path, stats=stats)
         with contextlib.redirect_stdout(io.StringIO()):
             render(lines, info, console=None, plain=True, stats=stats)
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return statistics.median(times[1:])
 
 
@@ -92,9 +106,9 @@ def in_process_compare(m: str, g: str, d: str, repeat: int) -> tuple[float, int]
         out = os.path.join(d, f"inproc_{i}.csv")
         if os.path.exists(out):
             os.remove(out)
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         rows = compare_to_csv(m, g, out, jobs=1).rows
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
         os.remove(out)
     return statistics.median(times[1:]), rows
 
@@ -102,9 +116,10 @@ def in_process_compare(m: str, g: str, d: str, repeat: int) -> tuple[float, int]
 def process(args: list[str], repeat: int) -> float:
     times = []
     for _ in range(repeat + 1):
-        t0 = time.perf_counter()
+        cpu = CLOCK is not time.perf_counter
+        t0 = _children_cpu() if cpu else time.perf_counter()
         r = subprocess.run(args, capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
+        times.append((_children_cpu() if cpu else time.perf_counter()) - t0)
         if r.returncode not in (0, 1):
             raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     return statistics.median(times[1:])
@@ -115,7 +130,11 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=50000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", help="directory to keep (and reuse) the dumps in")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--in-process-only", action="store_true", help="leave out the runs as a process")
     a = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
     d = a.keep or tempfile.mkdtemp(prefix="bench_ls_")
     os.makedirs(d, exist_ok=True)
     try:
@@ -128,7 +147,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 make(path)
                 print(f"wrote {os.path.basename(path)} in {time.perf_counter() - t0:.1f} s", flush=True)
-        print(f"{a.ops} ops, warm, medians of {a.repeat}:")
+        print(f"{a.ops} ops, warm, medians of {a.repeat}, {a.clock} clock, load {os.getloadavg()[0]:.2f}:")
         # (ls --stats of a full dump reads every tensor's data: timed on the N/10-op dump)
         for label, path, n, stats in (("full dump", full, a.ops, False),
                                       ("full dump", g, a.ops // 10, True),
@@ -136,15 +155,18 @@ def main() -> None:
                                       ("statistics dump", st, a.ops, True)):
             t = in_process_ls(path, stats, a.repeat)
             flag = " --stats" if stats else ""
-            tp = process(ACCUCMP + ["ls", "--plain", path] + (["--stats"] if stats else []), 1)
-            goal = "" if stats else f"; as a process / 1 s goal: {tp:4.2f}x"
-            print(f"  ls{flag:8s} {label:16s} {n:6d} ops: in process {t:6.2f} s ({n / t:9,.0f} ops/s); "
-                  f"as a process {tp:6.2f} s{goal}", flush=True)
+            text = f"  ls{flag:8s} {label:16s} {n:6d} ops: in process {t:6.2f} s ({n / t:9,.0f} ops/s)"
+            if not a.in_process_only:
+                tp = process(ACCUCMP + ["ls", "--plain", path] + (["--stats"] if stats else []), 1)
+                goal = "" if stats else f"; as a process / 1 s goal: {tp:4.2f}x"
+                text += f"; as a process {tp:6.2f} s{goal}"
+            print(text, flush=True)
         rows = (a.ops // 10) * 3     # tensor rows: 3 tensors an op (the scalar is no row)
         out = os.path.join(d, "out")
-        t = process(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q", "--jobs", "1"], 1)
-        print(f"  compare --jobs 1, {rows} rows of 64 float32: {t:.2f} s = {rows / t:,.0f} rows/s "
-              f"end to end (target >= 5,000: {rows / t / 5000:.2f}x)")
+        if not a.in_process_only:
+            t = process(ACCUCMP + ["compare", "-m", m, "-g", g, "-out", out, "-q", "--jobs", "1"], 1)
+            print(f"  compare --jobs 1, {rows} rows of 64 float32: {t:.2f} s = {rows / t:,.0f} rows/s "
+                  f"end to end (target >= 5,000: {rows / t / 5000:.2f}x)")
         ti, n_rows = in_process_compare(m, g, d, a.repeat)
         print(f"  compare in one process (warm, jobs=1): {ti:.2f} s = {n_rows / ti:,.0f} rows/s "
               f"({n_rows / ti / 5000:.2f}x the 5,000 goal)", flush=True)

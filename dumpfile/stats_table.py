@@ -181,3 +181,21 @@ def row_stats(row) -> dict[str, float]:
     if S.STATS_HASH_FIELD in names and not bool(row["uninitialized"]):
         out[S.STATS_HASH_FIELD] = int(row[S.STATS_HASH_FIELD])
     return out
+
+
+def read_fields(h5: h5py.File, names, *, complete: bool = True) -> np.ndarray:
+    """Only the fields `names` of every row, in one read, grouped by seqid (written order
+    kept within an op) — for readers of every row at once (accucmp ls).
+
+    One read of the fields together: HDF5 converts the compound row by row whatever the
+    number of fields taken, so a read per field costs about a whole-row read each (measured:
+    0.25-0.45 s a field for 200k rows, 0.9 s for the eight ls needs, 1.2-1.6 s for every
+    field). Leaving out the histogram and hash columns (variable length / unused) is the
+    saving. An incomplete file: the rows that read back (dumpfile.read.recovery)."""
+    ds = h5[S.STATS_TABLE_PATH]
+    names = list(names)
+    rows = ds.fields(names)[()] if complete else readable_rows(ds)[names]
+    seqids = rows["seqid"]
+    if len(seqids) > 1 and not bool((seqids[1:] >= seqids[:-1]).all()):
+        rows = rows[np.argsort(seqids, kind="stable")]
+    return rows

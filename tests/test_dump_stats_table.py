@@ -1,5 +1,7 @@
 """Statistics-only dumps as tables (format 1.1): read back, compare, list, survive SIGKILL."""
 
+import contextlib
+import io
 import math
 import time
 
@@ -295,6 +297,10 @@ def test_ls_of_a_table_file_from_its_columns_equals_the_per_op_records(tmp_path,
         spec.train_step(model, batch)
         torch.cat([torch.ones(2), torch.zeros(3)])
         torch.ones(2) * complex(1, 2)
+        # statistics written as whole numbers, NaN and Inf counts, large and tiny values
+        torch.tensor([float("nan"), 1.0, float("inf"), -float("inf")]) * 2
+        torch.arange(6.0) * 1e16
+        torch.tensor([1e-30, 3e-30]) + 0
     fast, info = listing.list_ops(p, stats=stats)
     with DumpFile(p) as f:
         assert len(listing._table_lines(f, stats)) == info["ops"]      # (the fast path ran)
@@ -304,3 +310,59 @@ def test_ls_of_a_table_file_from_its_columns_equals_the_per_op_records(tmp_path,
     assert any("/" in v.name for ln in slow for v in ln.values)           # list children
     assert any(v.value for ln in slow for v in ln.values)
     assert stats == any(v.stats for ln in slow for v in ln.values)
+    # the text shown: the columns' formatting (listing._stats_suffixes) equals describe_value's
+    # per value, plain and rich
+    from rich.console import Console
+    shown, tables = [], []
+    for lines in (fast, slow):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            listing.render(lines, info, console=None, plain=True, stats=stats)
+        shown.append(buf.getvalue())
+        console = Console(file=io.StringIO(), width=400)
+        listing.render(lines, info, console=console, plain=False, stats=stats)
+        tables.append(console.file.getvalue())
+    assert shown[0] == shown[1] and tables[0] == tables[1]
+    if stats:
+        assert " nan=1 inf=2" in shown[0] and "max=500000000000000000" not in shown[0]
+        assert "max=5e+16" in shown[0] and "min=0 max=1 mean=0.4" in shown[0] and "min=1e-30" in shown[0]
+        assert sum(v.described is not None for ln in fast for v in ln.values) > 100
+
+
+def test_ls_column_formatting_equals_the_per_value_one():
+    from accucmp import listing
+    values = np.array([0.0, -0.0, 1.0, -3.0, 0.5, -2.5, 1e15, 1e15 - 1, -(1e15 - 1), 123456.7, 1e-300,
+                       5e-324, 1.7976931348623157e308, float("nan"), float("inf"), -float("inf"),
+                       2.0 ** 52 + 1, 0.1 + 0.2, 99999.5, 12345.0])
+    assert listing._fmt_column(values) == [listing._fmt(float(v)) for v in values]
+    with np.errstate(over="ignore"):                  # (float32: the largest becomes Inf)
+        single = values.astype(np.float32)
+    assert listing._fmt_column(single) == [listing._fmt(float(v)) for v in single]
+
+
+def test_ls_on_a_terminal_lists_many_ops_as_plain_text(tmp_path, monkeypatch, capsys):
+    # a rich table of 50k ops takes ~25 s to lay out: past RICH_MAX_OPS the terminal gets
+    # the plain listing (said on stderr); fewer ops (or -n) still get the table
+    import sys
+    from pathlib import Path
+    from accucmp.cli import dumps
+    from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row
+    from dumpfile.write.stats import StatsDumpWriter
+    p = tmp_path / "many.h5"
+    n = dumps.RICH_MAX_OPS + 1
+    with StatsDumpWriter(str(p), mode="dump") as w:
+        for i in range(1, n + 1):
+            stats = [-1.0 * i, 2.5, 0.01, 0.9, 8.0, 0.0, 0.0, 4.0]
+            w.add_op("aten.add.Tensor", i, [tensor_row(i, IO_INPUT, "self", "float32", (4,), 0, stats),
+                                            tensor_row(i, IO_OUTPUT, "result", "float32", (4,), 0, stats)])
+    dumps.ls_command(Path(p), stats=True, plain=True, quiet=True)
+    piped = capsys.readouterr()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    dumps.ls_command(Path(p), stats=True, quiet=True)
+    terminal = capsys.readouterr()
+    assert terminal.out == piped.out and len(piped.out.splitlines()) == n + 2
+    assert f"{n} ops, more than {dumps.RICH_MAX_OPS}: plain text" in terminal.err and not piped.err
+    assert "min=-2001 max=2.5 mean=0.01" in terminal.out
+    dumps.ls_command(Path(p), stats=True, quiet=True, limit=3)
+    table = capsys.readouterr()
+    assert "\t" not in table.out and "seqid" in table.out and "min=-3" in table.out and not table.err

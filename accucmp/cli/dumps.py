@@ -18,6 +18,10 @@ from accucmp.cli.progress import console as _console
 
 
 # ---- ls --------------------------------------------------------------------
+# ops past which a terminal gets the plain listing instead of a rich table
+RICH_MAX_OPS = 2000
+
+
 def ls_command(
     dump: Annotated[Path, typer.Argument(help="A dump file (.h5).")],
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module.")] = None,
@@ -35,7 +39,13 @@ def ls_command(
         # only --stats reads tensor data (a listing without it is instant)
         rows, info = list_ops(dump, select=select, stats=stats, limit=limit,
                               progress=lambda n: progress_bar("reading ops", n, quiet=quiet or not stats))
-        render(rows, info, console=_console(), plain=plain or not sys.stdout.isatty(), stats=stats)
+        on_terminal = sys.stdout.isatty()
+        if on_terminal and not plain and len(rows) > RICH_MAX_OPS:
+            # a rich table lays out every cell first (~0.5 ms an op: 25 s for 50k ops)
+            print(f"accucmp ls: {len(rows)} ops, more than {RICH_MAX_OPS}: plain text "
+                  f"(-n N or --select for a table)", file=sys.stderr)
+            plain = True
+        render(rows, info, console=_console(), plain=plain or not on_terminal, stats=stats)
 
 
 # ---- extract ---------------------------------------------------------------
