@@ -75,7 +75,8 @@ _HADDR_UNDEF = (1 << 64) - 1
 
 
 def stored_at(loc: Any, name: bytes, offset: int, nbytes: int) -> bool | None:
-    """Whether the dataset `name` (relative to the h5py ObjectID `loc`) stores exactly its
+    """Whether the dataset `name` (relative to the h5py ObjectID `loc`, or an id from
+    open_object) stores exactly its
     `nbytes` bytes, contiguously, at file `offset`; None when this path is not available
     (then ask h5py). The same test as dumpfile.read.lowlevel.contiguous_offset, without
     h5py's object wrapper per open (~20 us of the ~25 a check costs through h5py: compare
@@ -84,7 +85,7 @@ def stored_at(loc: Any, name: bytes, offset: int, nbytes: int) -> bool | None:
     if lib is None:
         return None
     with phil:
-        hid = lib.oopen(loc.id, name, _H5P_DEFAULT)
+        hid = lib.oopen(loc if type(loc) is int else loc.id, name, _H5P_DEFAULT)
         if hid < 0:
             return False
         try:
@@ -94,6 +95,22 @@ def stored_at(loc: Any, name: bytes, offset: int, nbytes: int) -> bool | None:
             return off != _HADDR_UNDEF and off == offset and lib.storage_size(hid) == nbytes
         finally:
             lib.oclose(hid)
+
+
+def open_object(loc: Any, name: bytes) -> int:
+    """The id of the object `name` relative to the h5py ObjectID `loc`, opened (close it
+    with close_object); -1 when there is none or this path is not available."""
+    lib = _LIB
+    if lib is None:
+        return -1
+    with phil:
+        hid = lib.oopen(loc.id, name, _H5P_DEFAULT)
+    return hid if hid >= 0 else -1
+
+
+def close_object(hid: int) -> None:
+    with phil:
+        _LIB.oclose(hid)
 
 
 def attr_item(name: bytes, ftype: Any, mtype: Any, space: Any, value: Any) -> tuple:

@@ -50,7 +50,7 @@ def _table(t, g) -> pd.DataFrame:
 def test_compare_through_the_catalog_equals_the_walk(pair, tmp_path, monkeypatch):
     calls = []
     real = catalog.op_values
-    monkeypatch.setattr(catalog, "op_values", lambda f, op, eager=0: calls.append(op.path) or real(f, op, eager))
+    monkeypatch.setattr(catalog, "op_values", lambda f, op, eager=0, op_id=None: calls.append(op.path) or real(f, op, eager, op_id))
     via = _table(pair / "t.h5", pair / "g.h5")
     with DumpFile(pair / "t.h5") as f:
         hits = [real(f, op, 0) for op in f.ops()]
@@ -120,7 +120,7 @@ def test_listing_strips_placement_outside_strings_only(tmp_path, monkeypatch):
     assert {id(v) for v in via[0].values if v.name != "self"} == {id(v) for v in via[2].values if v.name != "self"}
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["C library", "h5py"])
+@pytest.mark.parametrize("direct", ["headers", True, False], ids=["object headers", "C library", "h5py"])
 def test_a_tensor_rewritten_elsewhere_behind_a_kept_catalog_reads_its_new_value(tmp_path, monkeypatch, direct):
     """A user edits a dump with h5py (deletes a small tensor and writes another value under
     its name) and keeps the catalog: the old bytes still lie at the catalog's offset, but
@@ -139,10 +139,16 @@ def test_a_tensor_rewritten_elsewhere_behind_a_kept_catalog_reads_its_new_value(
         del h[path]                                                # old bytes stay where they were)
         h.move("edited", path)
         h[path].attrs.update(attrs)
+    from dumpfile.read import objheader
+    checked = []
+    real_place = objheader.contiguous_place
+    monkeypatch.setattr(objheader, "contiguous_place",
+                        lambda fd, a: checked.append(a) or real_place(fd, a) if direct == "headers" else None)
     if not direct:
         from dumpfile import h5direct
         monkeypatch.setattr(h5direct, "_LIB", None)      # the offset check through h5py
     table = _table(t, g)
+    assert (len(checked) >= 160) == (direct == "headers")     # (every tensor of both files)
     assert (table["MaxAbsoluteError"].astype(float) > 0).sum() == 1
     row = table[table["NPUDumpPath"] == path]
     assert float(row["MaxAbsoluteError"].iloc[0]) == pytest.approx(5.0)
@@ -177,3 +183,49 @@ def test_load_replay_reads_a_large_tensor_rewritten_behind_a_kept_catalog_from_i
         finally:
             src.close()
     torch.testing.assert_close(got, torch.from_numpy(x + 25.0), rtol=0, atol=0)
+
+
+def test_object_header_places_equal_hdf5s_for_every_dataset_of_a_dump(tmp_path):
+    """dumpfile.read.objheader reads a contiguous dataset's place from its object header:
+    for every dataset of a real dump (a sample model, full dump) it equals HDF5's offset and
+    storage size, or says it cannot tell (None: no storage, a layout message outside the
+    header's first block, version-2 headers: the caller asks HDF5)."""
+    import torch
+    import npu_dumper
+    import sample_models
+    from h5py import h5l
+    from dumpfile.read import objheader
+
+    spec = sample_models.get("lstm_lm")
+    model, batch = spec.build(seed=0, size="tiny"), spec.make_inputs(seed=0, size="tiny")
+    p = tmp_path / "d.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p)):
+        spec.train_step(model, batch)
+        torch.zeros(0) + 1                               # (an empty tensor: no storage)
+    with h5py.File(tmp_path / "v2.h5", "w", libver="latest") as h:
+        h["a/b"] = np.arange(10.0)
+        h["c"] = np.ones(3, dtype=np.float32)
+
+    def places(path):
+        seen = []
+        with h5py.File(path, "r") as h:
+            fd = h.id.get_vfd_handle()
+
+            def visit(name, obj):
+                if isinstance(obj, h5py.Dataset):
+                    parent, _, leaf = name.rpartition("/")
+                    group = h[parent or "/"]                # (held: the link proxy does not)
+                    link = group.id.links.get_info(leaf.encode())
+                    assert link.type == h5l.TYPE_HARD
+                    offset = obj.id.get_offset()
+                    seen.append((objheader.contiguous_place(fd, link.u),
+                                 None if offset is None else (offset, obj.id.get_storage_size())))
+            h.visititems(visit)
+        return seen
+
+    seen = places(p)
+    told = [(place, hdf5) for place, hdf5 in seen if place is not None]
+    stored = [hdf5 for _, hdf5 in seen if hdf5 is not None]
+    assert len(seen) > 100 and len(told) >= 0.9 * len(stored)        # nearly all (the others: HDF5)
+    assert all(place == hdf5 for place, hdf5 in told)
+    assert [place for place, _ in places(tmp_path / "v2.h5")] == [None, None]

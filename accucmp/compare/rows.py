@@ -135,7 +135,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
         # the tensors' names, dtypes, shapes (and small tensors' bytes) from the catalog
         # where it describes the op: no attribute read per member (a third of the time)
-        cat = catalog.op_values(f, op, eager)
+        cat = catalog.op_values(f, op, eager, op_id)
         if cat is not None:
             ins, outs = cat
         else:
