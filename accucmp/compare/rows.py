@@ -86,7 +86,7 @@ def check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
         raise DumpFormatError(f"{where}: unreadable shape attribute ({e})") from e
     if any(s < 0 for s in shape):
         raise DumpFormatError(f"{where}: negative dimension in shape attribute {shape}")
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    numel = int(math.prod(shape))           # (1 for a scalar; np.prod costs ~20 us a call here)
     if rec.type == S.TYPE_TENSOR:
         if isinstance(rec, LightTensor):
             stored = rec.stored_size
