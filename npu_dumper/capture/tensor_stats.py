@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 
+import numpy as np
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.float64)
@@ -217,7 +218,7 @@ def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[floa
 # scatter cost more than the calls saved.)
 BATCH_BELOW = ROWS_FROM
 # dtype -> the dtype its statistics are computed in (tensor_stats' `x`)
-_BATCH_AS = {torch.float32: torch.float32, torch.float64: torch.float64,
+BATCH_AS = {torch.float32: torch.float32, torch.float64: torch.float64,
              torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.float32,
              torch.uint8: torch.float64, torch.int8: torch.float64, torch.int16: torch.float64,
              torch.int32: torch.float64, torch.int64: torch.float64}
@@ -226,7 +227,7 @@ _STRIDED = torch.strided
 
 def batchable(t: torch.Tensor) -> bool:
     """Whether `t` goes through the batched path (a small dense CPU tensor of a real dtype)."""
-    return (t.dtype in _BATCH_AS and 2 <= t.numel() < BATCH_BELOW and t.is_cpu
+    return (t.dtype in BATCH_AS and 2 <= t.numel() < BATCH_BELOW and t.is_cpu
             and t.layout is _STRIDED)
 
 
@@ -246,26 +247,77 @@ def stack_for_stats(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, lis
             m = torch.stack(members).view(len(members), n)
         else:
             m = torch.stack([in_memory_order(t).reshape(-1) for t in members])
-        as_dt = _BATCH_AS[dt]
+        as_dt = BATCH_AS[dt]
         out.append((m if as_dt is dt else m.to(as_dt), idx))
     return out
 
 
 def rows_stats(m: torch.Tensor) -> list[list[float]]:
     """fast_tensor_stats of each row of the contiguous float32/float64 matrix `m` (rows of
-    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above."""
+    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above.
+
+    The reference's arithmetic on the four reductions (mean, variance, the tier test) is
+    done for all rows at once in numpy float64: the same IEEE operations in the same order
+    as its Python floats. Rows the first tier cannot take (a constant tensor, BatchNorm's
+    weights and running variances: ~130 tensors per ShuffleNet step) go through the
+    reference's later tiers together (_later_tiers), NaN/Inf rows through the reference."""
+    k, n = m.shape
+    r = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).numpy()
+    if r.dtype != np.float64:
+        r = r.astype(np.float64)                 # exact: float32 -> float64
+    mn, mx, total, sumsq = r[:, 0], r[:, 1], r[:, 2], r[:, 3]
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(mn) & np.isfinite(mx)
+        mean = total / n
+        var = (sumsq - n * mean * mean) / (n - 1)
+        first = finite & (var >= mean * mean) & np.isfinite(var)
+        out = np.empty((k, len(_FIELDS_ZERO)), dtype=np.float64)
+        out[:, 0], out[:, 1], out[:, 2] = mn, mx, mean
+        out[:, 3] = np.sqrt(np.maximum(var, 0.0))
+        out[:, 4] = np.sqrt(sumsq)
+        out[:, 5:] = _FIELDS_ZERO[5:]
+        out[:, 7] = float(n)
+    rows = out.tolist()
+    if not first.all():
+        later = np.flatnonzero(finite & ~first)
+        if len(later):
+            for i, stats in zip(later.tolist(), _later_tiers(m, later, mn, mx, mean)):
+                rows[i] = stats
+        for i in np.flatnonzero(~finite).tolist():
+            rows[i] = tensor_stats(m[i])
+    return rows
+
+
+# a row's statistics with zero NaN/Inf counts (the numel filled in per matrix)
+_FIELDS_ZERO = (0.0,) * 8
+
+
+def _later_tiers(m: torch.Tensor, idx: np.ndarray, mn, mx, mean) -> list[list[float]]:
+    """tensor_stats' second and third tiers for the finite rows `idx` of `m` whose spread
+    the first tier cannot resolve, bit-identical: a float64-accumulated norm, and where the
+    spread is still tiny, float64 Welford (std_mean). Row-wise over a contiguous matrix of
+    rows below the intra-op grain size, both run the same serial loop as over one tensor."""
     n = m.shape[1]
-    rows = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).tolist()
-    out = []
-    for i, (fmn, fmx, total, sumsq) in enumerate(rows):
-        stats = None
-        if math.isfinite(fmn) and math.isfinite(fmx):
-            mean = total / n
-            var = (sumsq - n * mean * mean) / (n - 1)
-            if var >= mean * mean and math.isfinite(var):      # the reference's first tier
-                stats = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0,
-                         float(n)]
-        out.append(stats if stats is not None else tensor_stats(m[i]))
+    sub = m[torch.from_numpy(idx)]
+    norm64 = torch.linalg.vector_norm(sub, dim=1, dtype=torch.float64).numpy()
+    out: list = [None] * len(idx)
+    third = []
+    for j, i in enumerate(idx.tolist()):
+        mean_i = float(mean[i])
+        sumsq = float(norm64[j]) * float(norm64[j])
+        var = (sumsq - n * mean_i * mean_i) / (n - 1)
+        if var <= 1e-4 * mean_i * mean_i or not math.isfinite(var):
+            third.append(j)
+            continue
+        out[j] = [float(mn[i]), float(mx[i]), mean_i, math.sqrt(max(var, 0.0)), math.sqrt(sumsq),
+                  0.0, 0.0, float(n)]
+    if third:
+        xd = sub[torch.tensor(third)].double()
+        std_t, mean_t = torch.std_mean(xd, dim=1)
+        norms = torch.linalg.vector_norm(xd, dim=1)
+        for j, std, mean_w, norm in zip(third, std_t.tolist(), mean_t.tolist(), norms.tolist()):
+            i = int(idx[j])
+            out[j] = [float(mn[i]), float(mx[i]), mean_w, std, norm, 0.0, 0.0, float(n)]
     return out
 
 
