@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import struct
 
-import numpy as np
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.float64)
@@ -254,70 +253,59 @@ def stack_for_stats(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, lis
 
 def rows_stats(m: torch.Tensor) -> list[list[float]]:
     """fast_tensor_stats of each row of the contiguous float32/float64 matrix `m` (rows of
-    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above.
-
-    The reference's arithmetic on the four reductions (mean, variance, the tier test) is
-    done for all rows at once in numpy float64: the same IEEE operations in the same order
-    as its Python floats. Rows the first tier cannot take (a constant tensor, BatchNorm's
-    weights and running variances: ~130 tensors per ShuffleNet step) go through the
-    reference's later tiers together (_later_tiers), NaN/Inf rows through the reference."""
-    k, n = m.shape
-    r = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).numpy()
-    if r.dtype != np.float64:
-        r = r.astype(np.float64)                 # exact: float32 -> float64
-    mn, mx, total, sumsq = r[:, 0], r[:, 1], r[:, 2], r[:, 3]
-    with np.errstate(all="ignore"):
-        finite = np.isfinite(mn) & np.isfinite(mx)
+    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above. Rows the
+    first tier cannot take (a constant tensor, BatchNorm's weights and running variances:
+    ~130 tensors per ShuffleNet step) go through the reference's later tiers together
+    (_later_tiers), NaN/Inf rows through the reference.
+    (The first tier's arithmetic stays in Python floats: done in numpy for all rows at
+    once it cost ~50 us more per matrix, and a batch has matrices of a few rows each.)"""
+    n = m.shape[1]
+    rows = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).tolist()
+    out: list = [None] * len(rows)
+    later = []
+    for i, (fmn, fmx, total, sumsq) in enumerate(rows):
+        if not (math.isfinite(fmn) and math.isfinite(fmx)):
+            out[i] = tensor_stats(m[i])
+            continue
         mean = total / n
         var = (sumsq - n * mean * mean) / (n - 1)
-        first = finite & (var >= mean * mean) & np.isfinite(var)
-        out = np.empty((k, len(_FIELDS_ZERO)), dtype=np.float64)
-        out[:, 0], out[:, 1], out[:, 2] = mn, mx, mean
-        out[:, 3] = np.sqrt(np.maximum(var, 0.0))
-        out[:, 4] = np.sqrt(sumsq)
-        out[:, 5:] = _FIELDS_ZERO[5:]
-        out[:, 7] = float(n)
-    rows = out.tolist()
-    if not first.all():
-        later = np.flatnonzero(finite & ~first)
-        if len(later):
-            for i, stats in zip(later.tolist(), _later_tiers(m, later, mn, mx, mean)):
-                rows[i] = stats
-        for i in np.flatnonzero(~finite).tolist():
-            rows[i] = tensor_stats(m[i])
-    return rows
+        if var >= mean * mean and math.isfinite(var):          # the reference's first tier
+            out[i] = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
+        else:
+            later.append((i, fmn, fmx, mean))
+    if len(later) == 1:
+        out[later[0][0]] = tensor_stats(m[later[0][0]])
+    elif later:
+        for (i, *_), stats in zip(later, _later_tiers(m, later)):
+            out[i] = stats
+    return out
 
 
-# a row's statistics with zero NaN/Inf counts (the numel filled in per matrix)
-_FIELDS_ZERO = (0.0,) * 8
-
-
-def _later_tiers(m: torch.Tensor, idx: np.ndarray, mn, mx, mean) -> list[list[float]]:
-    """tensor_stats' second and third tiers for the finite rows `idx` of `m` whose spread
-    the first tier cannot resolve, bit-identical: a float64-accumulated norm, and where the
-    spread is still tiny, float64 Welford (std_mean). Row-wise over a contiguous matrix of
-    rows below the intra-op grain size, both run the same serial loop as over one tensor."""
+def _later_tiers(m: torch.Tensor, later: list[tuple]) -> list[list[float]]:
+    """tensor_stats' second and third tiers for the finite rows of `m` in `later` ((row,
+    min, max, mean) each) whose spread the first tier cannot resolve, bit-identical: a
+    float64-accumulated norm, and where the spread is still tiny, float64 Welford
+    (std_mean). Row-wise over a contiguous matrix of rows below the intra-op grain size,
+    both run the same serial loop as over one tensor (tests/test_stats_staged.py)."""
     n = m.shape[1]
-    sub = m[torch.from_numpy(idx)]
-    norm64 = torch.linalg.vector_norm(sub, dim=1, dtype=torch.float64).numpy()
-    out: list = [None] * len(idx)
+    sub = m[torch.tensor([r[0] for r in later])]
+    norms64 = torch.linalg.vector_norm(sub, dim=1, dtype=torch.float64).tolist()
+    out: list = [None] * len(later)
     third = []
-    for j, i in enumerate(idx.tolist()):
-        mean_i = float(mean[i])
-        sumsq = float(norm64[j]) * float(norm64[j])
-        var = (sumsq - n * mean_i * mean_i) / (n - 1)
-        if var <= 1e-4 * mean_i * mean_i or not math.isfinite(var):
+    for j, ((i, fmn, fmx, mean), norm64) in enumerate(zip(later, norms64)):
+        sumsq = norm64 * norm64
+        var = (sumsq - n * mean * mean) / (n - 1)
+        if var <= 1e-4 * mean * mean or not math.isfinite(var):
             third.append(j)
-            continue
-        out[j] = [float(mn[i]), float(mx[i]), mean_i, math.sqrt(max(var, 0.0)), math.sqrt(sumsq),
-                  0.0, 0.0, float(n)]
+        else:
+            out[j] = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
     if third:
-        xd = sub[torch.tensor(third)].double()
+        xd = (sub[torch.tensor(third)] if len(third) < len(later) else sub).double()
         std_t, mean_t = torch.std_mean(xd, dim=1)
-        norms = torch.linalg.vector_norm(xd, dim=1)
-        for j, std, mean_w, norm in zip(third, std_t.tolist(), mean_t.tolist(), norms.tolist()):
-            i = int(idx[j])
-            out[j] = [float(mn[i]), float(mx[i]), mean_w, std, norm, 0.0, 0.0, float(n)]
+        norms = torch.linalg.vector_norm(xd, dim=1).tolist()
+        for j, std, mean_w, norm in zip(third, std_t.tolist(), mean_t.tolist(), norms):
+            fmn, fmx = later[j][1], later[j][2]
+            out[j] = [fmn, fmx, mean_w, std, norm, 0.0, 0.0, float(n)]
     return out
 
 
