@@ -9,7 +9,11 @@ Besides the sample models, `gpt2`: a third-party model (Hugging Face transformer
 2 layers, width 128, built from its config with random weights, no download; skipped when
 transformers is not importable), one LM training step on 4 x 32 tokens.
 
-    python benchmarks/bench_models.py [--rounds N] [--threads T] [--clock wall|cpu|cpu+child] [MODEL ...]
+    python benchmarks/bench_models.py [--rounds N] [--threads T] [--clock wall|cpu|cpu+child]
+                                      [--kinds plain,stats] [MODEL ...]
+
+`--kinds`: only these kinds of step (plain is always run: the ratios are to it), e.g.
+`--kinds stats` for the statistics column alone, without the minutes of full dumps.
 
 `--clock cpu` times each step in this process's CPU time (all its threads) instead of
 wall time: on a machine shared with other work, wall-time ratios move with the load
@@ -85,15 +89,15 @@ def get_model(name: str):
     return lambda: spec.train_step(model, batch)
 
 
-def measure(name: str, rounds: int, tmp: str, clock=time.perf_counter) -> dict | None:
+def measure(name: str, rounds: int, tmp: str, clock=time.perf_counter, kinds=KINDS) -> dict | None:
     step = get_model(name)
     if step is None:
         return None
     step()                                              # warm-up (op tables, the writer process)
-    times: dict[str, list[float]] = {k: [] for k in KINDS}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
     ops = size = 0
     for _ in range(rounds):
-        for kind in KINDS:                               # interleaved: drift hits all alike
+        for kind in kinds:                               # interleaved: drift hits all alike
             path = os.path.join(tmp, f"{name}_{kind}.h5")
             t0 = clock()
             if kind == "plain":
@@ -104,12 +108,12 @@ def measure(name: str, rounds: int, tmp: str, clock=time.perf_counter) -> dict |
                     step()
             times[kind].append(clock() - t0)
             if kind != "plain":
-                if kind == "full":
+                if kind == "full" or not ops:
                     ops, size = d.num_ops, os.path.getsize(path)
                 os.remove(path)                          # outside the timing (see bench_dump)
     med = {k: statistics.median(v[1:] if len(v) > 2 else v) for k, v in times.items()}
     return {"plain_ms": med["plain"] * 1e3, "ops": ops, "mb": size / 1e6,
-            **{k: med[k] / med["plain"] for k in KINDS[1:]}}
+            **{k: med[k] / med["plain"] for k in kinds[1:]}}
 
 
 def main() -> None:
@@ -118,18 +122,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("wall", "cpu", "cpu+child"), default="wall")
+    ap.add_argument("--kinds", default=",".join(KINDS[1:]),
+                    help="comma-separated kinds besides plain: full, full-thread, stats")
     args = ap.parse_args()
+    kinds = ("plain",) + tuple(k for k in KINDS[1:] if k in args.kinds.split(","))
     clock = {"wall": time.perf_counter, "cpu": time.process_time, "cpu+child": _cpu_with_child}[args.clock]
     torch.set_num_threads(args.threads)
     print(f"{'model':12s} {'plain':>8s} {'ops':>5s} {'MB':>6s} {'full':>7s} {'thread':>7s} {'stats':>7s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            r = measure(name, args.rounds, tmp, clock)
+            r = measure(name, args.rounds, tmp, clock, kinds)
             if r is None:
                 print(f"{name:12s} skipped (not importable here)", flush=True)
                 continue
+            cols = {k: f"{r[k]:6.1f}x" if k in r else f"{'-':>7s}" for k in ("full", "full-thread")}
+            stats = f"{r['stats']:6.2f}x" if "stats" in r else f"{'-':>7s}"
             print(f"{name:12s} {r['plain_ms']:6.1f}ms {r['ops']:5d} {r['mb']:6.1f} "
-                  f"{r['full']:6.1f}x {r['full-thread']:6.1f}x {r['stats']:6.2f}x", flush=True)
+                  f"{cols['full']} {cols['full-thread']} {stats}", flush=True)
     print("full: default writer (a child process); thread: writer='thread'; "
           f"ratios to the plain step, medians of {args.clock} time")
 

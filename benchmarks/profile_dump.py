@@ -29,7 +29,10 @@ steps of each kind and then N steps of one kind, untimed, to be counted by callg
         python benchmarks/profile_dump.py --only mode --steps 6 shufflenet
 
 (the difference of the `I refs` totals of `--only mode` and `--only plain`, divided by N,
-is the mode's instructions per step; the start-up cancels out).
+is the mode's instructions per step; the start-up cancels out). `--only stats` runs steps
+under a statistics-only dump, writer thread included: its difference to `--only plain` is
+the whole statistics dump's instructions per step (callgrind runs the threads one at a
+time, and counts no time spent waiting for the GIL).
 
 Models: the sample models (bench_models.py) and `gpt2` (a tiny Hugging Face GPT-2 from its
 config, when transformers is importable). One thread (torch.set_num_threads(1)).
@@ -98,6 +101,16 @@ def mode_step(step, stats_only: bool = False) -> int:
     return sink.jobs
 
 
+def stats_step(step) -> None:
+    """One step under a statistics-only dump (both threads: the mode and the writer), its
+    file removed after."""
+    import tempfile
+    import npu_dumper
+    with tempfile.TemporaryDirectory() as tmp:
+        with npu_dumper.dumper(use_dump=True, dump_path=os.path.join(tmp, "s.h5"), stats_only=True):
+            step()
+
+
 def stats_writer(models: list[str], steps: int) -> None:
     """Per step: the statistics writer thread's CPU time (all of it, its batches, its row
     appends) and the model thread's, medians over `steps` dumped steps."""
@@ -157,7 +170,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--only", choices=("plain", "empty", "mode"),
+    ap.add_argument("--only", choices=("plain", "empty", "mode", "stats"),
                     help="untimed: run --steps steps of this kind only (for callgrind)")
     ap.add_argument("--stats-writer", action="store_true",
                     help="the statistics-only writer's CPU time per step instead")
@@ -179,12 +192,15 @@ def main() -> None:
             with EmptyMode():
                 step()
             mode_step(step)
+            stats_step(step)
             for _ in range(args.steps):
                 if args.only == "plain":
                     step()
                 elif args.only == "empty":
                     with EmptyMode():
                         step()
+                elif args.only == "stats":
+                    stats_step(step)
                 else:
                     mode_step(step)
             continue

@@ -64,8 +64,17 @@ def tensor_row(seqid: int, io: int, name: str, dtype: str, shape, device_type: i
                log2_hist: np.ndarray = _EMPTY_SHAPE) -> tuple:
     """A Type 41 row: statistics (schema.STATS_FIELDS order), content hash and (optional)
     log2 histogram of one tensor."""
-    return (seqid, io, name, S.TYPE_TENSOR_STATS, dtype, _shape_array(shape), S.data_type_code(dtype),
-            device_type, uninitialized, *stats, content_hash, log2_hist, "")
+    return (seqid, io, name, *tensor_cells(dtype, shape, device_type, uninitialized), *stats,
+            content_hash, log2_hist, "")
+
+
+def tensor_cells(dtype: str, shape, device_type: int, uninitialized: bool = False) -> tuple:
+    """The cells of a Type 41 row between its name and its statistics: what the tensor's
+    description (dtype, shape, device, uninitialized) alone decides. A writer of many rows
+    keeps them per description (tensor_row spelled out: seqid, io, name, *cells, *stats,
+    content hash, histogram, "")."""
+    return (S.TYPE_TENSOR_STATS, dtype, _shape_array(shape), S.data_type_code(dtype), device_type,
+            uninitialized)
 
 
 def value_row(seqid: int, io: int, name: str, type_code: int, value: Any) -> tuple:

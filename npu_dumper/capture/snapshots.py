@@ -13,6 +13,7 @@ see every write and resize of its storage, and the dedup keys read their generat
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from dataclasses import dataclass
@@ -257,6 +258,26 @@ class TensorCapture:
         self._tensor = value
         self._storage = None
 
+    def take_bytes(self, dst_address: int) -> bool:
+        """Copy the op-time bytes of a dense CPU capture still held as its storage to
+        `dst_address` (elements offset .. offset + numel of the storage: storage order)
+        and let the capture go (`done`). Under the lock, so copy-on-write (materialize)
+        either ran before (then this returns False: the capture holds its own copy now,
+        read it through `tensor`) or waits for the copy. False, copying nothing, for any
+        other capture (an alias, one already written). The caller checks density
+        (plan.is_dense): these bytes are the elements only when they fill the range.
+        The statistics writer stages small tensors this way, without a torch call each."""
+        with self.lock:
+            st = self._storage
+            if self.done or st is None or self.device != "cpu":
+                return False
+            ctypes.memmove(dst_address, st.data_ptr() + self.offset * self._torch_dtype.itemsize,
+                           self.nbytes)
+            self.done = True
+            self._tensor = None
+            self._storage = None
+        return True
+
     def materialize(self) -> None:
         """Copy the data now (before an op overwrites it), unless the writer already wrote it."""
         with self.lock:
@@ -335,6 +356,20 @@ class CaptureRegistry:
                         pass
                     if not lst:
                         del self._pending[cap.ptr]
+
+    def discard_all(self, caps: list[TensorCapture]) -> None:
+        """discard() of each of `caps` (those of one op), under one lock."""
+        with self._lock:
+            pending = self._pending
+            for cap in caps:
+                lst = pending.get(cap.ptr) if cap.ptr else None
+                if lst is not None:
+                    try:
+                        lst.remove(cap)
+                    except ValueError:
+                        pass
+                    if not lst:
+                        del pending[cap.ptr]
 
     def before_storage_change(self, storage) -> None:
         """`storage` is about to be resized (freed, regrown) outside the dispatcher (FSDP2's

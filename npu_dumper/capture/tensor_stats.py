@@ -217,7 +217,7 @@ def fast_tensor_stats(t: torch.Tensor, scratch: dict | None = None) -> list[floa
 # scatter cost more than the calls saved.)
 BATCH_BELOW = ROWS_FROM
 # dtype -> the dtype its statistics are computed in (tensor_stats' `x`)
-_BATCH_AS = {torch.float32: torch.float32, torch.float64: torch.float64,
+BATCH_AS = {torch.float32: torch.float32, torch.float64: torch.float64,
              torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.float32,
              torch.uint8: torch.float64, torch.int8: torch.float64, torch.int16: torch.float64,
              torch.int32: torch.float64, torch.int64: torch.float64}
@@ -226,7 +226,7 @@ _STRIDED = torch.strided
 
 def batchable(t: torch.Tensor) -> bool:
     """Whether `t` goes through the batched path (a small dense CPU tensor of a real dtype)."""
-    return (t.dtype in _BATCH_AS and 2 <= t.numel() < BATCH_BELOW and t.is_cpu
+    return (t.dtype in BATCH_AS and 2 <= t.numel() < BATCH_BELOW and t.is_cpu
             and t.layout is _STRIDED)
 
 
@@ -246,26 +246,66 @@ def stack_for_stats(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, lis
             m = torch.stack(members).view(len(members), n)
         else:
             m = torch.stack([in_memory_order(t).reshape(-1) for t in members])
-        as_dt = _BATCH_AS[dt]
+        as_dt = BATCH_AS[dt]
         out.append((m if as_dt is dt else m.to(as_dt), idx))
     return out
 
 
 def rows_stats(m: torch.Tensor) -> list[list[float]]:
     """fast_tensor_stats of each row of the contiguous float32/float64 matrix `m` (rows of
-    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above."""
+    >= 2 elements, fewer than ROWS_FROM), bit-identical: see the note above. Rows the
+    first tier cannot take (a constant tensor, BatchNorm's weights and running variances:
+    ~130 tensors per ShuffleNet step) go through the reference's later tiers together
+    (_later_tiers), NaN/Inf rows through the reference.
+    (The first tier's arithmetic stays in Python floats: done in numpy for all rows at
+    once it cost ~50 us more per matrix, and a batch has matrices of a few rows each.)"""
     n = m.shape[1]
     rows = torch.stack((m.amin(1), m.amax(1), m.sum(1), (m * m).sum(1)), dim=1).tolist()
-    out = []
+    out: list = [None] * len(rows)
+    later = []
     for i, (fmn, fmx, total, sumsq) in enumerate(rows):
-        stats = None
-        if math.isfinite(fmn) and math.isfinite(fmx):
-            mean = total / n
-            var = (sumsq - n * mean * mean) / (n - 1)
-            if var >= mean * mean and math.isfinite(var):      # the reference's first tier
-                stats = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0,
-                         float(n)]
-        out.append(stats if stats is not None else tensor_stats(m[i]))
+        if not (math.isfinite(fmn) and math.isfinite(fmx)):
+            out[i] = tensor_stats(m[i])
+            continue
+        mean = total / n
+        var = (sumsq - n * mean * mean) / (n - 1)
+        if var >= mean * mean and math.isfinite(var):          # the reference's first tier
+            out[i] = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
+        else:
+            later.append((i, fmn, fmx, mean))
+    if len(later) == 1:
+        out[later[0][0]] = tensor_stats(m[later[0][0]])
+    elif later:
+        for (i, *_), stats in zip(later, _later_tiers(m, later)):
+            out[i] = stats
+    return out
+
+
+def _later_tiers(m: torch.Tensor, later: list[tuple]) -> list[list[float]]:
+    """tensor_stats' second and third tiers for the finite rows of `m` in `later` ((row,
+    min, max, mean) each) whose spread the first tier cannot resolve, bit-identical: a
+    float64-accumulated norm, and where the spread is still tiny, float64 Welford
+    (std_mean). Row-wise over a contiguous matrix of rows below the intra-op grain size,
+    both run the same serial loop as over one tensor (tests/test_stats_staged.py)."""
+    n = m.shape[1]
+    sub = m[torch.tensor([r[0] for r in later])]
+    norms64 = torch.linalg.vector_norm(sub, dim=1, dtype=torch.float64).tolist()
+    out: list = [None] * len(later)
+    third = []
+    for j, ((i, fmn, fmx, mean), norm64) in enumerate(zip(later, norms64)):
+        sumsq = norm64 * norm64
+        var = (sumsq - n * mean * mean) / (n - 1)
+        if var <= 1e-4 * mean * mean or not math.isfinite(var):
+            third.append(j)
+        else:
+            out[j] = [fmn, fmx, mean, math.sqrt(max(var, 0.0)), math.sqrt(sumsq), 0.0, 0.0, float(n)]
+    if third:
+        xd = (sub[torch.tensor(third)] if len(third) < len(later) else sub).double()
+        std_t, mean_t = torch.std_mean(xd, dim=1)
+        norms = torch.linalg.vector_norm(xd, dim=1).tolist()
+        for j, std, mean_w, norm in zip(third, std_t.tolist(), mean_t.tolist(), norms):
+            fmn, fmx = later[j][1], later[j][2]
+            out[j] = [fmn, fmx, mean_w, std, norm, 0.0, 0.0, float(n)]
     return out
 
 

@@ -52,6 +52,7 @@ class Placement(NamedTuple):
 
 
 _NEVER = Placement(NEW, None, None)
+_KEY_UNKNOWN = object()
 
 
 def is_dense(shape: tuple, stride: tuple) -> bool:
@@ -137,8 +138,10 @@ class StoragePlan:
             return None
         return hit[0]
 
-    def place(self, cap: TensorCapture) -> Placement:
-        key = self.key(cap)
+    def place(self, cap: TensorCapture, key: Any = _KEY_UNKNOWN) -> Placement:
+        """`key`: the capture's key when the caller has it already (self.key(cap))."""
+        if key is _KEY_UNKNOWN:
+            key = self.key(cap)
         if key is None:
             return _NEVER
         ref = self.earlier(key)

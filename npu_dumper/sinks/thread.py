@@ -245,7 +245,7 @@ class WriterThread:
             # copying it; TensorCapture.materialize then finds no tensor and copies nothing)
             cap.done = True
             cap.tensor = None
-            self.registry.discard(cap)
+        self.registry.discard_all(job.captures)
         with self._cv:
             self._pending_bytes -= job.nbytes
             if self._submitted:
