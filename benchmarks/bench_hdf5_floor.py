@@ -309,7 +309,7 @@ def main() -> None:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     import npu_dumper
-    from bench_models import get_model
+    from bench_models import warmed_steps
 
     class EmptyMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -317,12 +317,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            step = get_model(name)
-            if step is None:
-                print(f"{name}: not available, skipped")
-                continue
-            step()
+        for name, step in warmed_steps(args.models):
             src = os.path.join(tmp, "src.h5")
             with npu_dumper.dumper(use_dump=True, dump_path=src, writer="thread"):
                 step()

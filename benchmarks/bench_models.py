@@ -89,6 +89,30 @@ def get_model(name: str):
     return lambda: spec.train_step(model, batch)
 
 
+def warmed_steps(names):
+    """(name, step) of each model of `names` that is available here, its step run once
+    (warm-up); the others are said to be skipped."""
+    for name in names:
+        step = get_model(name)
+        if step is None:
+            print(f"{name}: not available, skipped")
+            continue
+        step()
+        yield name, step
+
+
+def print_profile(run, times: int, top: int) -> None:
+    """cProfile of `run()` called `times` times, its `top` functions by own time."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(times):
+        run()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def measure(name: str, rounds: int, tmp: str, clock=time.perf_counter, kinds=KINDS) -> dict | None:
     step = get_model(name)
     if step is None:

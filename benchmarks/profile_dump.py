@@ -41,9 +41,7 @@ config, when transformers is importable). One thread (torch.set_num_threads(1)).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
-import pstats
 import sys
 import time
 
@@ -51,7 +49,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_models import get_model  # noqa: E402
+from bench_models import print_profile, warmed_steps  # noqa: E402
 from npu_dumper.capture.snapshots import CaptureRegistry  # noqa: E402
 from npu_dumper.capture.mode import DumpMode  # noqa: E402
 from npu_dumper.capture.selection import OpFilter  # noqa: E402
@@ -138,12 +136,7 @@ def stats_writer(models: list[str], steps: int) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "s.h5")
-            for name in models:
-                step = get_model(name)
-                if step is None:
-                    print(f"{name}: not available, skipped")
-                    continue
-                step()
+            for name, step in warmed_steps(models):
                 rows: list[tuple] = []
                 for i in range(steps + 1):
                     acc.clear()
@@ -179,13 +172,7 @@ def main() -> None:
     if args.stats_writer:
         stats_writer(args.models, args.steps)
         return
-    for name in args.models:
-        got = get_model(name)
-        if got is None:
-            print(f"{name}: not available, skipped")
-            continue
-        step = got
-        step()
+    for name, step in warmed_steps(args.models):
         mode_step(step)                                   # warm-up: op tables
         if args.only:
             step()
@@ -226,12 +213,7 @@ def main() -> None:
               f"{(e - p) / max(ops, 1) * 1e3:.4f} ms)", flush=True)
         if args.no_profile:
             continue
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.steps):
-            mode_step(step)
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+        print_profile(lambda: mode_step(step), args.steps, args.top)
 
 
 if __name__ == "__main__":

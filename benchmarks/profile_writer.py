@@ -27,10 +27,8 @@ writer's instructions per step; the start-up cancels out).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
 import pickle
-import pstats
 import sys
 import tempfile
 import time
@@ -99,15 +97,10 @@ def main() -> None:
                 replay(msgs, os.path.join(tmp, "dst.h5"), {})
         return
     import torch
-    from bench_models import get_model
+    from bench_models import print_profile, warmed_steps
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            step = get_model(name)
-            if step is None:
-                print(f"{name}: not available, skipped")
-                continue
-            step()
+        for name, step in warmed_steps(args.models):
             src = os.path.join(tmp, "src.h5")
             record_messages(step, src)                       # warm-up (op tables, the child)
             msgs = record_messages(step, src)
@@ -131,12 +124,7 @@ def main() -> None:
                   f"{w / max(ops, 1) * 1e3:.3f} ms per op)", flush=True)
             if args.no_profile:
                 continue
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(args.steps):
-                replay(msgs, dst, {})
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+            print_profile(lambda: replay(msgs, dst, {}), args.steps, args.top)
 
 
 if __name__ == "__main__":

@@ -347,17 +347,9 @@ class CaptureRegistry:
 
     def discard(self, cap: TensorCapture) -> None:
         if cap.ptr:
-            with self._lock:
-                lst = self._pending.get(cap.ptr)
-                if lst is not None:
-                    try:
-                        lst.remove(cap)
-                    except ValueError:
-                        pass
-                    if not lst:
-                        del self._pending[cap.ptr]
+            self.discard_all((cap,))
 
-    def discard_all(self, caps: list[TensorCapture]) -> None:
+    def discard_all(self, caps) -> None:
         """discard() of each of `caps` (those of one op), under one lock."""
         with self._lock:
             pending = self._pending
