@@ -276,8 +276,10 @@ def _shape_tuples(column: np.ndarray, wanted: np.ndarray) -> list[tuple | None]:
     shape_of: dict[bytes, tuple] = {}
     idx = np.flatnonzero(wanted).tolist()
     stored = column[idx].tolist()
-    # h5py gives each row's shape as a 1-d int64 array: its bytes are the key
-    if all(type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 for a in stored[:1]):
+    # h5py gives each row's shape as a 1-d array of the column's base type (int64 as the
+    # writer makes it): its bytes are the key; anything else is converted first
+    first = stored[0] if stored else None
+    if type(first) is np.ndarray and first.dtype == np.int64 and first.ndim == 1:
         keys = list(map(np.ndarray.tobytes, stored))
     else:
         stored = [np.asarray(a, dtype=np.int64).reshape(-1) for a in stored]
@@ -319,8 +321,8 @@ def _stats_suffixes(rows: np.ndarray, wanted: np.ndarray) -> list[str | None]:
     for field_, label in (("nan_count", " nan="), ("inf_count", " inf=")):
         col = rows[field_][idx]
         some = np.flatnonzero(col != 0)                       # (NaN counts as some, as `if`)
-        for j, shown in zip(some.tolist(), _fmt_column(col[some])):
-            text[j] += label + shown
+        for j, count in zip(some.tolist(), _fmt_column(col[some])):
+            text[j] += label + count
     out: list[str | None] = [None] * len(rows)
     for i, t in zip(idx.tolist(), text):
         out[i] = t

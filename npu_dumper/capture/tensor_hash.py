@@ -30,6 +30,12 @@ _STRIDED = torch.strided
 _TENSOR = torch.Tensor
 
 
+def bytes_hash(buffer) -> int:
+    """The content hash of element bytes already in storage order (any buffer: a row of a
+    writer's staging matrix), as an unsigned 64-bit int."""
+    return xxhash.xxh3_64_intdigest(buffer)
+
+
 def content_hash(t: torch.Tensor) -> int:
     """XXH3-64 of `t`'s element bytes in storage order (see the module docstring), as an
     unsigned 64-bit int."""

@@ -226,8 +226,13 @@ _STRIDED = torch.strided
 
 def batchable(t: torch.Tensor) -> bool:
     """Whether `t` goes through the batched path (a small dense CPU tensor of a real dtype)."""
-    return (t.dtype in BATCH_AS and 2 <= t.numel() < BATCH_BELOW and t.is_cpu
-            and t.layout is _STRIDED)
+    return batchable_description(t.dtype, t.numel(), t.is_cpu, t.layout is _STRIDED)
+
+
+def batchable_description(dtype: torch.dtype, numel: int, cpu: bool, strided: bool) -> bool:
+    """batchable() of a tensor so described (a writer asks it of a capture's metadata,
+    before it touches the data)."""
+    return dtype in BATCH_AS and 2 <= numel < BATCH_BELOW and cpu and strided
 
 
 def stack_for_stats(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[int]]]:

@@ -52,7 +52,8 @@ class Placement(NamedTuple):
 
 
 _NEVER = Placement(NEW, None, None)
-_KEY_UNKNOWN = object()
+# place()'s key argument when the caller has not made the capture's key
+KEY_UNKNOWN = object()
 
 
 def is_dense(shape: tuple, stride: tuple) -> bool:
@@ -138,9 +139,9 @@ class StoragePlan:
             return None
         return hit[0]
 
-    def place(self, cap: TensorCapture, key: Any = _KEY_UNKNOWN) -> Placement:
+    def place(self, cap: TensorCapture, key: Any = KEY_UNKNOWN) -> Placement:
         """`key`: the capture's key when the caller has it already (self.key(cap))."""
-        if key is _KEY_UNKNOWN:
+        if key is KEY_UNKNOWN:
             key = self.key(cap)
         if key is None:
             return _NEVER

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from xxhash import xxh3_64_intdigest
 
 from dumpfile import schema as S
 from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_cells, value_row
@@ -22,11 +21,11 @@ from dumpfile.write.stats import value_rows
 from dumpfile.write.writer import set_attrs
 
 from ..capture import ListOf, Named, TensorCapture, Value
-from ..capture.tensor_hash import content_hash
+from ..capture.tensor_hash import bytes_hash, content_hash
 from ..capture.tensor_hist import _EMPTY as _NO_HIST, log2_histogram
-from ..capture.tensor_stats import (BATCH_AS, BATCH_BELOW, batchable, fast_tensor_stats, in_memory_order,
-                                    rows_stats, stack_for_stats)
-from .plan import LINK, is_dense
+from ..capture.tensor_stats import (BATCH_AS, batchable, batchable_description, fast_tensor_stats,
+                                    in_memory_order, rows_stats, stack_for_stats)
+from .plan import KEY_UNKNOWN, LINK, is_dense
 from .protocol import OpJob
 from .thread import WriterThread
 
@@ -42,7 +41,6 @@ BATCH_ELEMENTS = 1 << 20
 
 # descriptions whose row cells are kept (tensor rows, value rows): a model has a few hundred
 CACHED_DESCRIPTIONS = 1 << 14
-_KEY_UNKNOWN = object()
 _SCALAR_KEY_TYPES = (bool, int, str, type(None))
 
 
@@ -124,12 +122,10 @@ class StatsWriterThread(WriterThread):
                         continue
                     keys.add(key)
                 dt = cap._torch_dtype
-                if dt not in BATCH_AS or cap.device != "cpu":
-                    continue                        # (batchable() refuses it: left to _stats)
                 numel = cap.nbytes // dt.itemsize
-                if not 2 <= numel < BATCH_BELOW:
-                    continue
-                if cap.stride and is_dense(cap.shape, cap.stride):
+                if not batchable_description(dt, numel, cap.device == "cpu", bool(cap.stride)):
+                    continue                        # (left to _stats, one by one)
+                if is_dense(cap.shape, cap.stride):
                     if elements + numel <= BATCH_ELEMENTS:
                         elements += numel
                         staged.setdefault((dt, numel), []).append(cap)
@@ -155,7 +151,7 @@ class StatsWriterThread(WriterThread):
             return
         buf = buf[:len(taken)]
         self.num_batched += len(taken)
-        hashes = [xxh3_64_intdigest(row) for row in buf]
+        hashes = [bytes_hash(row) for row in buf]
         m = torch.from_numpy(buf).view(dt)
         if self.histograms:
             hists = [log2_histogram(row) for row in m]
@@ -268,8 +264,7 @@ class StatsWriterThread(WriterThread):
     def _stats(self, cap: TensorCapture) -> tuple[list[float], int, Any]:
         """(statistics, content hash, log2 histogram or empty) of a captured tensor: the
         plan's LINK repeats what the same data had, NEW computes them (or takes the batch's)."""
-        key = self._keys.pop(cap, _KEY_UNKNOWN)
-        p = self.plan.place(cap) if key is _KEY_UNKNOWN else self.plan.place(cap, key)
+        p = self.plan.place(cap, self._keys.pop(cap, KEY_UNKNOWN))
         if p.kind is LINK:
             self.plan.stored(p, p.ref, cap)
             return p.ref
