@@ -499,6 +499,9 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     from rich.markup import escape
     from rich.table import Table
 
+    if stats:
+        console.print(_stats_table(lines, escape(header)))
+        return
     t = Table(title=escape(header), title_justify="left")
     for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
         t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
@@ -507,3 +510,53 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
                   escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "in")),
                   escape(_outputs_text(ln, stats, "\n")))
     console.print(t)
+
+
+def _stats_table(lines: list[OpLine], title: str):
+    """`ls --stats` on a terminal: a row per tensor, its statistics in columns of their
+    own that never wrap, so a number is never folded inside its digits (80 columns fit
+    op, tensor and min/max/mean); the seqid and op on its first row, its module and phase
+    on the second, a rule between ops. NaN and Inf counts get a column only where some
+    tensor has them."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    counts = any(v.stats.get("nan_count") or v.stats.get("inf_count")
+                 for ln in lines for v in ln.values)
+    numbers = ("min", "max", "mean") + (("nan/inf",) if counts else ())
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False)
+    t.add_column("seqid op", overflow="fold", ratio=1)
+    t.add_column("tensor", overflow="fold", ratio=1)
+    for name in numbers:
+        t.add_column(name, justify="right", no_wrap=True)
+    blank = [""] * len(numbers)
+    for ln in lines:
+        where = escape(" ".join(x for x in (ln.module, ln.phase) if x))
+        op_cells = [escape(f"{ln.seqid} {ln.op}"), f"[dim]{where}[/dim]" if where else ""]
+        rows = []
+        for v in ln.values:
+            name = v.name if v.side == "in" else f"→ {v.name}"
+            s = v.stats
+            if v.shape is None:
+                rows.append([escape(f"{name}={v.value}"), *blank])
+                continue
+            # (the shape without spaces: a line breaks between name and shape, not inside)
+            text = escape(f"{name}: {v.dtype or '?'}[{','.join(map(str, v.shape))}]")
+            if not s:
+                rows.append([text, *blank])
+            else:
+                found = s.get("nan_count") or s.get("inf_count")
+                rows.append([text,
+                             *(_fmt(s.get(k, math.nan)) for k in ("min", "max", "mean")),
+                             *((f"{_fmt(s.get('nan_count', 0))}/{_fmt(s.get('inf_count', 0))}"
+                                if found else "",) if counts else ())])
+        if ln.raised:
+            rows.append([escape(f"→ raised {ln.raised}"), *blank])
+        while len(rows) < 2:
+            rows.append(["", *blank])
+        for i, cells in enumerate(rows):
+            t.add_row(op_cells[i] if i < 2 else "", *cells,
+                      end_section=i == len(rows) - 1)
+    return t

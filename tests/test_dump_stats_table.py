@@ -365,4 +365,37 @@ def test_ls_on_a_terminal_lists_many_ops_as_plain_text(tmp_path, monkeypatch, ca
     assert "min=-2001 max=2.5 mean=0.01" in terminal.out
     dumps.ls_command(Path(p), stats=True, quiet=True, limit=3)
     table = capsys.readouterr()
-    assert "\t" not in table.out and "seqid" in table.out and "min=-3" in table.out and not table.err
+    assert "\t" not in table.out and "seqid" in table.out and " -3 " in table.out and not table.err
+
+
+def test_ls_stats_table_at_80_columns_keeps_every_number_whole(tmp_path):
+    # the rich table of `ls --stats` on an 80-column terminal: each statistic in a column
+    # that does not wrap, on its tensor's row (a table of op / inputs / outputs cells folded
+    # "mean=-0.000761" and "2" onto two lines); NaN/Inf counts shown where a tensor has them
+    import io
+    from rich.console import Console
+    from accucmp import listing
+    from dumpfile.stats_table import IO_INPUT, IO_OUTPUT, tensor_row
+    from dumpfile.write.stats import StatsDumpWriter
+    p = tmp_path / "s.h5"
+    expected = []
+    with StatsDumpWriter(str(p), mode="dump") as w:
+        for i in range(1, 6):
+            a = [-6.70123e-05 * i, 7.193e-05, -0.000761234 * i, 0.9, 8.0, 0.0, 0.0, 65536.0]
+            b = [-7.801 * i, 2.376, -9.487e-08, 0.9, 8.0, float(i == 3), 2.0 * (i == 3), 65536.0]
+            w.add_op("aten.gelu_backward.default", i,
+                     [tensor_row(i, IO_INPUT, "grad_output", "float32", (64, 1024), 0, a),
+                      tensor_row(i, IO_OUTPUT, "result", "float32", (64, 1024), 0, b)])
+            expected += [[listing._fmt(x) for x in s[:3]] for s in (a, b)]
+    lines, info = listing.list_ops(p, stats=True)
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    listing.render(lines, info, console=console, plain=False, stats=True)
+    out = console.file.getvalue().splitlines()
+    assert max(map(len, out)) <= 80
+    rows = [ln for ln in out if "grad_output" in ln or "result" in ln]
+    assert len(rows) == len(expected) == 10
+    for row, numbers in zip(rows, expected):
+        assert row.split()[-3:] == numbers or row.split()[-4:-1] == numbers, row
+    assert "-0.0007612" in rows[0] and "-0.003806" in rows[8]
+    counted = [ln for ln in out if ln.rstrip().endswith("1/2")]
+    assert len(counted) == 1 and "result" in counted[0] and "-23.4" in counted[0]
