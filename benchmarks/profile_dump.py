@@ -34,6 +34,10 @@ under a statistics-only dump, writer thread included: its difference to `--only 
 the whole statistics dump's instructions per step (callgrind runs the threads one at a
 time, and counts no time spent waiting for the GIL).
 
+`--torch-calls`: the statistics writer's calls into torch per step, counted (most release
+the GIL, and each release is a hand-over to the model's thread and a wait to get it back:
+on a loaded machine a count shows a change that CPU times, moving ±20%, hide).
+
 Models: the sample models (bench_models.py) and `gpt2` (a tiny Hugging Face GPT-2 from its
 config, when transformers is importable). One thread (torch.set_num_threads(1)).
 """
@@ -157,6 +161,54 @@ def stats_writer(models: list[str], steps: int) -> None:
             setattr(cls, n, f)
 
 
+def _is_torch_call(fn) -> bool:
+    """A C function that is torch's: a tensor or storage method, a torch function."""
+    owner = getattr(fn, "__self__", None)
+    return (isinstance(owner, (torch.Tensor, torch.UntypedStorage))
+            or type(owner).__name__ == "_VariableFunctionsClass"
+            or (getattr(fn, "__module__", None) or "").startswith("torch"))
+
+
+def writer_torch_calls(models: list[str], steps: int) -> None:
+    """Per step: the statistics writer thread's calls into torch, counted (sys.setprofile
+    in that thread only), the most frequent named. A count, not a time: it does not move
+    with other load on the machine. Most of these calls release the GIL, and each release
+    lets the model's thread take it, so the writer then waits to get it back."""
+    import collections
+    import tempfile
+    import npu_dumper
+    from npu_dumper.sinks import stats as sink_stats
+    counts: collections.Counter = collections.Counter()
+
+    def count(frame, event, fn):
+        if event == "c_call" and _is_torch_call(fn):
+            counts[getattr(fn, "__qualname__", None) or str(fn)] += 1
+    run = sink_stats.StatsWriterThread._run
+
+    def counted_run(self):
+        sys.setprofile(count)
+        try:
+            run(self)
+        finally:
+            sys.setprofile(None)
+    sink_stats.StatsWriterThread._run = counted_run
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.h5")
+            for name, step in warmed_steps(models):
+                stats_step(step)                               # (warm-up)
+                counts.clear()
+                for _ in range(steps):
+                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True):
+                        step()
+                    os.remove(path)
+                top = ", ".join(f"{k} {v / steps:.0f}" for k, v in counts.most_common(8))
+                print(f"{name}: statistics writer's calls into torch per step "
+                      f"{sum(counts.values()) / steps:.0f} ({top})", flush=True)
+    finally:
+        sink_stats.StatsWriterThread._run = run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=["transformer", "shufflenet"])
@@ -167,8 +219,13 @@ def main() -> None:
                     help="untimed: run --steps steps of this kind only (for callgrind)")
     ap.add_argument("--stats-writer", action="store_true",
                     help="the statistics-only writer's CPU time per step instead")
+    ap.add_argument("--torch-calls", action="store_true",
+                    help="count the statistics-only writer's calls into torch per step instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.torch_calls:
+        writer_torch_calls(args.models, args.steps)
+        return
     if args.stats_writer:
         stats_writer(args.models, args.steps)
         return

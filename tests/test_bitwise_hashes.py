@@ -162,3 +162,26 @@ def test_hashing_leaves_the_users_storage_resizable(tmp_path):
     h = content_hash(y)
     y.resize_(50)
     assert h == _np_hash(y[:3].numpy())
+
+
+def test_large_tensors_hash_the_bytes_the_op_saw(tmp_path):
+    # tensors of 32k elements and more are hashed one by one, a dense one straight from its
+    # storage's bytes: a slice at an offset hashes as the slice, a transposed weight as its
+    # storage (W.t() and W share a hash), an output as the forward hook's copy
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 256)
+    x = torch.randn(300, 256)
+    seen = {}
+    lin.register_forward_hook(lambda m, i, o: seen.__setitem__("out", o.detach().clone()))
+    p = tmp_path / "big.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True):
+        y = lin(x[44:])
+        (y * 2).sum().backward()
+    with DumpFile(p) as f:
+        (op,) = [op for op in f.ops() if op.op == "aten.addmm.default"]
+        ins, outs = op.inputs(), op.outputs()
+        got = {k: v.stats()[S.STATS_HASH_FIELD] for k, v in {**ins, **outs}.items() if v.is_stats}
+    assert got["mat1"] == _np_hash(x[44:].numpy()) != _np_hash(x[:256].numpy())
+    assert got["mat2"] == _np_hash(lin.weight.detach().numpy())
+    assert got["result"] == _np_hash(seen["out"].numpy())
+    assert got["self"] == _np_hash(lin.bias.detach().numpy())

@@ -115,6 +115,43 @@ def test_staged_statistics_are_the_op_time_values_of_each_tensor(tmp_path):
             assert ry.stats()["hash"] == content_hash(y)
 
 
+def test_large_tensors_read_from_their_storage_are_the_values_the_op_saw(tmp_path):
+    # tensors of 32k elements and more go one by one; a dense one held as its storage is
+    # reduced as a 1-d tensor over its elements and hashed from its bytes: a transposed
+    # tensor, a slice at an offset, bfloat16, int32, NaN/Inf, a constant (the later tiers);
+    # then each again, written in place right after the op (the numbers must be the op's)
+    from npu_dumper.capture.tensor_hash import content_hash
+    g = torch.Generator().manual_seed(11)
+    big = torch.randn(263, 160, generator=g)
+    nan = torch.randn(200, 200, generator=g)
+    nan[3, 7], nan[50, 1] = float("nan"), float("inf")
+    xs = [torch.randn(160, 256, generator=g).t(), big[7:], (torch.randn(300, 120, generator=g) * 3 + 1)
+          .to(torch.bfloat16), torch.arange(-20000, 20000, dtype=torch.int32).view(200, 200),
+          nan, torch.full((40000,), 0.1), torch.randn(256, 256, generator=g) * 1e-3 + 7.0]
+    seen = []
+    p = tmp_path / "big.h5"
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), stats_only=True):
+        for written in (False, True):
+            for x in xs:
+                y = x * 3
+                with _disable_current_modes():      # (not recorded)
+                    seen.append((x.clone(), x.stride(), y))
+                if written:
+                    x.add_(1)                      # writes the input just recorded
+    with DumpFile(p) as f:
+        ops = [o for o in sorted(f.ops(), key=lambda o: o.seqid) if o.op == "aten.mul.Tensor"]
+        assert len(ops) == len(seen) == 2 * len(xs)
+        for o, (x, stride, y) in zip(ops, seen):
+            rx, ry = o.inputs()["self"], o.outputs()["result"]
+            for rec, t in ((rx, x), (ry, y)):
+                got = rec.stats()
+                _assert_matches(got, t, (o.seqid, rec.name))
+                assert _bits([got[k] for k in S.STATS_FIELDS]) == _bits(tensor_stats(t)), (o.seqid, rec.name)
+            x_as_seen = torch.empty_strided(x.shape, stride, dtype=x.dtype).copy_(x)
+            assert rx.stats()["hash"] == xxhash.xxh3_64_intdigest(_storage_bytes(x_as_seen))
+            assert ry.stats()["hash"] == content_hash(y)
+
+
 def test_value_rows_kept_per_value_are_the_values_each_op_had(tmp_path):
     # one op, one argument name, values that compare equal but are different rows
     # (1, 1.0, True; 0.0 and -0.0), repeated so that the kept rows are used

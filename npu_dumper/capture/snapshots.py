@@ -268,15 +268,33 @@ class TensorCapture:
         (plan.is_dense): these bytes are the elements only when they fill the range.
         The statistics writer stages small tensors this way, without a torch call each."""
         with self.lock:
-            st = self._storage
-            if self.done or st is None or self.device != "cpu":
+            src = None if self.done else self.storage_address()
+            if src is None:
                 return False
-            ctypes.memmove(dst_address, st.data_ptr() + self.offset * self._torch_dtype.itemsize,
-                           self.nbytes)
+            ctypes.memmove(dst_address, src, self.nbytes)
             self.done = True
             self._tensor = None
             self._storage = None
         return True
+
+    def storage_address(self) -> int | None:
+        """The address of the op-time bytes of a CPU capture still held as its storage
+        (element `offset` of the storage; the caller checks density, plan.is_dense, before
+        it reads `nbytes` from there as the elements in storage order); None for any other
+        capture. Valid while the caller holds `lock` and the capture is not done."""
+        st = self._storage
+        if st is None or self.device != "cpu":
+            return None
+        return st.data_ptr() + self.offset * self._torch_dtype.itemsize
+
+    def storage_elements(self) -> torch.Tensor:
+        """The elements of a dense capture held as its storage (storage_address is not
+        None), as a 1-d tensor over the storage in storage order: what statistics and
+        hashes read (they do not depend on element order), without in_memory_order's
+        calls. Under `lock`, like `tensor`."""
+        t = torch.empty(0, dtype=self._torch_dtype)
+        t.set_(self._storage, self.offset, (self.nbytes // self._torch_dtype.itemsize,), (1,))
+        return t
 
     def materialize(self) -> None:
         """Copy the data now (before an op overwrites it), unless the writer already wrote it."""

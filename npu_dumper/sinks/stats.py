@@ -10,6 +10,7 @@ element set; W and W.t() share statistics) repeats the numbers it had.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -271,8 +272,22 @@ class StatsWriterThread(WriterThread):
         stats = self._ready.pop(cap, None)
         if stats is None:
             with cap.lock:
-                t = cap.tensor
-                stats = (fast_tensor_stats(in_memory_order(t), self._scratch), *self._digests(t))
+                # A dense capture held as its storage is read as its storage's elements:
+                # a 1-d tensor over them for the statistics (a contiguous tensor's full
+                # reductions coalesce to this same 1-d loop: the same numbers) and the
+                # bytes themselves for the hash (what content_hash reads, in storage
+                # order), without in_memory_order's and content_hash's tensor calls, each
+                # of which hands the GIL to the model's thread and waits to get it back
+                src = cap.storage_address() if cap.nbytes and is_dense(cap.shape, cap.stride) else None
+                if src is None:
+                    t = cap.tensor
+                    digests = self._digests(t)
+                    t = in_memory_order(t)
+                else:
+                    t = cap.storage_elements()
+                    digests = (bytes_hash((ctypes.c_char * cap.nbytes).from_address(src)),
+                               log2_histogram(t) if self.histograms else _NO_HIST)
+                stats = (fast_tensor_stats(t, self._scratch), *digests)
                 cap.done = True
                 cap.tensor = None
         self.plan.stored(p, stats, cap)
