@@ -34,9 +34,9 @@ under a statistics-only dump, writer thread included: its difference to `--only 
 the whole statistics dump's instructions per step (callgrind runs the threads one at a
 time, and counts no time spent waiting for the GIL).
 
-`--torch-calls`: the statistics writer's calls into torch per step, counted (most release
-the GIL, and each release is a hand-over to the model's thread and a wait to get it back:
-on a loaded machine a count shows a change that CPU times, moving ±20%, hide).
+`--torch-calls`: the statistics writer's calls into torch per step, counted (each holds the
+GIL the model's thread needs, or releases it and waits to get it back: on a loaded machine
+a count shows a change that CPU times, moving ±20%, hide).
 
 Models: the sample models (bench_models.py) and `gpt2` (a tiny Hugging Face GPT-2 from its
 config, when transformers is importable). One thread (torch.set_num_threads(1)).
@@ -172,8 +172,7 @@ def _is_torch_call(fn) -> bool:
 def writer_torch_calls(models: list[str], steps: int) -> None:
     """Per step: the statistics writer thread's calls into torch, counted (sys.setprofile
     in that thread only), the most frequent named. A count, not a time: it does not move
-    with other load on the machine. Most of these calls release the GIL, and each release
-    lets the model's thread take it, so the writer then waits to get it back."""
+    with other load on the machine."""
     import collections
     import tempfile
     import npu_dumper

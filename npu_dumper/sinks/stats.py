@@ -276,8 +276,8 @@ class StatsWriterThread(WriterThread):
                 # a 1-d tensor over them for the statistics (a contiguous tensor's full
                 # reductions coalesce to this same 1-d loop: the same numbers) and the
                 # bytes themselves for the hash (what content_hash reads, in storage
-                # order), without in_memory_order's and content_hash's tensor calls, each
-                # of which hands the GIL to the model's thread and waits to get it back
+                # order), without in_memory_order's and content_hash's tensor calls (the
+                # writer's Python work holds the GIL the model's thread needs)
                 src = cap.storage_address() if cap.nbytes and is_dense(cap.shape, cap.stride) else None
                 if src is None:
                     t = cap.tensor
