@@ -70,6 +70,36 @@ def test_a_slow_writer_slows_the_dump_down_and_writes_every_op(tmp_path, writer)
     np.testing.assert_array_equal(ops[-1].outputs()["result"].read(), np.load(tmp_path / "last.npy"))
 
 
+def test_a_writer_process_slow_to_start_is_not_taken_for_hung(tmp_path):
+    # a fresh child imports h5py and numpy before it answers: seconds on a loaded machine.
+    # Its first answer may take up to START_S, whatever the watchdog (here 1 s); past that
+    # it is a one-line error saying so
+    p = tmp_path / "slow.h5"
+    code = f"""
+        import torch, npu_dumper
+        import dumpfile.write.remote as R
+        from npu_dumper.errors import DumperError
+        R.START_S = {{start}}
+        try:
+            with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, writer="process") as d:
+                x = torch.randn(8, 8)
+                for i in range(20):
+                    x = torch.tanh(x)
+            print("kept", d.summary["ops_kept"])
+        except DumperError as e:
+            print("ERR", e)
+    """
+    env = {"NPU_DUMPER_WRITER_TIMEOUT": "1", "DUMPFILE_TEST_START_DELAY_S": "2.5"}
+    r = _run(code.format(start=30.0), env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["kept", "21"], (r.stdout, r.stderr)
+    assert _plain_h5py(p) == 21             # (randn and 20 tanh)
+    p.unlink()
+    r = _run(code.format(start=1.0), env=env)
+    err = [ln for ln in r.stdout.splitlines() if ln.startswith("ERR")]
+    assert len(err) == 1 and "did not answer within 1 s" in err[0] and str(p) in err[0], r.stdout
+    assert "Traceback" not in r.stderr
+
+
 def test_a_writer_process_that_stops_answering_is_a_clear_error(tmp_path):
     # SIGSTOP the child: the watchdog (socket time-outs, here 1.5 s) reports it, stops it,
     # and the child, woken to SIGTERM, closes the file at its last flush

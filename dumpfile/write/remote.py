@@ -63,6 +63,9 @@ from .writer import pwrite_all
 # that moves no byte, a reply that does not come). Generous: a slow disk must slow the
 # dump down, not end it. NPU_DUMPER_WRITER_TIMEOUT overrides it (the tests use ~2 s).
 WATCHDOG_S = 120.0
+# Seconds a new child gets for its first answer: it imports h5py and numpy first, which
+# takes seconds on a loaded machine (a watchdog set to a few seconds must not count that).
+START_S = 60.0
 # Seconds the child gets to close the file after SIGTERM before it is killed.
 CLOSE_GRACE_S = 5.0
 
@@ -98,6 +101,24 @@ class _Child:
         self.pid = os.getpid()
         self.start_s = time.perf_counter() - t0
         self.hung: str | None = None     # the watchdog's message, once it stopped the child
+        self.answered = False            # (its start-up is over)
+
+    def exchange(self, msg: tuple) -> tuple:
+        """Send `msg` and return the reply. The child's first reply waits for its start-up:
+        the socket time-outs are max(watchdog, START_S) for that one."""
+        if self.answered:
+            self.conn.send(msg)
+            return self.conn.recv()
+        sock = socket.socket(fileno=self.conn.fileno())
+        try:
+            _set_timeouts(sock, max(_watchdog_s(), START_S))
+            self.conn.send(msg)
+            reply = self.conn.recv()
+            self.answered = True
+            return reply
+        finally:
+            _set_timeouts(sock, _watchdog_s())
+            sock.detach()
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None and not self.conn.closed
@@ -154,8 +175,7 @@ def prestart() -> float:
     first dump file). Returns the seconds the start took (0 when one was running)."""
     child = _take_child()
     t0 = time.perf_counter()
-    child.conn.send(("ping",))
-    child.conn.recv()
+    child.exchange(("ping",))
     took = child.start_s + time.perf_counter() - t0 if child.start_s else 0.0
     child.start_s = 0.0
     _return_child(child)
@@ -182,10 +202,13 @@ class RemoteDumpWriter:
         self._child = _take_child()
         self._fd = -1
         try:
-            self._child.conn.send(("open", self.path, mode, dict(root_attrs or {}), flush_interval))
-            reply = self._child.conn.recv()
+            reply = self._child.exchange(("open", self.path, mode, dict(root_attrs or {}), flush_interval))
         except (OSError, EOFError) as e:
             self._child.discard()
+            if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                waited = max(_watchdog_s(), START_S) if not self._child.answered else _watchdog_s()
+                raise DumpWriteError(f"{self.path}: dump writer process (pid {self._child.proc.pid}) "
+                                     f"did not answer within {waited:g} s") from e
             raise DumpWriteError(f"{self.path}: dump writer process failed ({e})") from e
         if reply[0] != "ok":
             _return_child(self._child)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import sys
 from multiprocessing.connection import Connection
 
@@ -252,6 +253,10 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 
 def _main() -> None:
     fd = int(sys.argv[1])
+    # fault injection for the tests: a start-up as slow as a loaded machine's
+    delay = os.environ.get("DUMPFILE_TEST_START_DELAY_S")
+    if delay:
+        time.sleep(float(delay))
     caller = os.getppid()       # our parent, the caller, while it lives
     server = _Server(Connection(fd), caller)
     try:    # stop with the caller (Linux): no orphan writing after a SIGKILL
