@@ -20,6 +20,7 @@ import numpy as np
 
 from dumpfile import DumpFile
 from dumpfile import schema as S
+from dumpfile.printable import printable
 from dumpfile.read import catalog as catalog_mod, light
 from dumpfile.read.reader import _attr_str, h5_errors
 
@@ -161,9 +162,10 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
 
 
 def _cell(text: str) -> str:
-    r"""A field of the tab-separated listing: a tab or newline inside a name (a module
-    registered as "a\tb") would split the row; written as the two characters \t, \n."""
-    return text.replace("\t", "\\t").replace("\n", "\\n")
+    r"""A field of the listing: a tab or newline inside a name (a module registered as
+    "a\tb") would split the row, an escape sequence or carriage return in a name would act
+    on the terminal; each is written as its escape (\t, \n, \x1b: dumpfile.printable)."""
+    return printable(text)
 
 
 def _raised(op) -> str:
@@ -171,9 +173,10 @@ def _raised(op) -> str:
     return str(v) if v else ""
 
 
-def _outputs_text(ln: OpLine, stats: bool, sep: str) -> str:
-    text = sep.join(describe_value(v, stats) for v in ln.values if v.side == "out")
-    return text or (f"raised {ln.raised}" if ln.raised else "")
+def _outputs_text(ln: OpLine, stats: bool, sep: str, each=lambda text: text) -> str:
+    """The outputs' descriptions joined by `sep`, each passed through `each`."""
+    text = sep.join(each(describe_value(v, stats)) for v in ln.values if v.side == "out")
+    return text or (each(f"raised {ln.raised}") if ln.raised else "")
 
 
 _LISTING_FIELDS = ("seqid", "io", "name", "Type", "dtype", "shape", "uninitialized", "value")
@@ -479,7 +482,7 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     if info["shown"] != info["ops"]:
         header += f"; showing {info['shown']}"
     if plain:
-        out = [header, "seqid\top\tphase\tmodule\tinputs\toutputs"]
+        out = [printable(header), "seqid\top\tphase\tmodule\tinputs\toutputs"]
         # lines read from the catalog are shared between ops (listing._catalog_values):
         # each described once; an op's cells are cached by the identity of its lines
         cells: dict[tuple, str] = {}
@@ -499,11 +502,13 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(header), title_justify="left")
+    t = Table(title=escape(printable(header)), title_justify="left")
     for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
         t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
     for ln in lines:
-        t.add_row(str(ln.seqid), escape(ln.op), ln.phase, escape(ln.module),
-                  escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "in")),
-                  escape(_outputs_text(ln, stats, "\n")))
+        # each value on a line of its own: the newlines joining them are ours, the text
+        # of each value is made printable
+        t.add_row(str(ln.seqid), escape(printable(ln.op)), escape(printable(ln.phase)), escape(printable(ln.module)),
+                  escape("\n".join(printable(describe_value(v, stats)) for v in ln.values if v.side == "in")),
+                  escape(_outputs_text(ln, stats, "\n", printable)))
     console.print(t)
