@@ -50,3 +50,19 @@ def test_a_tensor_stored_as_no_numbers_is_refused(good, tmp_path, kind):
     line = r.output.strip()
     assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {where}"), line
     assert "Traceback" not in line and "internal error" not in line
+
+
+@pytest.mark.parametrize("shape", ["4,16", np.array([-4, 16]), np.array([4.5, 16.0]), np.array([[4, 16]])],
+                         ids=["string", "negative", "floats", "2-d"])
+def test_a_shape_attribute_that_is_not_sizes_is_refused(good, tmp_path, shape):
+    """int() of a string shape raised as an internal error; a negative size was listed."""
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h[hostile_corpus.VICTIM].attrs["shape"] = shape
+    r = runner.invoke(app, ["ls", str(bad), "--plain", "--stats"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: its shape attribute "), line
+    assert line.endswith("is not a list of sizes (integers >= 0); refused"), line
