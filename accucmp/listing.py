@@ -20,6 +20,7 @@ import numpy as np
 
 from dumpfile import DumpFile
 from dumpfile import schema as S
+from dumpfile.printable import printable
 from dumpfile.read import catalog as catalog_mod, light
 from dumpfile.read.reader import _attr_str, h5_errors
 
@@ -161,9 +162,10 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
 
 
 def _cell(text: str) -> str:
-    r"""A field of the tab-separated listing: a tab or newline inside a name (a module
-    registered as "a\tb") would split the row; written as the two characters \t, \n."""
-    return text.replace("\t", "\\t").replace("\n", "\\n")
+    r"""A field of the listing: a tab or newline inside a name (a module registered as
+    "a\tb") would split the row, an escape sequence or carriage return in a name would act
+    on the terminal; each is written as its escape (\t, \n, \x1b: dumpfile.printable)."""
+    return printable(text)
 
 
 def _raised(op) -> str:
@@ -171,9 +173,10 @@ def _raised(op) -> str:
     return str(v) if v else ""
 
 
-def _outputs_text(ln: OpLine, stats: bool, sep: str) -> str:
-    text = sep.join(describe_value(v, stats) for v in ln.values if v.side == "out")
-    return text or (f"raised {ln.raised}" if ln.raised else "")
+def _outputs_text(ln: OpLine, stats: bool, sep: str, each=lambda text: text) -> str:
+    """The outputs' descriptions joined by `sep`, each passed through `each`."""
+    text = sep.join(each(describe_value(v, stats)) for v in ln.values if v.side == "out")
+    return text or (each(f"raised {ln.raised}") if ln.raised else "")
 
 
 _LISTING_FIELDS = ("seqid", "io", "name", "Type", "dtype", "shape", "uninitialized", "value")
@@ -479,7 +482,7 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     if info["shown"] != info["ops"]:
         header += f"; showing {info['shown']}"
     if plain:
-        out = [header, "seqid\top\tphase\tmodule\tinputs\toutputs"]
+        out = [printable(header), "seqid\top\tphase\tmodule\tinputs\toutputs"]
         # lines read from the catalog are shared between ops (listing._catalog_values):
         # each described once; an op's cells are cached by the identity of its lines
         cells: dict[tuple, str] = {}
@@ -500,15 +503,17 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     from rich.table import Table
 
     if stats:
-        console.print(_stats_table(lines, escape(header)))
+        console.print(_stats_table(lines, escape(printable(header))))
         return
-    t = Table(title=escape(header), title_justify="left")
+    t = Table(title=escape(printable(header)), title_justify="left")
     for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
         t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
     for ln in lines:
-        t.add_row(str(ln.seqid), escape(ln.op), ln.phase, escape(ln.module),
-                  escape("\n".join(describe_value(v, stats) for v in ln.values if v.side == "in")),
-                  escape(_outputs_text(ln, stats, "\n")))
+        # each value on a line of its own: the newlines joining them are ours, the text
+        # of each value is made printable
+        t.add_row(str(ln.seqid), escape(printable(ln.op)), escape(printable(ln.phase)), escape(printable(ln.module)),
+                  escape("\n".join(printable(describe_value(v, stats)) for v in ln.values if v.side == "in")),
+                  escape(_outputs_text(ln, stats, "\n", printable)))
     console.print(t)
 
 
@@ -533,17 +538,18 @@ def _stats_table(lines: list[OpLine], title: str):
         t.add_column(name, justify="right", no_wrap=True)
     blank = [""] * len(numbers)
     for ln in lines:
-        where = escape(" ".join(x for x in (ln.module, ln.phase) if x))
-        op_cells = [escape(f"{ln.seqid} {ln.op}"), f"[dim]{where}[/dim]" if where else ""]
+        # (names from the file are made printable: escapes, not terminal controls)
+        where = escape(printable(" ".join(x for x in (ln.module, ln.phase) if x)))
+        op_cells = [escape(f"{ln.seqid} {printable(ln.op)}"), f"[dim]{where}[/dim]" if where else ""]
         rows = []
         for v in ln.values:
-            name = v.name if v.side == "in" else f"→ {v.name}"
+            name = printable(v.name if v.side == "in" else f"→ {v.name}")
             s = v.stats
             if v.shape is None:
-                rows.append([escape(f"{name}={v.value}"), *blank])
+                rows.append([escape(f"{name}={printable(v.value)}"), *blank])
                 continue
             # (the shape without spaces: a line breaks between name and shape, not inside)
-            text = escape(f"{name}: {v.dtype or '?'}[{','.join(map(str, v.shape))}]")
+            text = escape(f"{name}: {printable(v.dtype or '?')}[{','.join(map(str, v.shape))}]")
             if not s:
                 rows.append([text, *blank])
             else:
@@ -553,7 +559,7 @@ def _stats_table(lines: list[OpLine], title: str):
                              *((f"{_fmt(s.get('nan_count', 0))}/{_fmt(s.get('inf_count', 0))}"
                                 if found else "",) if counts else ())])
         if ln.raised:
-            rows.append([escape(f"→ raised {ln.raised}"), *blank])
+            rows.append([escape(printable(f"→ raised {ln.raised}")), *blank])
         while len(rows) < 2:
             rows.append(["", *blank])
         for i, cells in enumerate(rows):

@@ -70,7 +70,12 @@ class UsageProblem(Exception):
 
 
 def one_line(msg: object) -> str:
-    return " ".join(str(msg).split())
+    """`msg` on one line with nothing a terminal would act on: whitespace runs (newlines
+    included) become one space, other control characters their escapes (a file name or
+    an HDF5 object name in a message is text from outside: dumpfile.printable)."""
+    from dumpfile.printable import printable
+
+    return printable(" ".join(str(msg).split()))
 
 
 def fail(prog: str, msg: object) -> typer.Exit:

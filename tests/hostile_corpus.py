@@ -2,7 +2,8 @@
 with one object replaced by something a reader must refuse (issue 16): data that lives
 outside the file (external links, external storage, virtual datasets, pointing at a
 secret file or at a FIFO), a FIFO given as the dump, declared sizes far beyond memory,
-a gzip bomb (declared huge, and a chunk inflating past its size), a filter no writer uses.
+a gzip bomb (declared huge, and a chunk inflating past its size), a filter no writer uses,
+a group hard-linked below itself (a cycle).
 
 `build(folder)` writes the corpus and returns (cases, marker): {name: path of the hostile
 dump} and the random bytes stored in the secret files the hostile objects point at; no
@@ -70,6 +71,8 @@ def build(folder: str) -> tuple[dict[str, str], bytes]:
         "chunk_bomb": _chunk_bomb,
         "foreign_filter": lambda h5, p, name, a, shp, dt: p.create_dataset(
             name, data=np.ones(shp, dt), scaleoffset=4, chunks=shp),
+        # the op's group hard-linked below itself: a cycle (readers recursed until RecursionError)
+        "hardlink_cycle": lambda h5, p, name, *_: p.__setitem__(name, h5[VICTIM_OP]),
     }
     cases: dict[str, str] = {}
     for case, make in makers.items():

@@ -62,7 +62,7 @@ def results(tmp_path_factory):
 
 CASES = ["external_link", "external_link_fifo", "external_link_group", "external_storage",
          "external_storage_fifo", "virtual_dataset", "declared_huge", "gzip_bomb", "chunk_bomb", "foreign_filter",
-         "fifo_as_dump"]
+         "hardlink_cycle", "fifo_as_dump"]
 
 
 def test_corpus_is_complete(results):

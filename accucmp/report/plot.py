@@ -92,7 +92,9 @@ def plot_svg(table: pd.DataFrame, first: dict[str, Any] | None) -> str:
         # parse_math=False: a module or op name holding "$...$" is text, not a formula
         # (matplotlib's mathtext raised on "mod$x^$y", losing the whole report)
         # a long op name or module path would run off the figure: shorten it in the middle
-        axes[0, 0].set_title(middle_ellipsis(f"first failure: {describe_row(first)}", 150), fontsize=9,
+        # control characters in a name (no glyph: a warning per character on stderr) as escapes
+        from dumpfile.printable import printable
+        axes[0, 0].set_title(middle_ellipsis(printable(f"first failure: {describe_row(first)}"), 150), fontsize=9,
                              color="#b00020", loc="left", parse_math=False)
     handles = {}
     for ax in axes[:, 0]:

@@ -202,8 +202,11 @@ def fit_width(console) -> int | None:
 
 def _say(console, text: str, style: str | None = None, *, wrap: bool = True) -> None:
     """One line of prose: word-wrapped on a terminal (rich breaks at spaces, never inside a
-    name shorter than the line), never wrapped off it."""
-    console.print(text, style=style, markup=False, highlight=False,
+    name shorter than the line), never wrapped off it. Names from the dumps in it are
+    made printable (dumpfile.printable: no escape sequence reaches the terminal)."""
+    from dumpfile.printable import printable
+
+    console.print(printable(text), style=style, markup=False, highlight=False,
                   soft_wrap=not (wrap and console.is_terminal))
 
 

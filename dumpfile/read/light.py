@@ -112,7 +112,7 @@ class LightValue(ValueRecord):
         if self.value is not NO_VALUE:
             return self.value
         if self.data is not None:
-            return decode_raw(self.data, self.dtype)
+            return decode_raw(self.data, self.dtype, f"{self.file.path}: {self.path}")
         if not self.fast or self.type != S.TYPE_TENSOR:
             return super().read()             # views, empty dataspaces, strings: the reader's way
         arr = np.empty(self.stored_shape, dtype=self.stored_dtype)
@@ -120,7 +120,7 @@ class LightValue(ValueRecord):
             with h5_errors(self.file.path, self.path):
                 dsid = self._dataset()
                 dsid.read(h5s.create_simple(arr.shape), dsid.get_space(), arr)
-        return decode_raw(arr, self.dtype)
+        return decode_raw(arr, self.dtype, f"{self.file.path}: {self.path}")
 
     def _dataset(self):
         """The dataset, opened by path, checked to hold what the record says it stores (a
@@ -149,7 +149,7 @@ class LightValue(ValueRecord):
             with h5_errors(self.file.path, self.path):
                 fspace.select_hyperslab(start, count)
                 dsid.read(h5s.create_simple(out.shape), fspace, out)
-            yield decode_raw(out, self.dtype).reshape(-1)
+            yield decode_raw(out, self.dtype, f"{self.file.path}: {self.path}").reshape(-1)
 
 
 LightTensor = LightValue        # (compare's name for the tensor records)

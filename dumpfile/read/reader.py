@@ -322,7 +322,7 @@ class DumpFile:
         try:
             obj = self.h5[rec.path]
             if t == S.TYPE_TENSOR:
-                return decode_raw(obj[()], rec.dtype or str(obj.dtype))
+                return decode_raw(obj[()], rec.dtype or str(obj.dtype), f"{self.path}: {rec.path}")
             if t == S.TYPE_TENSOR_VIEW:
                 return self._read_view(rec)
             if t == S.TYPE_TENSOR_STATS:
@@ -377,12 +377,12 @@ class DumpFile:
         # the rebuilt storage holds 1-2 byte codes, not float32. complex32's stored pairs
         # add a trailing dim the strides do not describe: decoded first.
         early = dtype_name == "complex32" or raw.dtype.kind == "f" and dtype_name in _WIDE_OK
-        data = view_of(decode_raw(raw, dtype_name) if early else raw,
+        data = view_of(decode_raw(raw, dtype_name, f"{self.path}: {base.name}") if early else raw,
                        np.asarray(S.live_stride(battrs), dtype=np.int64),
                        int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
                        np.asarray(S.live_stride(rec.attrs), dtype=np.int64),
                        int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
-        return data if early else decode_raw(data, dtype_name)
+        return data if early else decode_raw(data, dtype_name, f"{self.path}: {base.name}")
 
     def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:
         if rec.type != S.TYPE_TENSOR:
@@ -396,9 +396,9 @@ class DumpFile:
             if whole:
                 data = np.asarray(ds[()])
         if whole:
-            yield decode_raw(data, dtype_name).reshape(-1)
+            yield decode_raw(data, dtype_name, f"{self.path}: {rec.path}").reshape(-1)
             return
         for start, count in chunk_slabs(ds.shape, chunk_elements):
             with h5_errors(self.path, rec.path):
                 piece = ds[tuple(slice(a, a + c) for a, c in zip(start, count))]
-            yield decode_raw(piece, dtype_name).reshape(-1)
+            yield decode_raw(piece, dtype_name, f"{self.path}: {rec.path}").reshape(-1)

@@ -15,6 +15,7 @@ import numpy as np
 from dumpfile import schema as S
 from dumpfile import stats_table as T
 from dumpfile.errors import DumpFormatError, raised_by_h5py
+from dumpfile.printable import printable
 from dumpfile.read import legacy
 from dumpfile.read.h5util import H5_ERRORS, _attr_str, corrupt_dump_error
 
@@ -36,6 +37,19 @@ def _guarded(method):
     return wrapper
 
 
+
+
+def _sizes(attr: Any, where: str) -> tuple[int, ...]:
+    """A `shape` attribute as sizes: integers >= 0 (a hostile or damaged file may hold a
+    string, floats or negative sizes there: int() of them raised as an internal error, or
+    a negative size was shown as the tensor's)."""
+    a = np.asarray(attr)
+    if a.size == 0 and a.ndim <= 1:          # a 0-d tensor's (), whatever dtype it was stored as
+        return ()
+    if a.dtype.kind not in "iu" or a.ndim > 1 or int(a.min()) < 0:
+        raise DumpFormatError(f"{where}: its shape attribute {printable(repr(attr))[:80]} is not a list of "
+                              "sizes (integers >= 0); refused")
+    return tuple(int(x) for x in a.reshape(-1))
 
 
 @dataclass
@@ -81,7 +95,7 @@ class ValueRecord:
         if type(a) is tuple:                 # (records from the catalog: checked ints already)
             return a
         if a is not None:
-            return tuple(int(x) for x in np.asarray(a).reshape(-1))
+            return _sizes(a, f"{self.file.path}: {self.path}")
         ds = self.file.h5[self.path]
         return tuple(ds.shape) if isinstance(ds, h5py.Dataset) and ds.shape is not None else ()
 

@@ -460,6 +460,10 @@ def _walk(fid, path: str, limit: int) -> None:
     visited once (hard links forming cycles, many links to one dataset)."""
     root = h5g.open(fid, b"/")
     seen = {h5o.get_info(root).addr}
+    # groups reached so far: a second hard link to a group makes a cycle (a group linked
+    # into itself or below itself) or two paths to one subtree; no writer makes either,
+    # and every reader that walks a group's members (values, lists) would recurse forever
+    groups = {h5o.get_info(root).addr: b"/"}
     found: list[str] = []
     stack: list[tuple[bytes, object, list]] = []
 
@@ -495,11 +499,15 @@ def _walk(fid, path: str, limit: int) -> None:
             stack.pop()
             continue
         name, addr = links.pop()
+        if addr in groups:
+            raise DumpFormatError(f"{path}: {_name(prefix + b'/' + name)} is a second hard link to the group "
+                                  f"{_name(groups[addr])} (a cycle, or one group under two names); refused")
         if addr in seen:
             continue
         seen.add(addr)
         obj = h5o.open(gid, name)
         if isinstance(obj, h5g.GroupID):
+            groups[addr] = prefix + b"/" + name
             push(prefix + b"/" + name, obj)
         elif isinstance(obj, h5d.DatasetID):
             check_dataset(obj, path, prefix + b"/" + name, limit)

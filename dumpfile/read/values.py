@@ -60,8 +60,19 @@ _table_cache: dict[str, np.ndarray] = {}
 _WIDE_OK = frozenset({"bool", "float16", *S.RAW_BIT_DTYPES})
 
 
-def decode_raw(data: np.ndarray, dtype_name: str) -> np.ndarray:
-    """Stored array -> numpy array with the tensor's values (exact)."""
+# numpy kinds a tensor is stored as (bool, ints, floats incl. raw-bit codes, complex)
+_NUMERIC_KINDS = frozenset("biufc")
+
+
+def decode_raw(data: np.ndarray, dtype_name: str, where: str = "a tensor") -> np.ndarray:
+    """Stored array -> numpy array with the tensor's values (exact). `where` ("FILE: /path")
+    names it in the refusal of a stored type that holds no numbers: a compound, enum,
+    reference, opaque, string or vlen dataset where a tensor is expected (a hostile or
+    damaged file) raised numpy's TypeError deep inside a caller (an internal error)."""
+    kind = getattr(data, "dtype", np.dtype(object)).kind
+    if kind not in _NUMERIC_KINDS or getattr(data.dtype, "fields", None) or data.dtype.subdtype:
+        raise DumpFormatError(f"{where}: stored as {data.dtype if hasattr(data, 'dtype') else type(data).__name__}, "
+                              "not numbers (a tensor is stored as bool, integers, floats or complex); refused")
     if data.dtype.kind in "fiu" and dtype_name in _WIDE_OK:
         # original layout / legacy export: Half, bfloat16, float8 stored as float32, bool as ints
         wide = legacy.decode_stored(data, dtype_name)

@@ -1,0 +1,68 @@
+"""A dataset where a tensor is expected that holds no numbers (compound, reference, opaque,
+string, vlen: what a hostile or damaged file may hold): every read of it is one line naming
+the file and the dataset, exit 2, never numpy's TypeError as an internal error."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from accucmp.cli.main import app
+from dumpfile import DumpFile, DumpFormatError
+
+from . import hostile_corpus
+from ._cli_helpers import model_ops, write_dump
+
+runner = CliRunner(env={"COLUMNS": "160", "NO_COLOR": "1"})
+
+STORED = {
+    "compound": np.dtype([("a", "<f4"), ("b", "<i4")]),
+    "object_reference": h5py.ref_dtype,
+    "opaque": np.dtype("V4"),
+    "vlen_floats": h5py.vlen_dtype(np.float32),
+    "vlen_string": h5py.string_dtype(),
+    "fixed_string": np.dtype("S4"),
+}
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return write_dump(tmp_path_factory.mktemp("values") / "good.h5", model_ops(n_layers=1))
+
+
+@pytest.mark.parametrize("kind", sorted(STORED))
+def test_a_tensor_stored_as_no_numbers_is_refused(good, tmp_path, kind):
+    bad = tmp_path / f"{kind}.h5"
+    bad.write_bytes(open(good, "rb").read())
+    hostile_corpus._replace(str(bad), lambda h5, p, name, a, shp, dt: p.create_dataset(
+        name, shape=shp, dtype=STORED[kind]))
+    where = f"{bad}: {hostile_corpus.VICTIM}: stored as "
+    with DumpFile(bad) as f:
+        rec = f.op("aten.mm.default", 1).outputs()["result"]
+        with pytest.raises(DumpFormatError, match="^" + where.replace("[", r"\[")):
+            rec.read()
+        with pytest.raises(DumpFormatError, match="not numbers"):
+            list(rec.iter_chunks(8))
+    r = runner.invoke(app, ["ls", str(bad), "--plain", "--stats"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {where}"), line
+    assert "Traceback" not in line and "internal error" not in line
+
+
+@pytest.mark.parametrize("shape", ["4,16", np.array([-4, 16]), np.array([4.5, 16.0]), np.array([[4, 16]])],
+                         ids=["string", "negative", "floats", "2-d"])
+def test_a_shape_attribute_that_is_not_sizes_is_refused(good, tmp_path, shape):
+    """int() of a string shape raised as an internal error; a negative size was listed."""
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h[hostile_corpus.VICTIM].attrs["shape"] = shape
+    r = runner.invoke(app, ["ls", str(bad), "--plain", "--stats"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: its shape attribute "), line
+    assert line.endswith("is not a list of sizes (integers >= 0); refused"), line
