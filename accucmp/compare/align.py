@@ -211,12 +211,22 @@ class Region:
     inputs: list[tuple[_Tensor, _Tensor]]
     outputs: list[tuple[_Tensor, _Tensor]]
     how: str                      # "inferred", "module map", "op map"
+    # external inputs of the side with fewer that found no partner: (side, tensor), side 0 the
+    # target. The region's outputs may differ because of them (a sum regrouped: (a+b)+c
+    # against a+(b+c) reads a+b on one side only), so they become unmatched input rows and
+    # the region is not "caused here" (op_policies)
+    unpaired_inputs: list[tuple[int, _Tensor]] = field(default_factory=list)
 
     def tensors(self, side: int, io: str) -> dict[str, ValueRecord]:
         """The region's tensors of one side as an op's inputs/outputs would be: the golden's
-        keyed by the target's names so matching.pair_tensors pairs them."""
+        keyed by the target's names so matching.pair_tensors pairs them; an unpaired input
+        under a name of its own side (the golden's marked so), so it has no partner."""
         pairs = self.inputs if io == "input" else self.outputs
-        return {t.name: (t if side == 0 else g).rec for t, g in pairs}
+        out = {t.name: (t if side == 0 else g).rec for t, g in pairs}
+        if io == "input":
+            out.update({(x.name if s == 0 else f"{x.name} (golden)"): x.rec
+                        for s, x in self.unpaired_inputs if s == side})
+        return out
 
     def rebind(self, opened: dict[int, Any]) -> None:
         """In a forked worker: point the region's records at the files it opened again
@@ -252,6 +262,8 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
     # backward reads its saved logsumexp where a decomposition reads its saved softmax)
     if how == "inferred" and (not ins or 2 * len(ins) < len(few)):
         return None
+    partnered = {id(x) for x, _ in ins}
+    unpaired = [(0 if few is tr.inputs else 1, x) for x in few if id(x) not in partnered]
     if few is not tr.inputs:
         ins = [(t, g) for g, t in ins]
     # rows compare element by element: inputs met in another layout only served the alignment
@@ -269,7 +281,7 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
     last_t = {id(t) for t in tr.outputs if t.name.startswith(f"{len(t_ops) - 1}.")}
     last_g = {id(g) for g in gr.outputs if g.name.startswith(f"{len(g_ops) - 1}.")}
     main = [(t, g) for t, g in outs if id(t) in last_t or id(g) in last_g]
-    return Region(list(t_ops), list(g_ops), tr.label, gr.label, in_pairs, main or outs, how)
+    return Region(list(t_ops), list(g_ops), tr.label, gr.label, in_pairs, main or outs, how, unpaired)
 
 
 # ---- gaps and runs ---------------------------------------------------------------
