@@ -211,10 +211,11 @@ class Region:
     inputs: list[tuple[_Tensor, _Tensor]]
     outputs: list[tuple[_Tensor, _Tensor]]
     how: str                      # "inferred", "module map", "op map"
-    # external inputs of the side with fewer that found no partner: (side, tensor), side 0 the
-    # target. The region's outputs may differ because of them (a sum regrouped: (a+b)+c
-    # against a+(b+c) reads a+b on one side only), so they become unmatched input rows and
-    # the region is not "caused here" (op_policies)
+    # external inputs that found no partner and that the other run reads in a paired op next
+    # to the region (align_pairs, _keep_regrouped): (side, tensor), side 0 the target. The
+    # region's outputs then differ because the runs split one computation differently (a sum
+    # regrouped: (a+b)+c against a+(b+c)), so they become unmatched input rows and the region
+    # is not "caused here" (op_policies)
     unpaired_inputs: list[tuple[int, _Tensor]] = field(default_factory=list)
 
     def tensors(self, side: int, io: str) -> dict[str, ValueRecord]:
@@ -262,10 +263,10 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
     # backward reads its saved logsumexp where a decomposition reads its saved softmax)
     if how == "inferred" and (not ins or 2 * len(ins) < len(few)):
         return None
-    partnered = {id(x) for x, _ in ins}
-    unpaired = [(0 if few is tr.inputs else 1, x) for x in few if id(x) not in partnered]
     if few is not tr.inputs:
         ins = [(t, g) for g, t in ins]
+    partnered = {id(x) for pair in ins for x in pair}
+    unpaired = [(side, x) for side, run in ((0, tr), (1, gr)) for x in run.inputs if id(x) not in partnered]
     # rows compare element by element: inputs met in another layout only served the alignment
     in_pairs = [(t, g) for t, g in ins if t.shape == g.shape]
     # ties (statistics-only dumps: every same-shaped output is as close) go to the later
@@ -381,6 +382,22 @@ def _gap_end(pairs: list, i: int) -> int:
         j = k
 
 
+def _keep_regrouped(region: Region, around: list) -> None:
+    """Keep as unpaired only the inputs the other run reads in a paired op next to the gap
+    (just before it, bridged inside it, just after it): there the runs split one computation differently (a sum
+    regrouped, (residual+a)+b against residual+(a+b): the golden region reads `residual`, the
+    target reads it in the add after its region), so the region's outputs are different partial
+    results. An input found in neither is the same information in another form (a bool mask
+    against an additive one, logsumexp against the saved softmax): the region stands for itself."""
+    kept = []
+    for side, x in region.unpaired_inputs:
+        reads = [_tensor(rec, n) for p in around
+                 for n, rec in _leaves((p.golden if side == 0 else p.target).inputs()).items()]
+        if any(_distance(x, y) <= CLOSE_REL for y in reads):
+            kept.append((side, x))
+    region.unpaired_inputs = kept
+
+
 def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[Region]]:
     """Replace unmatched ops that form regions by one region pair each (placed where the
     region's last target op stood); the other pairs are kept, in order."""
@@ -399,6 +416,9 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
         ts = [p.target for p in gap if _unmatched(p) and p.target is not None]
         gs = [p.golden for p in gap if _unmatched(p) and p.golden is not None]
         found = _align_gap(ts, gs, amap) if ts and gs and max(len(ts), len(gs)) <= MAX_GAP_OPS else []
+        around = [p for p in pairs[max(i - 1, 0):j + 1] if not _unmatched(p)]
+        for r in found:
+            _keep_regrouped(r, around)
         if not found:
             out += gap
         else:
