@@ -393,7 +393,9 @@ def _keep_regrouped(region: Region, around: list) -> None:
     for side, x in region.unpaired_inputs:
         reads = [_tensor(rec, n) for p in around
                  for n, rec in _leaves((p.golden if side == 0 else p.target).inputs()).items()]
-        if any(_distance(x, y) <= CLOSE_REL for y in reads):
+        # strictly closer than CLOSE_REL: unread tensors (statistics-only) sit at the limit,
+        # and a same shape alone is no evidence of the same tensor
+        if any(_distance(x, y) < CLOSE_REL for y in reads):
             kept.append((side, x))
     region.unpaired_inputs = kept
 
