@@ -351,3 +351,22 @@ def test_a_load_file_unreadable_mid_run_stops_the_replay_naming_it(tmp_path, mon
     assert "\n" not in msg and msg.startswith(
         f"{good}: corrupt or unreadable dump (Unable to synchronously open object "
         "(bad object header version number)) at /aten.")
+
+
+def test_a_cast_only_the_live_run_makes_says_no_recorded_call_fits(tmp_path):
+    """A bf16 model upcasting (`x.to(float32)`, a no-op in the fp32 recording) adds live
+    `_to_copy` calls; the reason must not read as if the recorded cast in their place were
+    theirs (it was `input 'self' shape [4] vs recorded [48]` alone: Llama's RMSNorm casts met
+    the rotary embedding's recorded cast)."""
+    def step(x):
+        ids = torch.arange(4).to(x.dtype)               # one recorded _to_copy (int -> float)
+        return (x.to(torch.float32) * 2).to(x.dtype) + ids
+
+    ref = str(tmp_path / "ref.h5")
+    with torch.utils.dumper(use_dump=True, dump_path=ref):
+        step(torch.randn(3, 4))
+    with torch.utils.dumper(use_load=True, load_file_path=ref, dump_path=str(tmp_path / "t.h5")) as d:
+        step(torch.randn(3, 4).bfloat16())
+    why = d.policies[0].summary.unmatched_why["aten._to_copy.default"]
+    assert why.startswith("no unused recorded call fits"), why
+    assert "the recorded call in its place" in why, why

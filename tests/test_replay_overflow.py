@@ -110,3 +110,22 @@ def test_bad_options_are_refused():
     with pytest.raises(DumperError):
         OverflowPolicy(limit=0)
     assert OverflowPolicy(dtype="bfloat16").overflow_dtype is torch.bfloat16
+
+
+def test_infinity_the_caller_asked_for_is_not_an_overflow(tmp_path, capsys):
+    """`masked_fill(mask, -inf)`, `torch.full(..., -inf)` (attention masks) and CTC's log-space
+    alpha table (log 0 = -inf, wav2vec2's CTC loss) hold -inf by design: each was reported as
+    'is overflow!'. A real overflow after them is still found."""
+    x = torch.randn(2, 4)
+    m = torch.tensor([[True, False, False, False]] * 2)
+    log_probs = torch.randn(20, 2, 6).log_softmax(-1)
+    targets = torch.randint(1, 6, (2, 5))
+    with torch.utils.dumper(check_overflow=True, dump_path=str(tmp_path / "ov.h5")) as d:
+        x.masked_fill(m, float("-inf")).softmax(-1)
+        torch.full((2, 2), float("-inf")).triu(1)
+        torch.zeros(3).fill_(float("inf"))
+        torch.nn.functional.ctc_loss(log_probs, targets, torch.full((2,), 20), torch.full((2,), 5))
+        (x * 1e30).exp()                                  # a real one
+    out = capsys.readouterr().out
+    names = [o[0] for o in d.policies[0].overflows]
+    assert names == ["aten.exp.default"], out

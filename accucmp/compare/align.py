@@ -211,12 +211,23 @@ class Region:
     inputs: list[tuple[_Tensor, _Tensor]]
     outputs: list[tuple[_Tensor, _Tensor]]
     how: str                      # "inferred", "module map", "op map"
+    # external inputs that found no partner and that the other run reads in a paired op next
+    # to the region (align_pairs, _keep_regrouped): (side, tensor), side 0 the target. The
+    # region's outputs then differ because the runs split one computation differently (a sum
+    # regrouped: (a+b)+c against a+(b+c)), so they become unmatched input rows and the region
+    # is not "caused here" (op_policies)
+    unpaired_inputs: list[tuple[int, _Tensor]] = field(default_factory=list)
 
     def tensors(self, side: int, io: str) -> dict[str, ValueRecord]:
         """The region's tensors of one side as an op's inputs/outputs would be: the golden's
-        keyed by the target's names so matching.pair_tensors pairs them."""
+        keyed by the target's names so matching.pair_tensors pairs them; an unpaired input
+        under a name of its own side (the golden's marked so), so it has no partner."""
         pairs = self.inputs if io == "input" else self.outputs
-        return {t.name: (t if side == 0 else g).rec for t, g in pairs}
+        out = {t.name: (t if side == 0 else g).rec for t, g in pairs}
+        if io == "input":
+            out.update({(x.name if s == 0 else f"{x.name} (golden)"): x.rec
+                        for s, x in self.unpaired_inputs if s == side})
+        return out
 
     def rebind(self, opened: dict[int, Any]) -> None:
         """In a forked worker: point the region's records at the files it opened again
@@ -254,6 +265,8 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
         return None
     if few is not tr.inputs:
         ins = [(t, g) for g, t in ins]
+    partnered = {id(x) for pair in ins for x in pair}
+    unpaired = [(side, x) for side, run in ((0, tr), (1, gr)) for x in run.inputs if id(x) not in partnered]
     # rows compare element by element: inputs met in another layout only served the alignment
     in_pairs = [(t, g) for t, g in ins if t.shape == g.shape]
     # ties (statistics-only dumps: every same-shaped output is as close) go to the later
@@ -269,7 +282,7 @@ def _try_region(t_ops, g_ops, how: str, cache: dict | None = None) -> Region | N
     last_t = {id(t) for t in tr.outputs if t.name.startswith(f"{len(t_ops) - 1}.")}
     last_g = {id(g) for g in gr.outputs if g.name.startswith(f"{len(g_ops) - 1}.")}
     main = [(t, g) for t, g in outs if id(t) in last_t or id(g) in last_g]
-    return Region(list(t_ops), list(g_ops), tr.label, gr.label, in_pairs, main or outs, how)
+    return Region(list(t_ops), list(g_ops), tr.label, gr.label, in_pairs, main or outs, how, unpaired)
 
 
 # ---- gaps and runs ---------------------------------------------------------------
@@ -369,6 +382,24 @@ def _gap_end(pairs: list, i: int) -> int:
         j = k
 
 
+def _keep_regrouped(region: Region, around: list) -> None:
+    """Keep as unpaired only the inputs the other run reads in a paired op next to the gap
+    (just before it, bridged inside it, just after it): there the runs split one computation differently (a sum
+    regrouped, (residual+a)+b against residual+(a+b): the golden region reads `residual`, the
+    target reads it in the add after its region), so the region's outputs are different partial
+    results. An input found in neither is the same information in another form (a bool mask
+    against an additive one, logsumexp against the saved softmax): the region stands for itself."""
+    kept = []
+    for side, x in region.unpaired_inputs:
+        reads = [_tensor(rec, n) for p in around
+                 for n, rec in _leaves((p.golden if side == 0 else p.target).inputs()).items()]
+        # strictly closer than CLOSE_REL: unread tensors (statistics-only) sit at the limit,
+        # and a same shape alone is no evidence of the same tensor
+        if any(_distance(x, y) < CLOSE_REL for y in reads):
+            kept.append((side, x))
+    region.unpaired_inputs = kept
+
+
 def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[Region]]:
     """Replace unmatched ops that form regions by one region pair each (placed where the
     region's last target op stood); the other pairs are kept, in order."""
@@ -387,6 +418,9 @@ def align_pairs(pairs: list, amap: AlignMap | None = None) -> tuple[list, list[R
         ts = [p.target for p in gap if _unmatched(p) and p.target is not None]
         gs = [p.golden for p in gap if _unmatched(p) and p.golden is not None]
         found = _align_gap(ts, gs, amap) if ts and gs and max(len(ts), len(gs)) <= MAX_GAP_OPS else []
+        around = [p for p in pairs[max(i - 1, 0):j + 1] if not _unmatched(p)]
+        for r in found:
+            _keep_regrouped(r, around)
         if not found:
             out += gap
         else:

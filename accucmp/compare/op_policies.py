@@ -34,6 +34,8 @@ import pandas as pd
 
 from dumpfile.schema import UNIT_ROUNDOFF
 
+from accucmp.compare.rows import STATUS_UNMATCHED
+
 ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
 ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
@@ -159,6 +161,7 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
     names = table["TensorName"].tolist() if "TensorName" in table.columns else [""] * n
     dtypes = table["DataType"].tolist() if "DataType" in table.columns else [""] * n
     prec = table["PrecisionDtype"].tolist() if "PrecisionDtype" in table.columns else [""] * n
+    status = table["CompareStatus"].tolist() if "CompareStatus" in table.columns else [""] * n
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
         if _s(ops[i]) and not pd.isna(seq[i]):
@@ -214,6 +217,14 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                 reasons[i] += " [inherited: the inputs' small difference, amplified (op_policies.EXPLAINED_BY_INPUTS)]"
         if in_rows and out_fails and not explained:
             tag = _carried(tag, in_rows, out_fails, ulps, reasons, table, results, severity)
+        unpaired = [names[i] for i in in_rows if status[i] == STATUS_UNMATCHED]
+        if tag == ORIGIN_CAUSED and unpaired:
+            # an input the other run's ops do not read: the difference may come from it (an
+            # aligned region of a regrouped sum, (a+b)+c against a+(b+c)), not shown here
+            tag = ORIGIN_INHERITED
+            for i in out_fails:
+                reasons[i] += (f" [not caused here: input {', '.join(map(_s, unpaired))} has no partner "
+                               f"in the other run, the difference may come from it]")
         for i in (out_fails if out_fails else failing):
             origin[i] = tag
         for i in failing:

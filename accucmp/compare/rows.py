@@ -223,7 +223,10 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
             })
             if t is None or g is None:
                 row["CompareStatus"] = STATUS_UNMATCHED
-                row["CompareFailReason"] = pair.reason or (
+                row["CompareFailReason"] = (
+                    f"{region.description}: an input of the region's "
+                    f"{'target' if t is not None else 'golden'} ops with no partner among the other's"
+                    if region is not None else None) or pair.reason or (
                     f"No data match with {t.path} in golden dump data." if t is not None
                     else f"No data match with {g.path} in my dump data.")
                 row["MatchedBy"] = "unmatched"

@@ -344,7 +344,10 @@ class ReplayPolicy(Policy):
             return None, "not in the recording"
         if not any(not e.used for e in same):
             return None, "more live calls than recorded ones"
-        return None, why or "no unused recorded call with matching inputs"
+        # `why` is against the k-th recorded call only: a call the live run alone makes (a bf16
+        # model's upcast, a no-op in the fp32 recording) meets an unrelated one there
+        return None, (f"no unused recorded call fits (the recorded call in its place: {why})" if why
+                      else "no unused recorded call with matching inputs")
 
     def _unmatched(self, ev: OpEvent, why: str) -> None:
         self.summary.unmatched[ev.name] += 1

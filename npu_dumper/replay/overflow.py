@@ -21,6 +21,7 @@ it has been recorded.
 
 from __future__ import annotations
 
+import cmath
 import sys
 from typing import Any, Callable
 
@@ -117,14 +118,17 @@ class OverflowPolicy(Policy):
         if self._stopped:
             return False
         self.ops_checked += 1
-        why = self._output_overflow(ev.outputs)
+        why = self._output_overflow(_checked_outputs(ev))
         if why is None and self._npu is not None and self._npu[1]():
             why = "device float-status flag"
         if why is None:
             return False
-        if ev.notes.get("overflow_written_bad") or any(
-                self._bad(t) for t in _floating_tensors(_unwritten_values(ev))):
-            return False                 # inherited: an input was already non-finite
+        unwritten = _unwritten_values(ev)
+        if ev.notes.get("overflow_written_bad") or _nonfinite_scalar(unwritten) or any(
+                self._bad(t) for t in _floating_tensors(unwritten)):
+            # inherited: an input was already non-finite, or the caller asked for an
+            # infinity (masked_fill(mask, -inf), torch.full(..., -inf): attention masks)
+            return False
         ev.group_attrs[S.OP_OVERFLOW] = why
         ev.notes["overflow"] = why
         return True
@@ -175,6 +179,25 @@ class OverflowPolicy(Policy):
                 name = str(self.overflow_dtype).replace("torch.", "")
                 return f"output exceeds the {name} range (|x| up to {float(t.detach().abs().amax()):.4g})"
         return None
+
+
+# outputs that hold log(0) = -inf by design: CTC's log-space alpha table (unreachable states)
+_LOG_SPACE_OUTPUTS = {"aten._ctc_loss": (1,)}
+
+
+def _checked_outputs(ev: OpEvent) -> Any:
+    """The op's outputs, less those whose -inf is by design (their nan/+inf still count)."""
+    skip = _LOG_SPACE_OUTPUTS.get(".".join(ev.name.split(".")[:2]))
+    if not skip or not isinstance(ev.outputs, (tuple, list)):
+        return ev.outputs
+    return [torch.where(torch.isneginf(t), 0.0, t) if i in skip and isinstance(t, torch.Tensor) else t
+            for i, t in enumerate(ev.outputs)]
+
+
+def _nonfinite_scalar(values: list) -> bool:
+    """A Python number argument that is inf or nan (the caller's own infinity)."""
+    leaves, _ = tree_flatten(values)
+    return any(isinstance(v, (float, complex)) and not cmath.isfinite(v) for v in leaves)
 
 
 def _split_args(ev: OpEvent) -> tuple[list, list]:
