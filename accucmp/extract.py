@@ -36,7 +36,8 @@ from dumpfile.read import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError, raised_by_h5py
 from dumpfile.safe_output import OutputBudget
-from dumpfile.read.reader import H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members
+from dumpfile.read.reader import (H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members,
+                                  type_code)
 
 # root attributes the writer owns; everything else is carried over
 _WRITER_ROOT_ATTRS = {S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE}
@@ -156,7 +157,8 @@ class _Copier:
             g.attrs.update({k: obj.attrs[k] for k in obj.attrs.keys()})
             for cname, cobj in members(obj):
                 self.copy_node(cobj, g, cname)
-        elif int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
+        elif type_code(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR), f"{self.src_path}: {obj.name}") \
+                == S.TYPE_TENSOR_VIEW:
             self._materialise(obj, parent, name)
         else:
             self.src.copy(obj, parent, name=name, expand_soft=True)
@@ -230,7 +232,8 @@ def _declared_bytes(h5: h5py.File, sop: str, sseq: int) -> int:
         nonlocal total
         if not isinstance(obj, h5py.Dataset):
             return
-        if int(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)) == S.TYPE_TENSOR_VIEW:
+        if type_code(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR), f"{obj.file.filename}: {obj.name}") \
+                == S.TYPE_TENSOR_VIEW:
             try:
                 n = 1
                 for d in np.asarray(obj.attrs.get(S.ATTR_SHAPE, ())).reshape(-1):

@@ -66,3 +66,21 @@ def test_a_shape_attribute_that_is_not_sizes_is_refused(good, tmp_path, shape):
     assert len(line.splitlines()) == 1, line
     assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: its shape attribute "), line
     assert line.endswith("is not a list of sizes (integers >= 0); refused"), line
+
+
+@pytest.mark.parametrize("code", ["zero", 2.5, np.array([1, 2])], ids=["string", "float", "array"])
+def test_a_type_attribute_that_is_not_an_integer_code_is_refused(good, tmp_path, code):
+    """int() of a string Type raised as an internal error (ls --stats, extract, export);
+    a float was truncated into another kind of value."""
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h[hostile_corpus.VICTIM].attrs["Type"] = code
+    for args in (["ls", str(bad), "--plain", "--stats"],
+                 ["extract", "-i", str(bad), "-o", str(tmp_path / "x.h5"), "-s", hostile_corpus.VICTIM_OP]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        line = r.output.strip()
+        assert len(line.splitlines()) == 1, line
+        assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: its Type attribute "), line
+        assert line.endswith("is not an integer code; refused"), line

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError
+from dumpfile.read.records import type_code
 from dumpfile.safe_output import NameSet, OutputBudget, new_dir, output_dir, output_path
 
 
@@ -352,7 +353,8 @@ def read_tensor_at(f, path: str, before_read=None) -> np.ndarray | None:
         if not hasattr(obj, "dtype"):
             return None
         attrs = dict(obj.attrs)
-    rec = ValueRecord(f, path, path.rsplit("/", 1)[-1], int(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)), attrs)
+    rec = ValueRecord(f, path, path.rsplit("/", 1)[-1],
+                      type_code(attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR), f"{f.path}: {path}"), attrs)
     if rec.type not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW):
         return None
     if before_read is not None:

@@ -34,7 +34,7 @@ from dumpfile.read.h5util import (  # noqa: F401
     H5_ERRORS, READ_ERRORS, _attr_str, corrupt_dump_error, existing, h5_errors, h5_message, members,
     ordered_names, suffix_index)
 from dumpfile.read.records import (  # noqa: F401  (public here too)
-    OpRecord, TableValueRecord, ValueRecord, _LazyOpRecord, _TableOpRecord, _guarded)
+    OpRecord, TableValueRecord, ValueRecord, _LazyOpRecord, _TableOpRecord, _guarded, type_code)
 
 
 class DumpFile:
@@ -305,7 +305,8 @@ class DumpFile:
         code = attrs.get(S.ATTR_TYPE)
         if code is None:
             code = S.TYPE_LIST if isinstance(obj, h5py.Group) else S.TYPE_TENSOR
-        code = int(code)
+        else:
+            code = type_code(code, f"{self.path}: {path}")
         rec = ValueRecord(self, path, name, code, attrs)
         if isinstance(obj, h5py.Group):
             kids = sorted(obj.keys(), key=suffix_index)

@@ -39,6 +39,17 @@ def _guarded(method):
 
 
 
+def type_code(attr: Any, where: str) -> int:
+    """A `Type` attribute as its integer code (one integer; a hostile or damaged file may
+    hold a string, a float or an array there: int() of them raised as an internal error,
+    or a float was truncated into another kind of value)."""
+    a = np.asarray(attr)
+    if a.dtype.kind not in "iu" or a.size != 1 or a.ndim > 1:
+        raise DumpFormatError(f"{where}: its Type attribute {printable(repr(attr))[:80]} is not an "
+                              "integer code; refused")
+    return int(a.reshape(()))
+
+
 def _sizes(attr: Any, where: str) -> tuple[int, ...]:
     """A `shape` attribute as sizes: integers >= 0 (a hostile or damaged file may hold a
     string, floats or negative sizes there: int() of them raised as an internal error, or
