@@ -84,3 +84,32 @@ def test_a_type_attribute_that_is_not_an_integer_code_is_refused(good, tmp_path,
         assert len(line.splitlines()) == 1, line
         assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: its Type attribute "), line
         assert line.endswith("is not an integer code; refused"), line
+
+
+def test_a_catalog_row_nested_past_the_parser_is_walked_instead(good, tmp_path):
+    """json.loads of 100k nested brackets raised RecursionError: an internal error in ls,
+    compare and calibrate. A row that does not parse is malformed: its op is walked."""
+    bad = tmp_path / "deep.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h["/_npu_dumper/catalog"][0] = "[" * 100000 + "]" * 100000
+    for args in (["ls", str(bad), "--plain"], ["ls", str(bad), "--plain", "--stats"]):
+        r, want = runner.invoke(app, args), runner.invoke(app, [a if a != str(bad) else good for a in args])
+        assert r.exit_code == 0 == want.exit_code, r.output
+        assert r.output.replace(str(bad), "X") == want.output.replace(good, "X")
+    r = runner.invoke(app, ["compare", "-m", str(bad), "-g", good, "-o", str(tmp_path / "c"), "-q"])
+    assert r.exit_code == 0, r.output
+
+
+def test_an_index_that_is_not_a_table_of_ops_is_refused(good, tmp_path):
+    """An index of floats: numpy's IndexError was an internal error in every command."""
+    bad = tmp_path / "index.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        del h["/_npu_dumper/index"]
+        h["/_npu_dumper/index"] = np.arange(15, dtype="f4")
+    for args in (["ls", str(bad), "--plain"], ["compare", "-m", good, "-g", str(bad), "-o", str(tmp_path / "c")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        line = r.output.strip()
+        assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {bad}: _npu_dumper/index: not an op index"), line

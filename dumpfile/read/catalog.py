@@ -36,7 +36,9 @@ from dumpfile.read.reader import DumpFile, ValueRecord
 from dumpfile.read.light import LightValue, suffix_index
 
 _OFFSET_SAMPLES = 8
-_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+# a malformed row: the op is walked instead (RecursionError: a row of deeply nested
+# brackets, which json.loads cannot parse without recursing past the interpreter's limit)
+_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -376,6 +378,6 @@ def parse_row(text) -> dict | None:
     """One row parsed: its dict, None when it is not a JSON object."""
     try:
         d = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return d if isinstance(d, dict) else None

@@ -25,6 +25,8 @@ import h5py
 import numpy as np
 
 from dumpfile import schema as S
+from dumpfile.errors import DumpFormatError
+from dumpfile.printable import printable
 from dumpfile.read import recovery
 from dumpfile.read.h5util import READ_ERRORS, _attr_str, existing
 
@@ -100,9 +102,20 @@ def _index_blocks(ds: h5py.Dataset, complete: bool):
         yield ds[lo:min(n, lo + INDEX_BLOCK)]
 
 
+def _check_index_type(path: str, ds) -> None:
+    """The index must be a 1-d table with the index's fields, seqid and phase integers (a
+    damaged or hostile file's other type surfaced as numpy's IndexError, an internal error)."""
+    fields = ds.dtype.names or ()
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape or ()) != 1 or not set(S.INDEX_FIELDS) <= set(fields) \
+            or ds.dtype["seqid"].kind not in "iu" or ds.dtype["phase"].kind not in "iu":
+        raise DumpFormatError(f"{path}: {S.INDEX_PATH}: not an op index (a table of "
+                              f"{', '.join(S.INDEX_FIELDS)}; found {printable(str(ds.dtype))[:80]}); refused")
+
+
 def from_index(file, h5: h5py.File, record_cls, complete: bool, is_table: bool) -> OpIndex:
     """The index dataset's ops that have a group (all of them in a table file), in seqid order."""
     ds = h5[S.INDEX_PATH]
+    _check_index_type(file.path, ds)
     names: list[str] = []
     modules: list[str] = []
     grad_fns: list[str] = []
