@@ -113,3 +113,19 @@ def test_an_index_that_is_not_a_table_of_ops_is_refused(good, tmp_path):
         assert r.exit_code == 2, (args, r.output)
         line = r.output.strip()
         assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {bad}: _npu_dumper/index: not an op index"), line
+
+
+def test_a_named_datatype_among_an_ops_values_is_refused(good, tmp_path):
+    """A committed datatype in an op's input group was taken for a dataset ('Datatype'
+    object has no attribute 'ndim': an internal error in ls --stats and whatif)."""
+    bad = tmp_path / "named.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h["/aten.mm.default/1/input/weird"] = np.dtype("<f4")
+    for args in (["ls", str(bad), "--plain", "--stats"], ["compare", "-m", str(bad), "-g", good, "-o", str(tmp_path / "c")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        line = r.output.strip()
+        assert len(line.splitlines()) == 1, line
+        assert line == (f"accucmp: error: {bad}: /aten.mm.default/1/input/weird is a named datatype where "
+                        "an op's value is expected; refused"), line

@@ -25,7 +25,7 @@ import os
 import resource
 import stat
 
-from h5py import h5d, h5g, h5l, h5o, h5z
+from h5py import h5d, h5g, h5l, h5o, h5t, h5z
 
 from dumpfile.errors import DumpFormatError
 
@@ -511,3 +511,8 @@ def _walk(fid, path: str, limit: int) -> None:
             push(prefix + b"/" + name, obj)
         elif isinstance(obj, h5d.DatasetID):
             check_dataset(obj, path, prefix + b"/" + name, limit)
+        elif isinstance(obj, h5t.TypeID) and prefix.count(b"/") >= 2:
+            # a committed (named) datatype inside an op's seqid group, where every object
+            # is an argument (a group or a dataset): readers took it for a dataset
+            raise DumpFormatError(f"{path}: {_name(prefix + b'/' + name)} is a named datatype where an "
+                                  "op's value is expected; refused")
