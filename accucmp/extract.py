@@ -242,7 +242,7 @@ def _declared_bytes(h5: h5py.File, sop: str, sseq: int) -> int:
                 n = 0
             total += n * 16   # widest element a view can have
         else:
-            total += int(obj.size) * obj.dtype.itemsize
+            total += int(obj.size or 0) * obj.dtype.itemsize   # (a null dataspace: size None)
 
     h5[f"/{sop}/{sseq}"].visititems(visit)
     return total

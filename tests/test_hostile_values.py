@@ -129,3 +129,27 @@ def test_a_named_datatype_among_an_ops_values_is_refused(good, tmp_path):
         assert len(line.splitlines()) == 1, line
         assert line == (f"accucmp: error: {bad}: /aten.mm.default/1/input/weird is a named datatype where "
                         "an op's value is expected; refused"), line
+
+
+def test_a_tensor_with_a_null_dataspace_is_refused_where_read(good, tmp_path):
+    """A null dataspace (h5py.Empty: no shape, no elements) where a tensor is expected:
+    extract's size count and export's copy raised internal errors; compare -p aborted its
+    outputs. Reading it is refused in one line; compare keeps the row as failing."""
+    bad = tmp_path / "null.h5"
+    bad.write_bytes(open(good, "rb").read())
+    hostile_corpus._replace(str(bad), lambda h5, p, name, a, shp, dt: p.create_dataset(
+        name, data=h5py.Empty("<f4")))
+    with DumpFile(bad) as f:
+        with pytest.raises(DumpFormatError, match="null dataspace"):
+            f.op("aten.mm.default", 1).outputs()["result"].read()
+    r = runner.invoke(app, ["export", "-i", str(bad), "-o", str(tmp_path / "e.h5")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"{bad}: {hostile_corpus.VICTIM}: stored with a null dataspace" in r.output
+    r = runner.invoke(app, ["extract", "-i", str(bad), "-o", str(tmp_path / "x.h5"), "-s", hostile_corpus.VICTIM_OP, "-q"])
+    assert r.exit_code == 0, r.output
+    with h5py.File(tmp_path / "x.h5") as h:            # copied as it is
+        assert h[hostile_corpus.VICTIM].shape is None
+    r = runner.invoke(app, ["compare", "-m", str(bad), "-g", good, "-o", str(tmp_path / "c"), "-p", "-q"])
+    assert r.exit_code == 1, r.output
+    (failed,) = (tmp_path / "c").glob("result_*_failed.csv")
+    assert hostile_corpus.VICTIM.lstrip("/") in failed.read_text() or hostile_corpus.VICTIM in failed.read_text()

@@ -69,6 +69,11 @@ def decode_raw(data: np.ndarray, dtype_name: str, where: str = "a tensor") -> np
     names it in the refusal of a stored type that holds no numbers: a compound, enum,
     reference, opaque, string or vlen dataset where a tensor is expected (a hostile or
     damaged file) raised numpy's TypeError deep inside a caller (an internal error)."""
+    if getattr(data, "shape", ()) is None:
+        # h5py.Empty: a null dataspace holds no elements and no shape (the writers store a
+        # tensor of no elements with its zero-size shape; None-like values are not tensors)
+        raise DumpFormatError(f"{where}: stored with a null dataspace (no shape, no elements) where a "
+                              "tensor is expected; refused")
     kind = getattr(data, "dtype", np.dtype(object)).kind
     if kind not in _NUMERIC_KINDS or getattr(data.dtype, "fields", None) or data.dtype.subdtype:
         raise DumpFormatError(f"{where}: stored as {data.dtype if hasattr(data, 'dtype') else type(data).__name__}, "
