@@ -35,6 +35,7 @@ from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile.read import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError, raised_by_h5py
+from dumpfile.printable import printable
 from dumpfile.safe_output import OutputBudget
 from dumpfile.read.reader import (H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members,
                                   type_code)
@@ -110,6 +111,7 @@ class _Copier:
         self.src, self.src_path, self.w = src, src_path, writer
         self.out_path = out_path             # what the user named OUT (the writer's is a temp file)
         self.copied: dict[object, str] = {}  # source object id -> destination path
+        self._open: set = set()              # ids of the source groups being copied (the path)
 
     @contextlib.contextmanager
     def _errors(self):
@@ -136,6 +138,7 @@ class _Copier:
                             grad_fn=_s(attrs.get(S.OP_GRAD_FN, "")),
                             attrs={k: v for k, v in attrs.items() if k not in _WRITER_OP_ATTRS})
         g.attrs[S.OP_NAME] = op_name
+        self._open = {grp.id}
         for name, child in members(grp):
             if isinstance(child, h5py.Group) and name in (S.INPUT_GROUP, S.OUTPUT_GROUP):
                 dst = g[name]
@@ -153,10 +156,17 @@ class _Copier:
             parent[name] = self.w.file[self.copied[key]]
             return
         if isinstance(obj, h5py.Group):
+            if key in self._open:
+                # a soft link to a group being copied (its own ancestor): copying it would
+                # recurse for ever (RecursionError, an internal error)
+                raise DumpFormatError(f"{self.src_path}: {printable(obj.name)}: a soft link back to a group "
+                                      "that contains it (a cycle); refused")
+            self._open.add(key)
             g = parent.create_group(name)
             g.attrs.update({k: obj.attrs[k] for k in obj.attrs.keys()})
             for cname, cobj in members(obj):
                 self.copy_node(cobj, g, cname)
+            self._open.discard(key)
         elif type_code(obj.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR), f"{self.src_path}: {obj.name}") \
                 == S.TYPE_TENSOR_VIEW:
             self._materialise(obj, parent, name)

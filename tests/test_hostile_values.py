@@ -153,3 +153,19 @@ def test_a_tensor_with_a_null_dataspace_is_refused_where_read(good, tmp_path):
     assert r.exit_code == 1, r.output
     (failed,) = (tmp_path / "c").glob("result_*_failed.csv")
     assert hostile_corpus.VICTIM.lstrip("/") in failed.read_text() or hostile_corpus.VICTIM in failed.read_text()
+
+
+def test_extract_refuses_a_soft_link_back_to_its_own_op(good, tmp_path):
+    """A tensor replaced by a soft link to its op's name group: extract copied the group
+    into itself until RecursionError (an internal error)."""
+    bad = tmp_path / "cycle.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        del h[hostile_corpus.VICTIM]
+        h[hostile_corpus.VICTIM] = h5py.SoftLink("/aten.mm.default")
+    r = runner.invoke(app, ["extract", "-i", str(bad), "-o", str(tmp_path / "x.h5"), "-s", hostile_corpus.VICTIM_OP, "-q"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {bad}: "), line
+    assert line.endswith("a soft link back to a group that contains it (a cycle); refused"), line
+    assert not (tmp_path / "x.h5").exists()
