@@ -39,6 +39,7 @@ import numpy as np
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 
+from accucmp.compare.rows import check_record
 from accucmp.numformats import (FORMATS, MX_BLOCK, MX_ELEMENT, MX_NAMES, Format, best_scale_log2,
                                 mx_scale_exponents, round_to)
 
@@ -328,7 +329,10 @@ def run_whatif(dump_path: str | os.PathLike, formats: list[str], out_dir: str | 
                 for r in analyze_histogram(hist, amax, int(st["nan_count"] + st["inf_count"]), formats):
                     rows.append(base | r)
                 continue
-            for r in analyze_tensor(rec.iter_chunks(chunk_elements), rec.shape, formats):
+            # the shape attribute checked against the stored data, as compare does: a shape
+            # that lies made the block reshape of the stored values an internal error
+            shape, _ = check_record(rec)
+            for r in analyze_tensor(rec.iter_chunks(chunk_elements), shape, formats):
                 rows.append(base | r)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"whatif_{time.strftime('%Y%m%d%H%M%S')}.csv"

@@ -169,3 +169,18 @@ def test_extract_refuses_a_soft_link_back_to_its_own_op(good, tmp_path):
     assert len(line.splitlines()) == 1 and line.startswith(f"accucmp: error: {bad}: "), line
     assert line.endswith("a soft link back to a group that contains it (a cycle); refused"), line
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_whatif_refuses_a_shape_attribute_that_disagrees_with_the_data(good, tmp_path):
+    """whatif blocked the stored values by the declared shape's last dimension: a shape
+    bigger than the data was numpy's reshape error, an internal error."""
+    bad = tmp_path / "lies.h5"
+    bad.write_bytes(open(good, "rb").read())
+    with h5py.File(bad, "a") as h:
+        h[hostile_corpus.VICTIM].attrs["shape"] = np.array([400, 1600])
+    r = runner.invoke(app, ["whatif", str(bad), "-o", str(tmp_path / "w"), "-q"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.startswith(f"accucmp: error: {bad}: {hostile_corpus.VICTIM}: shape attribute (400,1600)"), line
+    assert line.endswith("disagrees with the stored data (64 elements)"), line
