@@ -390,12 +390,14 @@ def _keep_regrouped(region: Region, around: list) -> None:
     results. An input found in neither is the same information in another form (a bool mask
     against an additive one, logsumexp against the saved softmax): the region stands for itself."""
     kept = []
+    reads: dict[int, list[_Tensor]] = {}     # side -> the other run's reads (read once)
     for side, x in region.unpaired_inputs:
-        reads = [_tensor(rec, n) for p in around
-                 for n, rec in _leaves((p.golden if side == 0 else p.target).inputs()).items()]
+        if side not in reads:
+            reads[side] = [_tensor(rec, n) for p in around
+                           for n, rec in _leaves((p.golden if side == 0 else p.target).inputs()).items()]
         # strictly closer than CLOSE_REL: unread tensors (statistics-only) sit at the limit,
         # and a same shape alone is no evidence of the same tensor
-        if any(_distance(x, y) < CLOSE_REL for y in reads):
+        if any(_distance(x, y) < CLOSE_REL for y in reads[side]):
             kept.append((side, x))
     region.unpaired_inputs = kept
 

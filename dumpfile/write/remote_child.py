@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import sys
+import time
 from multiprocessing.connection import Connection
 
 import numpy as np

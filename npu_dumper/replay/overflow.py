@@ -181,13 +181,14 @@ class OverflowPolicy(Policy):
         return None
 
 
-# outputs that hold log(0) = -inf by design: CTC's log-space alpha table (unreachable states)
-_LOG_SPACE_OUTPUTS = {"aten._ctc_loss": (1,)}
+# op (overload packet) -> its outputs that hold log(0) = -inf by design: CTC's log-space
+# alpha table (unreachable states)
+_LOG_SPACE_OUTPUTS = {torch.ops.aten._ctc_loss: (1,)}
 
 
 def _checked_outputs(ev: OpEvent) -> Any:
     """The op's outputs, less those whose -inf is by design (their nan/+inf still count)."""
-    skip = _LOG_SPACE_OUTPUTS.get(".".join(ev.name.split(".")[:2]))
+    skip = _LOG_SPACE_OUTPUTS.get(getattr(ev.func, "overloadpacket", None))
     if not skip or not isinstance(ev.outputs, (tuple, list)):
         return ev.outputs
     return [torch.where(torch.isneginf(t), 0.0, t) if i in skip and isinstance(t, torch.Tensor) else t
