@@ -174,8 +174,6 @@ def writer_torch_calls(models: list[str], steps: int) -> None:
     in that thread only), the most frequent named. A count, not a time: it does not move
     with other load on the machine."""
     import collections
-    import tempfile
-    import npu_dumper
     from npu_dumper.sinks import stats as sink_stats
     counts: collections.Counter = collections.Counter()
 
@@ -192,18 +190,14 @@ def writer_torch_calls(models: list[str], steps: int) -> None:
             sys.setprofile(None)
     sink_stats.StatsWriterThread._run = counted_run
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "s.h5")
-            for name, step in warmed_steps(models):
-                stats_step(step)                               # (warm-up)
-                counts.clear()
-                for _ in range(steps):
-                    with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True):
-                        step()
-                    os.remove(path)
-                top = ", ".join(f"{k} {v / steps:.0f}" for k, v in counts.most_common(8))
-                print(f"{name}: statistics writer's calls into torch per step "
-                      f"{sum(counts.values()) / steps:.0f} ({top})", flush=True)
+        for name, step in warmed_steps(models):
+            stats_step(step)                                   # (warm-up)
+            counts.clear()
+            for _ in range(steps):
+                stats_step(step)
+            top = ", ".join(f"{k} {v / steps:.0f}" for k, v in counts.most_common(8))
+            print(f"{name}: statistics writer's calls into torch per step "
+                  f"{sum(counts.values()) / steps:.0f} ({top})", flush=True)
     finally:
         sink_stats.StatsWriterThread._run = run
 
