@@ -383,15 +383,24 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         w = wt.writer
         dev = self._mode.first_device or "cpu"
         layout = parallel_layout(self._tracker, self._mode) if self.rank is not None else None
+        policy_attrs: dict[str, Any] = {}
+        for policy in self.policies:
+            try:
+                policy_attrs.update(policy.root_attrs())
+            except Exception:  # noqa: BLE001 - a mode's report must not lose the dump
+                pass
         if isinstance(w, RemoteDumpWriter):
             w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
             if layout:
                 w.extra_root_attrs[S.ROOT_PARALLEL_LAYOUT] = layout
-        elif (f := w.file) is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout):
+            w.extra_root_attrs.update(policy_attrs)
+        elif (f := w.file) is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout
+                                                           or policy_attrs):
             try:
                 extra = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
                 if layout:
                     extra[S.ROOT_PARALLEL_LAYOUT] = layout
+                extra.update(policy_attrs)
                 set_attrs(f, extra)
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass

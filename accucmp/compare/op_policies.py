@@ -34,11 +34,13 @@ import pandas as pd
 
 from dumpfile.schema import UNIT_ROUNDOFF
 
+from accucmp.compare.departures import STATUS_DEPARTURE
 from accucmp.compare.rows import STATUS_UNMATCHED
 
 ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
 ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
+ORIGIN_DEPARTURE = "departs"        # the run itself departs here: an op inserted/missing, an argument, an input
 
 # packet -> (indices output, values output or "" when the op returns indices only)
 TIE_INDICES: dict[str, tuple[str, str]] = {
@@ -164,6 +166,11 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
     status = table["CompareStatus"].tolist() if "CompareStatus" in table.columns else [""] * n
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
+        if status[i] == STATUS_DEPARTURE:
+            # a way the run left its recording (compare/departures.py): where the run departs,
+            # not an op's tensor; never grouped with the op's own rows
+            origin[i] = ORIGIN_DEPARTURE if results[i] == "fail" else ""
+            continue
         if _s(ops[i]) and not pd.isna(seq[i]):
             groups.setdefault((ops[i], seq[i]), []).append(i)
     for (op, _), rows in groups.items():

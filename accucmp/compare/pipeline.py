@@ -28,6 +28,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile
 
 from accucmp.compare import align_map, matching
+from accucmp.compare.departures import departure_rows, interleave
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -199,7 +200,10 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
-    return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit)
+    departures = departure_rows(tf)
+    if departures:
+        meta["departures"] = len(departures)
+    return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit, departures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,13 +214,18 @@ class _Setup:
     columns: list[str]
     meta: dict[str, Any]            # "rows" filled in once the rows are all made
     inherit: bool                   # carry precision forward (independent runs, not replays)
+    departures: list = field(default_factory=list)   # rows of the target's departures (departures.py)
+
+    def parts(self):
+        """The compared rows' batches in execution order, the departures put among them."""
+        return interleave(row_batches(self, _open), self.departures)
 
 
 def _compare_files(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements,
                    amap=None):
     setup = _setup(tf, gf, ff, algs, pattern, jobs, chunk_elements, amap)
     rows: list[dict[str, Any]] = []
-    for part in row_batches(setup, _open):
+    for part in setup.parts():
         rows += part
     table = to_frame(rows, setup.columns, 0, PrecisionCarry() if setup.inherit else None)
     meta = setup.meta
@@ -229,7 +238,7 @@ def _frames(setup: _Setup, batch_rows: int):
     verdict's per-op hints need an op's rows together)."""
     carry = PrecisionCarry() if setup.inherit else None
     start, rows = 0, []
-    for part in row_batches(setup, _open):
+    for part in setup.parts():
         rows += part
         if len(rows) >= batch_rows:
             yield Measured(to_frame(rows, setup.columns, start, carry), start)

@@ -38,6 +38,9 @@ TAIL_COLUMNS = [
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
     "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
+    # a row for a way the target run left its recording (load-replay; compare/departures.py):
+    # inserted / missing / argument / input
+    "Departure",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 

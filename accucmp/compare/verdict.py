@@ -57,6 +57,7 @@ import pandas as pd
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
+from accucmp.compare.departures import STATUS_DEPARTURE, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import apply_op_policies
 
@@ -82,6 +83,11 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "ExactTolerance": 0.0,
     # --tolerance: one factor on every dtype-derived bound above (2 = twice as lenient)
     "Tolerance": 1.0,
+    # load-replay: a parameter/buffer/batch input whose live value differs from the recorded
+    # one (a departure, compare/departures.py) passes only within what a cast to the live
+    # dtype can do: RelativeEuclideanDistance <= InputUlps * u (a correctly rounded cast moves
+    # each element by at most u; the replay records only values that are not that cast)
+    "InputUlps": 1.0,
 }
 
 # the columns apply_verdict adds after the metrics, in order
@@ -178,11 +184,34 @@ def _status(row: dict) -> str:
 _NO_DECISION = ("", "", math.nan, math.nan)
 
 
+def _judge_departure(row: dict, reason: str, th: Mapping[str, float]) -> tuple:
+    """A way the target run left its recording (compare/departures.py): an op inserted or
+    missing, a changed argument fail as they are; a differing input by how much it differs."""
+    if _str(row.get("Departure")) != "input":
+        return (RESULT_FAIL, reason, math.inf, math.nan) + ("Departure", "Departure", math.nan, math.nan)
+    red = _num(row.get("RelativeEuclideanDistance"))
+    u, prec = _unit_roundoff(row)
+    allowed = th["InputUlps"] * th.get("Tolerance", 1.0)
+    bound = allowed * max(u, 0.0)
+    if math.isnan(red):             # the golden is all zero (or NaN/Inf differ): any change fails
+        return (RESULT_FAIL, with_measure(reason, ""), math.inf, math.nan) + ("Departure", "Departure", math.nan,
+                                                                               math.nan)
+    ulps = red / u if u > 0 else math.nan
+    if red <= bound:
+        return (RESULT_PASS, with_measure(reason, f"RelErr {red:.3g}, within the {allowed:g} u of {prec} a cast "
+                                                  f"allows"), red / bound if bound > 0 else 0.0, ulps) + _NO_DECISION
+    return (RESULT_FAIL, with_measure(reason, f"RelErr {red:.3g} > {bound:.3g} allowed: {allowed:g} u of {prec}, "
+                                              f"what a cast can do"),
+            red / bound if bound > 0 else math.inf, ulps) + ("InputUlps", "RelativeEuclideanDistance", ulps, allowed)
+
+
 def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     """(Result, FailReason, Severity, ErrorUlps, DecidedBy, DecidingMetric, DecidingValue,
     DecidingBound) of one table row."""
     status = _status(row)
     reason = _str(row.get("CompareFailReason"))
+    if status == STATUS_DEPARTURE:
+        return _judge_departure(row, reason, th)
     if status == "unmatched":
         return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION
     if status in ("uninitialized", "empty", "random_replayed"):

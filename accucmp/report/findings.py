@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_UNDERFLOW
+from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_UNDERFLOW
 from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
 
 
@@ -30,14 +30,16 @@ def _rows(table: pd.DataFrame, result: str) -> pd.DataFrame:
 
 def first_failure(table: pd.DataFrame) -> pd.Series | None:
     """The first failing row in execution order whose op caused its error (Origin "caused
-    here"); the first failing row when no op did. None when nothing fails."""
+    here") or where the run departs from its recording (Origin "departs": an op inserted or
+    missing, a changed argument, a differing parameter); the first failing row when there
+    is none. None when nothing fails."""
     failed = _rows(table, RESULT_FAIL)
     if failed.empty:
         return None
     if "Origin" in failed.columns:
         # the earliest op whose inputs still agree but whose output does not: later failures
         # (and earlier ones that only carry a difference in from outside) inherit from it
-        caused = failed[failed["Origin"] == ORIGIN_CAUSED]
+        caused = failed[failed["Origin"].isin((ORIGIN_CAUSED, ORIGIN_DEPARTURE))]
         if not caused.empty:
             return _execution_order(caused).iloc[0]
         # none: an op whose inputs agree and whose output sits at its dtype's underflow edge

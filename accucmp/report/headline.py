@@ -108,6 +108,10 @@ def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], t
     total = sum(counts.values()) if total is None else total
     others = ", ".join(f"{counts[k]} {k}" for k in ("unmatched", "skipped") if counts.get(k))
     if row is not None and n_fail:
+        if str(row.get("Origin") or "") == "departs":
+            # the run itself left its recording here (accucmp/compare/departures.py): the
+            # sentence names the module first, where a user looks
+            return f"FAIL: {_text(row.get('FailReason')) or _text(row.get('CompareFailReason'))}"
         # the verdict's Origin column (accucmp/compare/op_policies.py): the op whose inputs still agree
         caused = str(row.get("Origin") or "") == "caused here" or row.get("CausedHere") is True
         what = "first op caused here" if caused else "first failing op"

@@ -77,6 +77,10 @@ class Policy:
     def end(self, session: Any) -> None:
         pass
 
+    def root_attrs(self) -> dict[str, Any]:
+        """Root attributes this mode adds to the dump when it closes (after end())."""
+        return {}
+
 
 # ---- policies that packages above npu_dumper provide ----------------------------------
 # dumper option -> factory(dumper) -> Policy. ir2tbe's ACL kernel dump registers itself

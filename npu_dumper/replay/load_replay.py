@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from dumpfile import departures as D
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import DumpFile, ValueRecord, corrupt_dump_error
@@ -51,6 +52,7 @@ from .recorded import NotReplayable
 from .index import read_catalog
 from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
+from .departures import DepartureLog
 from .source import RecordedTensors
 from . import own_error
 
@@ -72,6 +74,8 @@ class ReplaySummary:
     casts: Counter = field(default_factory=Counter)              # "float32->bfloat16" -> tensors
     never_used: list[str] = field(default_factory=list)          # recorded "op/seqid" not matched
     random_replayed: int = 0                 # random ops whose recorded outputs were handed on
+    departures: Counter = field(default_factory=Counter)         # kind -> count (departures.py)
+    first_departure: str = ""                # the first one, as the verdict will name it
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -90,6 +94,10 @@ class ReplaySummary:
                 line += f", +{len(self.never_used) - _SUMMARY_NAMES} more"
         if self.random_replayed:
             line += f"; {self.random_replayed} random op(s) given their recorded outputs"
+        if any(self.departures.values()):
+            line += ("; the live run departs from the recording: "
+                     + ", ".join(f"{v} {k}" for k, v in self.departures.items() if v)
+                     + f" (first: {self.first_departure}; accucmp compare fails on them)")
         if self.casts:
             line += "; dtype casts: " + ", ".join(f"{k} x{v}" for k, v in self.casts.most_common())
         return line
@@ -127,6 +135,7 @@ class ReplayPolicy(Policy):
         self._consumed = 0
         self._stop = False
         self._prefetcher: threading.Thread | None = None
+        self.departures = DepartureLog()     # how the live run departs from the recording
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
@@ -135,6 +144,10 @@ class ReplayPolicy(Policy):
             raise ReplayError("load_file_path is empty: give the dump to replay")
         dump_path = self.dump_path or getattr(session, "dump_path", None)
         self._inputs_stored = getattr(session, "dump_mode", "all") in ("input", "all")
+        op_filter = getattr(session, "filter", None)
+        # with ops filtered out of the block, an input may come from an op replay never saw:
+        # it cannot tell a parameter from an activation, so inputs are not checked
+        self.departures = DepartureLog(check_inputs=op_filter is None or op_filter.trivial)
         if dump_path and os.path.abspath(os.fspath(dump_path)) == os.path.abspath(path):
             raise ReplayError(f"{path}: load_file_path and dump_path are the same file "
                               "(the replay would overwrite the golden dump)")
@@ -231,22 +244,24 @@ class ReplayPolicy(Policy):
         if info.collective:
             # run live, unrecorded: substituting this rank's recorded inputs cannot give the
             # recorded result unless every rank replays in step; listed with the reason
-            self._unmatched(ev, COLLECTIVE_REASON)
+            self._unmatched(ev, COLLECTIVE_REASON, by_design=True)
             return
         if _has_dtensor(live):
             # the recording holds local shards; a DTensor op runs live (its local ops are
             # below the dispatch mode) and is listed instead of half-substituted
-            self._unmatched(ev, "DTensor arguments: run live, not replayed")
+            self._unmatched(ev, "DTensor arguments: run live, not replayed", by_design=True)
             return
-        entry, why = self._match(ev.name, k, live)
+        entry, why = self._match(ev.name, k, live, ev.module, ev.phase)
         if entry is None:
-            self._unmatched(ev, why)
+            self._unmatched(ev, why, live=live)
             return
         self._rounded = False
         try:
+            self.departures.check_arguments(ev, info, live, entry)
             new_args, new_kwargs = self._substitute(ev, entry, live)
         except _NoFit as e:
-            self._unmatched(ev, str(e))
+            self.departures.forget(ev)
+            self._unmatched(ev, str(e), live=live)
             return
         except DumperError:
             raise
@@ -276,6 +291,7 @@ class ReplayPolicy(Policy):
         ev.group_attrs[S.OP_REPLAYED] = True
         ev.group_attrs[S.OP_SOURCE_SEQID] = ev.seqid
         ev.notes["replay_matched"] = True
+        self.departures.matched(entry.record.seqid)
         self.summary.matched += 1
         if entry.record.op != ev.name:
             self.summary.by_map += 1
@@ -306,10 +322,16 @@ class ReplayPolicy(Policy):
     def should_record(self, ev: OpEvent) -> bool:
         return bool(ev.notes.get("replay_matched"))
 
+    def after_op(self, ev: OpEvent, recorded: bool) -> None:
+        self.departures.outputs_made(ev)
+
     def end(self, session: Any = None) -> None:
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
+        self.departures.missing(e for e in self._order if not e.used)
+        self.summary.departures = Counter(self.departures.counts)
+        self.summary.first_departure = self.departures.first_text()
         if self._prefetcher is not None:
             with self._cv:
                 self._stop = True
@@ -324,22 +346,38 @@ class ReplayPolicy(Policy):
         if self.verbose:
             print(str(self.summary), flush=True)
 
+    def root_attrs(self) -> dict[str, Any]:
+        """What the replay's dump keeps of how the live run departed from the recording."""
+        return {D.ROOT_ATTR: self.departures.encode()}
+
     # ---- matching ------------------------------------------------------------------
-    def _match(self, name: str, k: int, live: dict[str, Any]) -> tuple[Candidate | None, str]:
+    def _match(self, name: str, k: int, live: dict[str, Any], module: str = "",
+               phase: str = "") -> tuple[Candidate | None, str]:
         same = self._by_name.get(name, ())
         renames = self.op_map.renames
         why = ""
-        if k < len(same) and not same[k].used:
+        # a call pairs with a recorded one of its own phase: a backward accumulation add must
+        # not take the forward add a model without that residual no longer makes
+        if k < len(same) and not same[k].used and _same_phase(same[k], phase):
             why = mismatch(same[k], live, {})
             if not why:
                 return same[k], ""
-        for entry in same:
-            if not entry.used and not mismatch(entry, live, {}):
-                return entry, ""
+        fits = [e for e in same if not e.used and _same_phase(e, phase) and not mismatch(e, live, {})]
+        if fits:
+            # in the same module first (an op inserted elsewhere must not shift the pairing)
+            return next((e for e in fits if e.record.module == module), fits[0]), ""
         for other in self.op_map.equivalents(name):
             for entry in self._by_packet.get(other, ()):
-                if not entry.used and not mismatch(entry, live, renames):
+                if not entry.used and _same_phase(entry, phase) and not mismatch(entry, live, renames):
                     return entry, ""
+        # Every tensor agrees but a value argument does not (eps, scale, approximate): the
+        # same call with a changed argument. It is matched (so the op still runs on the
+        # recorded inputs and its outputs are compared) and the change is a departure
+        # (check_arguments). Taken only in the same module, in recording order.
+        for entry in ([same[k]] if k < len(same) else []) + list(same):
+            if not entry.used and entry.record.module == module and _same_phase(entry, phase) \
+                    and not mismatch(entry, live, {}, tensors_only=True):
+                return entry, ""
         if not same and not any(self._by_packet.get(o) for o in self.op_map.equivalents(name)):
             return None, "not in the recording"
         if not any(not e.used for e in same):
@@ -349,9 +387,10 @@ class ReplayPolicy(Policy):
         return None, (f"no unused recorded call fits (the recorded call in its place: {why})" if why
                       else "no unused recorded call with matching inputs")
 
-    def _unmatched(self, ev: OpEvent, why: str) -> None:
+    def _unmatched(self, ev: OpEvent, why: str, *, by_design: bool = False, live: dict | None = None) -> None:
         self.summary.unmatched[ev.name] += 1
         self.summary.unmatched_why.setdefault(ev.name, why)
+        self.departures.unmatched(ev, why, by_design=by_design, live=live)
 
     # ---- substitution --------------------------------------------------------------
     def _substitute(self, ev: OpEvent, entry: Candidate, live: dict[str, Any]) -> tuple[tuple, dict]:
@@ -363,6 +402,10 @@ class ReplayPolicy(Policy):
             rec = find_input(entry.inputs, name, renames)
             if rec is None or not _has_tensor(value):
                 continue
+            if isinstance(value, torch.Tensor) and rec.is_tensor and rec.numel == value.numel():
+                # a parameter, buffer or batch tensor no replayed op made: its live value is
+                # the run's own, and a difference from the recording is a departure
+                self.departures.check_input(ev, name, value, rec, self._load, entry.record.seqid)
             try:
                 replaced[name] = self._replace(value, rec, in_place=name in written, arg=name)
             except NotReplayable as e:
@@ -437,6 +480,11 @@ def _has_dtensor(live: dict[str, Any]) -> bool:
                    for x in v):
                 return True
     return False
+
+
+def _same_phase(entry: Candidate, phase: str) -> bool:
+    recorded = entry.record.phase
+    return not phase or not recorded or recorded == phase
 
 
 def _has_tensor(value: Any) -> bool:

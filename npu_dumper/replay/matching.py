@@ -134,8 +134,9 @@ def find_input(inputs: dict[str, ValueRecord], name: str, renames: dict[str, tup
     return rec
 
 
-def mismatch(entry: Candidate, live: dict[str, Any], renames: dict) -> str:
-    """'' when every argument present on both sides agrees, else the first difference."""
+def mismatch(entry: Candidate, live: dict[str, Any], renames: dict, tensors_only: bool = False) -> str:
+    """'' when every argument present on both sides agrees, else the first difference.
+    `tensors_only`: only tensor arguments (shape and dtype family) must agree."""
     inputs = entry.inputs
     for name, value in live.items():
         rname = name if name in inputs else next((a for a in renames.get(name, ()) if a in inputs), None)
@@ -143,6 +144,8 @@ def mismatch(entry: Candidate, live: dict[str, Any], renames: dict) -> str:
             continue
         lk = live_key(value)
         if lk is None:
+            continue
+        if tensors_only and lk[0] != "T":
             continue
         rk = entry.key(rname)
         if rk is None or lk == rk:

@@ -1,0 +1,125 @@
+"""Departures of the target run from its recording, as rows of the comparison (issue 31).
+
+A load-replay dump holds, in its root attribute `replay_departures` (dumpfile/departures.py),
+every way the live run left the recording it replayed: ops inserted or missing, changed
+value arguments, parameters/buffers/batch tensors whose live value is not the recorded one.
+Each becomes one row (CompareStatus `departure`, column Departure = the kind), placed in
+execution order among the compared rows by its position on the recording's seqid axis, so
+that the first one leads the verdict when it comes before the first op that caused an
+error (findings.first_failure). The verdict (verdict.judge_row) fails inserted, missing and
+argument rows outright, and judges input rows by their measured difference against what a
+cast to the live dtype allows (InputUlps). Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Iterator
+
+from dumpfile import departures as D
+from dumpfile.read.reader import DumpFile
+
+STATUS_DEPARTURE = "departure"
+IO_DEPARTURE = "departure"
+_ORDER = "_departure_at"
+
+
+def _where(row: dict[str, Any]) -> str:
+    return row.get("module") or "the model's top level"
+
+
+def sentence(row: dict[str, Any]) -> str:
+    """What the headline says of one departure (module first: that is where a user looks)."""
+    kind, op, where = row["kind"], row.get("op", "?"), _where(row)
+    phase = " (backward)" if row.get("phase") == "backward" else ""
+    if kind == D.INSERTED:
+        return f"{where} runs {op}{phase}, which the golden run does not have"
+    if kind == D.MISSING:
+        seq = row.get("golden_seqid")
+        at = f" (golden #{int(seq)})" if seq is not None and not math.isnan(seq) else ""
+        return f"{where} does not run {op}{phase}, which the golden run has{at}"
+    if kind == D.ARGUMENT:
+        return f"{where} {op}{phase}: argument {row.get('argument', '?')} {row.get('live', '?')}, " \
+               f"golden {row.get('golden', '?')}"
+    made = row.get("made_by")
+    via = f", read through {made}" if made else ""
+    return (f"input {row.get('argument', '?')} of {op} in {where}{phase} differs from the golden's{MEASURE}: "
+            f"no op of the step made it (a parameter, buffer or the batch{via})")
+
+
+# where the verdict puts the measured difference and its bound in an input departure's sentence
+MEASURE = "{measure}"
+
+
+def with_measure(reason: str, clause: str) -> str:
+    return reason.replace(MEASURE, f" ({clause})" if clause else "")
+
+
+def read_departures(f: DumpFile) -> dict[str, Any] | None:
+    """The target's departures, or None when it is not a load-replay dump that recorded them."""
+    text = f.attrs.get(D.ROOT_ATTR)
+    if text is None:
+        return None
+    return D.decode(text, f.path)
+
+
+def departure_rows(f: DumpFile) -> list[dict[str, Any]]:
+    """One table row per recorded departure, in the order the replay recorded them."""
+    doc = read_departures(f)
+    if not doc:
+        return []
+    rows = []
+    for d in doc["rows"]:
+        at = d.get("at", math.nan)
+        row = {
+            # SeqId: the recorded op it sits at (an inserted op: the one it ran after); the
+            # exact place among the compared rows is the private key _ORDER (not a column)
+            _ORDER: at, "NPUDump": d.get("op", ""), "NPUDumpPath": "", "GroundTruthPath": "",
+            "SeqId": int(at) if not math.isnan(at) else math.nan,
+            "Phase": d.get("phase", ""), "Module": d.get("module", ""),
+            "IO": IO_DEPARTURE, "TensorName": d.get("argument", ""),
+            "CompareStatus": STATUS_DEPARTURE, "Departure": d["kind"],
+            "CompareFailReason": sentence(d),
+            "GoldenSeqId": d.get("golden_seqid", math.nan),
+        }
+        if d["kind"] == D.INPUT:
+            row.update({"DataType": d.get("dtype", ""), "GoldenDataType": d.get("golden", ""),
+                        "PrecisionDtype": d.get("dtype", ""),
+                        "RelativeEuclideanDistance": d.get("rel_err", math.nan),
+                        "MaxAbsoluteError": d.get("max_abs_err", math.nan),
+                        "GoldenAbsMax": d.get("golden_abs_max", math.nan)})
+        rows.append(row)
+    if doc.get("omitted"):
+        rows[-1]["CompareFailReason"] += f" [{doc['omitted']} later departure(s) not kept in the file]"
+    return rows
+
+
+def _key(row: dict[str, Any]) -> float:
+    v = row.get(_ORDER, row.get("SeqId"))
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return math.inf
+    return math.inf if math.isnan(v) else v
+
+
+def interleave(parts: Iterable[list[dict[str, Any]]], departures: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The compared rows' batches with each departure row put before the first row at or
+    after its position (compared rows come in execution order; a departure at seqid s sits
+    before the op recorded at s: a changed argument is seen before the op's outputs)."""
+    pending = sorted(departures, key=_key)
+    i = 0
+    for part in parts:
+        if i >= len(pending):
+            yield part
+            continue
+        out = []
+        for row in part:
+            k = _key(row)
+            while i < len(pending) and _key(pending[i]) <= k:
+                out.append(pending[i])
+                i += 1
+            out.append(row)
+        yield out
+    if i < len(pending):
+        yield pending[i:]

@@ -1,0 +1,144 @@
+"""How a run departs from the recording it is replayed against (issue 31), torch-free.
+
+Load-replay feeds each live op the recorded inputs, which isolates a kernel's own error but
+also erases every difference in what the live run *does*: an op the user inserted, one left
+out, a changed argument (eps, scale, approximate), a parameter whose value is not the
+golden's. The replay records each of those as a *departure* (npu_dumper/replay/load_replay.py)
+in the root attribute `replay_departures` of its dump, and `accucmp compare` turns each into
+a failing row (accucmp/compare/departures.py) so the verdict names it by module.
+
+The policy of what is NOT a departure is data here, shared by both sides:
+- ops a device or autocast adds by design (`BY_DESIGN_OPS`: dtype/device casts), on either
+  side: a bf16 autocast run casts weights and activations the fp32 run never casts;
+- arguments that place data rather than compute it (`PLACEMENT_ARGUMENTS`), and a dtype
+  argument that names another floating dtype (a factory's dtype under autocast, a cast's
+  target): the precision change is what the user asked for.
+
+The attribute is JSON: {"version": 1, "counts": {kind: n}, "omitted": n, "rows": [...]}, rows
+in the live run's execution order, each {"kind", "op", "module", "phase", "seqid" (live),
+"at" (position on the recording's seqid axis, for ordering against compared rows), ...}
+with the kind's own fields (FORMAT.md, "Departures from the recording"). HDF5 keeps an
+attribute of the original layout (superblock v0) under 64 KiB, so at most MAX_BYTES of rows
+are kept, the first ones in execution order (the first departure is what a verdict names);
+`omitted` counts the rest, `counts` counts all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from dumpfile.errors import DumpFormatError
+
+ROOT_ATTR = "replay_departures"
+VERSION = 1
+
+INSERTED, MISSING, ARGUMENT, INPUT = "inserted", "missing", "argument", "input"
+KINDS = (INSERTED, MISSING, ARGUMENT, INPUT)
+
+# op packets (namespace.name) that convert a tensor's dtype or device and nothing else: a
+# low-precision or another-device run calls them where the reference does not
+BY_DESIGN_OPS = frozenset({
+    "aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision",
+    "aten._autocast_to_full_precision", "aten._to_cpu", "aten.lift_fresh", "aten.lift_fresh_copy",
+    "aten.detach", "aten.alias",
+})
+# namespaces whose ops replay runs live by design (their result depends on other ranks)
+RUN_LIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
+
+# arguments that say where or how data is laid out, not what is computed
+PLACEMENT_ARGUMENTS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking", "copy",
+                                 "generator"})
+
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+                      "float8_e4m3fnuz", "float8_e5m2fnuz", "half", "float", "double"})
+
+MAX_BYTES = 56_000          # the attribute's JSON, under HDF5's 64 KiB compact attribute limit
+MAX_TEXT = 1 << 20          # what a reader accepts from a file (a hostile file may declare more)
+
+
+def op_packet(name: str) -> str:
+    """'aten.mul.Tensor' -> 'aten.mul' (the overload packet's name)."""
+    parts = str(name).split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 else str(name)
+
+
+def is_by_design_op(name: str) -> bool:
+    """An op a device/precision change adds or drops on its own: never a departure."""
+    return op_packet(name) in BY_DESIGN_OPS or str(name).split(".", 1)[0] in RUN_LIVE_NAMESPACES
+
+
+def argument_change_is_by_design(name: str, live: Any, recorded: Any) -> bool:
+    """A changed argument that a precision or device change explains (not the user's bug)."""
+    if name in PLACEMENT_ARGUMENTS:
+        return True
+    return isinstance(live, str) and isinstance(recorded, str) and live in FLOATING and recorded in FLOATING \
+        and name.endswith("dtype")
+
+
+def value_text(v: Any) -> str:
+    """An argument's value as the headline shows it (Python's repr, floats as %g)."""
+    if isinstance(v, bool) or v is None:
+        return repr(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(value_text(x) for x in v) + "]"
+    return str(v)
+
+
+def encode(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
+    """The attribute's text: rows kept in execution order while they fit MAX_BYTES."""
+    kept, size = [], 200
+    for row in rows:
+        text = json.dumps(row, separators=(",", ":"), default=str)
+        if size + len(text) + 1 > MAX_BYTES:
+            break
+        kept.append(row)
+        size += len(text) + 1
+    return json.dumps({"version": VERSION, "counts": {k: int(v) for k, v in counts.items() if v},
+                       "omitted": len(rows) - len(kept), "rows": kept}, separators=(",", ":"), default=str)
+
+
+_STR_FIELDS = ("kind", "op", "module", "phase", "argument", "live", "golden", "dtype", "made_by", "reason")
+_NUM_FIELDS = ("seqid", "at", "golden_seqid", "rel_err", "max_abs_err", "golden_abs_max")
+
+
+def decode(text: Any, path: str = "") -> dict[str, Any]:
+    """The attribute read back, checked: a file is input from outside, so a value that is not
+    this shape is refused in one line (DumpFormatError naming the file), whatever it holds."""
+    where = f"{path}: " if path else ""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str) or len(text) > MAX_TEXT:
+        raise DumpFormatError(f"{where}root attribute {ROOT_ATTR} is not JSON text of at most {MAX_TEXT} bytes")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DumpFormatError(f"{where}root attribute {ROOT_ATTR} is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows", []), list):
+        raise DumpFormatError(f"{where}root attribute {ROOT_ATTR} is not an object with a list of rows")
+    rows = []
+    for i, raw in enumerate(doc.get("rows", [])):
+        if not isinstance(raw, dict) or raw.get("kind") not in KINDS:
+            raise DumpFormatError(f"{where}root attribute {ROOT_ATTR}: row {i} is not a departure")
+        row: dict[str, Any] = {}
+        for k in _STR_FIELDS:
+            v = raw.get(k)
+            if v is not None:
+                row[k] = str(v)[:500]
+        for k in _NUM_FIELDS:
+            v = raw.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isinf(v):
+                raise DumpFormatError(f"{where}root attribute {ROOT_ATTR}: row {i}: {k} is not a number")
+            row[k] = float(v)
+        rows.append(row)
+    counts = doc.get("counts", {})
+    counts = {k: int(v) for k, v in counts.items() if k in KINDS and isinstance(v, int) and not isinstance(v, bool)} \
+        if isinstance(counts, dict) else {}
+    omitted = doc.get("omitted", 0)
+    omitted = int(omitted) if isinstance(omitted, int) and not isinstance(omitted, bool) and omitted >= 0 else 0
+    return {"rows": rows, "counts": counts, "omitted": omitted}
