@@ -33,7 +33,7 @@ FORMAT_NAME = "npu_dumper.h5"
 #      bytes, npu_dumper.capture.tensor_hash) and root attribute `content_hash` naming the algorithm;
 #      column `log2_hist` (histogram of log2|x|, npu_dumper.capture.tensor_hist) filled when the
 #      dumper ran with stats_histogram=True (root attribute `log2_histogram`).
-FORMAT_VERSION = "1.7"
+FORMAT_VERSION = "1.8"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 

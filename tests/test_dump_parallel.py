@@ -91,12 +91,14 @@ def _ranks(rank, world, port, out):
         for name, m, xx in (("fsdp", fsdp, xf), ("tp", tp, xt)):
             with torch.utils.dumper(load_file_path=os.path.join(out, f"{name}.h5"),
                                     dump_path=os.path.join(out, f"{name}_replay.h5")):
-                m(xx).sum().backward()
+                for _ in range(2):              # the recording holds two steps: replay both
+                    m(xx).sum().backward()
         # load-replay of a distributed run: `load_file_path` names the run, the rank rule
         # picks this rank's file; collectives run live and are listed, not substituted
         with torch.utils.dumper(load_file_path=os.path.join(out, "ddp_a.h5"),
                                 dump_path=os.path.join(out, "replay.h5")) as d:
-            model(x).sum().backward()
+            for _ in range(2):
+                model(x).sum().backward()
         with open(os.path.join(out, f"replay{rank}.json"), "w") as fh:
             json.dump({"text": str(d.summary["replay"]), "load": d.load_file_path}, fh)
         with torch.utils.dumper(dump_path=os.path.join(out, "s.h5"), step=3):

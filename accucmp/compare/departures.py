@@ -35,6 +35,8 @@ def sentence(row: dict[str, Any]) -> str:
     if kind == D.INSERTED:
         return f"{where} runs {op}{phase}, which the golden run does not have"
     if kind == D.MISSING:
+        if row.get("reason"):
+            return f"{where} does not run {op}{phase}: {row['reason']}"
         seq = row.get("golden_seqid")
         at = f" (golden #{int(seq)})" if seq is not None and not math.isnan(seq) else ""
         return f"{where} does not run {op}{phase}, which the golden run has{at}"
@@ -123,3 +125,24 @@ def interleave(parts: Iterable[list[dict[str, Any]]], departures: list[dict[str,
         yield out
     if i < len(pending):
         yield pending[i:]
+
+
+def pair_departure(pair) -> dict[str, Any] | None:
+    """Independent runs (two plain dumps): an op one run has and the other does not, when the
+    pairing and alignment left it alone and it is not a by-design cast (dumpfile.departures),
+    is where the runs depart structurally: one row, before that op's unmatched tensor rows."""
+    op = pair.target if pair.target is not None else pair.golden
+    if op is None or (pair.target is not None and pair.golden is not None) or D.is_by_design_op(op.op):
+        return None
+    kind = D.INSERTED if pair.target is not None else D.MISSING
+    d = {"kind": kind, "op": op.op, "module": op.module, "phase": op.phase}
+    if kind == D.MISSING:
+        d["golden_seqid"] = float(op.seqid)
+    return {
+        "NPUDump": op.op, "NPUDumpPath": "", "GroundTruthPath": "",
+        "SeqId": op.seqid if kind == D.INSERTED else math.nan, "Phase": op.phase, "Module": op.module,
+        "IO": IO_DEPARTURE, "TensorName": "", "CompareStatus": STATUS_DEPARTURE, "Departure": kind,
+        "CompareFailReason": sentence(d),
+        "GoldenSeqId": op.seqid if kind == D.MISSING else math.nan, "GoldenOp": op.op if kind == D.MISSING else "",
+    }
+

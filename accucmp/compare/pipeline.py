@@ -28,7 +28,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile
 
 from accucmp.compare import align_map, matching
-from accucmp.compare.departures import departure_rows, interleave
+from accucmp.compare.departures import departure_rows, interleave, pair_departure
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -272,7 +272,13 @@ class _Work:
             yield from self.pair_tasks(pair)
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
-        return tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        if not self.replay and (pair.target is None or pair.golden is None):
+            # an op only one of two independent runs has (a load-replay's come from its file)
+            row = pair_departure(pair)
+            if row is not None:
+                tasks.insert(0, Task(row, None, None))
+        return tasks
 
     @staticmethod
     def computes(task: "Task") -> bool:

@@ -69,6 +69,7 @@ class DepartureLog:
         self._measured: set[tuple] = set()       # (storage, version, recorded path) measured once
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
+        self.unread_inserted = 0                  # inserted ops whose result no replayed op read
 
     # ---- per op ---------------------------------------------------------------------
     def matched(self, recorded_seqid: int) -> None:
@@ -100,23 +101,48 @@ class DepartureLog:
             # parameter, a cast of an activation an activation)
             ev.notes["replay_made"] = self._made_of(live or {})
             return
-        ev.notes["replay_made"] = _INSERTED
-        self._add(ev, D.INSERTED, reason=why)
+        row = self._add(ev, D.INSERTED, reason=why)
+        # a departure once a replayed op reads what it made (check_input marks it): an op
+        # whose result nothing replayed reads (a model's float16-only overflow check) changes
+        # no value the comparison sees
+        row["_consumed"] = False
+        ev.notes["replay_made"] = ("inserted", row)
+        if not op_info(ev.func).written:
+            ev.notes["replay_inserted_inputs"] = [t for t in tree_flatten(list((live or {}).values()))[0]
+                                                  if isinstance(t, torch.Tensor)]
 
     def _made_of(self, live: dict) -> Any:
+        """What a cast's output is: what its input was. A leaf read through casts is
+        ("leaf", the cast, the coarsest floating dtype along the way): a bf16 model's fp32
+        buffer upcast for a rotary embedding holds bf16 rounding by design."""
         flat, _ = tree_flatten(list(live.values()))
         for t in flat:
             if isinstance(t, torch.Tensor):
                 ptr = _storage_ptr(t)
-                return self._made.get(ptr, "leaf") if ptr is not None else _REPLAYED
+                if ptr is None:
+                    return _REPLAYED
+                made = self._made.get(ptr)
+                if made is None:
+                    return ("leaf", "", t.dtype)
+                return made
         return _REPLAYED
 
     def outputs_made(self, ev) -> None:
         """After an op ran: which storages it made, and as what."""
         self._pending.pop(ev.seqid, None)
         made = _REPLAYED if ev.notes.get("replay_matched") else ev.notes.get("replay_made", _REPLAYED)
-        if made == "leaf":
-            made = f"leaf:{ev.name}"             # a cast of a leaf: checked where it is read
+        if isinstance(made, tuple) and made[0] == "inserted":
+            same = _returns_an_input(ev.outputs, ev.notes.get("replay_inserted_inputs", ()))
+            if same is not None:
+                # it computed nothing here (a clamp that clipped nothing, a where that kept
+                # everything: a model's own float16 guard): no departure; its result is what
+                # its input was
+                made[1]["_identity"] = True
+                ptr = _storage_ptr(same)
+                made = self._made.get(ptr, ("leaf", "", same.dtype)) if ptr is not None else _REPLAYED
+        if isinstance(made, tuple) and made[0] == "leaf":   # a cast of a leaf: checked where it is read
+            out = next((t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)), None)
+            made = ("leaf", made[1] or ev.name, _coarser(made[2], out.dtype) if out is not None else made[2])
         flat, _ = tree_flatten(ev.outputs)
         written = op_info(ev.func).written     # in-place and hidden writes (batch norm's running stats)
         if written:
@@ -166,14 +192,20 @@ class DepartureLog:
 
     def check_input(self, ev, name: str, value: torch.Tensor, rec: ValueRecord, load, at: int) -> None:
         """A tensor input no replayed op made: compare its live value with the recorded one."""
-        if not self.check_inputs or value.is_complex() or value.layout != torch.strided:
-            return
+        if name in op_info(ev.func).out_args:
+            return                      # an out= buffer is written, not read
         ptr = _storage_ptr(value)
         if ptr is None:
             return
         made = self._made.get(ptr)
-        if made is not None and not made.startswith("leaf"):
-            return                      # made by a replayed op (or an inserted one: its own row)
+        if isinstance(made, tuple) and made[0] == "inserted":
+            made[1]["_consumed"] = True     # the inserted op's result reaches a replayed op
+            return                      # (its own row says so; this input is not a second one)
+        if not self.check_inputs or value.is_complex() or value.layout != torch.strided:
+            return
+        if made is not None and not isinstance(made, tuple):
+            return                      # made by a replayed op
+        via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
         key = (ptr, value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
                value.storage_offset(), rec.path)
         if key in self._measured:
@@ -185,8 +217,10 @@ class DepartureLog:
         with torch.no_grad(), _disable_current_modes():
             # the recorded value cast to the live dtype, bit for bit: what a device or
             # precision change does to a parameter by design (autocast's weight cast)
-            if bitwise_equal(value, src if src.dtype == value.dtype and src.device == value.device
-                             else src.to(device=value.device, dtype=value.dtype)):
+            expected = src.to(device=value.device, dtype=coarsest) if coarsest != src.dtype else src
+            if expected.dtype != value.dtype or expected.device != value.device:
+                expected = expected.to(device=value.device, dtype=value.dtype)
+            if bitwise_equal(value, expected):
                 return
             wide = torch.float64 if torch.float64 in (value.dtype, src.dtype) else torch.float32
             a = value.detach().reshape(-1).to(wide)
@@ -197,8 +231,8 @@ class DepartureLog:
                 if bool(same[~finite].all()):
                     a, b = a[finite], b[finite]
                 else:
-                    self._add(ev, D.INPUT, argument=name, rel_err=float("nan"), dtype=_dtype_name(value.dtype),
-                              made_by=made[5:] if made else "", golden_seqid=at, at=float(at),
+                    self._add(ev, D.INPUT, argument=name, rel_err=float("nan"), dtype=_dtype_name(coarsest),
+                              made_by=via, golden_seqid=at, at=float(at),
                               reason="NaN/Inf where the recording has none")
                     return
             d = a - b
@@ -210,19 +244,42 @@ class DepartureLog:
             return                      # equal values in another dtype: the cast was exact
         rel = err / ref if ref > 0 else float("nan")
         self._add(ev, D.INPUT, argument=name, rel_err=rel, max_abs_err=max_abs, golden_abs_max=abs_max,
-                  dtype=_dtype_name(value.dtype), golden=str(rec.dtype), made_by=made[5:] if made else "",
+                  dtype=_dtype_name(coarsest), golden=str(rec.dtype), made_by=via,
                   golden_seqid=at, at=float(at))
 
     # ---- block exit ---------------------------------------------------------------------
-    def missing(self, unused: Iterable) -> None:
-        """Recorded ops the live run never called, at their place in the recording."""
+    def _drop_unconsumed(self) -> None:
+        kept = []
+        for row in self.rows:
+            consumed = row.pop("_consumed", True)
+            if consumed and not row.pop("_identity", False):
+                kept.append(row)
+            else:
+                self.counts[row["kind"]] -= 1
+                self.unread_inserted += 1
+        self.rows = kept
+
+    def missing(self, order: list) -> None:
+        """Recorded ops the live run never called, at their place in the recording. Those after
+        the last recorded op the live run did call are one row: the live run ended there (a
+        shorter step, or a recording of more steps than were replayed), not one row an op."""
+        last = max((e.index for e in order if e.used), default=-1)
         rows = []
-        for entry in unused:
+        tail = [e for e in order[last + 1:] if not D.is_by_design_op(e.record.op) and not _holds_dtensor(e)]
+        for entry in order[:last + 1]:
             rec = entry.record
-            if D.is_by_design_op(rec.op) or _holds_dtensor(entry):
+            if entry.used or D.is_by_design_op(rec.op) or _holds_dtensor(entry):
                 continue
             rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
                          "golden_seqid": rec.seqid, "at": float(rec.seqid)})
+        if tail:
+            rec = tail[0].record
+            rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
+                         "golden_seqid": rec.seqid, "at": float(rec.seqid),
+                         "reason": f"the live run ended before it: {len(tail)} recorded op(s) from golden "
+                                   f"#{rec.seqid} on never ran (a shorter step, or a recording of more steps "
+                                   f"than were replayed)"})
+        self._drop_unconsumed()
         self.rows.extend(rows)
         self.counts[D.MISSING] += len(rows)
         # execution order on the recording's axis (a missing op sits where the recording had it)
@@ -250,6 +307,32 @@ def _holds_dtensor(entry) -> bool:
         return any("dtensor" in rec.attrs for rec in entry.inputs.values())
     except Exception:  # noqa: BLE001 - unreadable: judged as any other op
         return False
+
+
+def _returns_an_input(out: Any, inputs: list) -> torch.Tensor | None:
+    """The input an op's (single tensor) result equals bit for bit, else None."""
+    flat = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if len(flat) != 1:
+        return None
+    o = flat[0]
+    with torch.no_grad(), _disable_current_modes():
+        for t in inputs:
+            if t.shape == o.shape and t.dtype == o.dtype and t.device == o.device \
+                    and not o.is_complex() and o.layout == torch.strided and t.layout == torch.strided:
+                try:
+                    if torch.equal(t, o):
+                        return t
+                except RuntimeError:
+                    continue
+    return None
+
+
+def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The floating dtype of the two with the larger unit roundoff (a when neither floats)."""
+    fa, fb = a.is_floating_point, b.is_floating_point
+    if fa and fb:
+        return a if torch.finfo(a).eps >= torch.finfo(b).eps else b
+    return a if fa or not fb else b
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

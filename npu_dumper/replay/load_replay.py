@@ -329,7 +329,7 @@ class ReplayPolicy(Policy):
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
-        self.departures.missing(e for e in self._order if not e.used)
+        self.departures.missing(self._order)
         self.summary.departures = Counter(self.departures.counts)
         self.summary.first_departure = self.departures.first_text()
         if self._prefetcher is not None:
