@@ -118,6 +118,8 @@ def compare(
         if jsonl_path is not None and not result.rows:
             jsonl_path.unlink(missing_ok=True)
         _require_ops(result, my_dump, golden_dump, select)
+        for line in sanity_lines(result.meta or {}, my_dump, golden_dump):
+            typer.echo(line, err=True)
         meta = dict(result.meta or {})
         meta.setdefault("target", str(my_dump))
         meta.setdefault("golden", str(golden_dump))
@@ -152,6 +154,37 @@ def compare(
             console.print(f"wrote {write_summary_json(summary_json, rec, force=force)}", highlight=False,
                           soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)
+    except OSError:
+        return False
+
+
+def sanity_lines(meta: dict, my_dump: Path, golden_dump: Path) -> list[str]:
+    """One stderr line each for a comparison that is probably not the one meant (docs/CLI.md,
+    "Sanity lines"); they change no verdict and no exit status."""
+    lines = []
+    if _same_file(my_dump, golden_dump):
+        lines.append(f"accucmp: note: -m and -g are the same file ({my_dump}): it passes by construction, "
+                     "which proves nothing about another run")
+        return lines
+    t_mode, g_mode = meta.get("target_mode"), meta.get("golden_mode")
+    paired = int(meta.get("paired_ops") or 0)
+    t_ops, g_ops = int(meta.get("target_ops") or 0), int(meta.get("golden_ops") or 0)
+    if g_mode == "load" and t_mode != "load":
+        lines.append(f"accucmp: note: the golden (-g {golden_dump}) is a load-replay dump and the target "
+                     f"(-m {my_dump}) is not: -m and -g look swapped (-m is the run under suspicion)")
+    elif t_mode == "load":
+        if g_ops and paired < g_ops / 2:
+            lines.append(f"accucmp: note: the replay {my_dump} matched {paired} of the {g_ops} recorded ops "
+                         "of the golden: fewer than half; was it replayed from this golden dump?")
+    elif max(t_ops, g_ops) >= 4 and paired < max(t_ops, g_ops) / 2:
+        lines.append(f"accucmp: note: only {paired} of {t_ops} target and {g_ops} golden ops pair up: "
+                     "are these dumps of the same model and step?")
+    return lines
 
 
 def _metric_names(alg: str) -> list[str] | None:
