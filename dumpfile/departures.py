@@ -48,7 +48,10 @@ BY_DESIGN_OPS = frozenset({
     # another kernel choice needs. Whatever difference they would carry shows where their
     # result is read (an input departure), so their own presence is never one
     "aten.clone", "aten.contiguous", "aten._unsafe_view", "aten.view", "aten.reshape", "aten._reshape_alias",
-    "aten.expand", "aten.copy", "aten.t", "aten.transpose", "aten.permute",
+    "aten.expand", "aten.copy", "aten.copy_", "aten.t", "aten.transpose", "aten.permute",
+    # allocations compute nothing (a warmed-up wrapper or another device's allocator reuses
+    # buffers a first iteration allocates)
+    "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
 })
 # namespaces whose ops are not a departure on either side: collectives (replay runs them live by
 # design: their result depends on other ranks) and the profiler's bookkeeping (record_function

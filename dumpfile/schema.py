@@ -74,6 +74,7 @@ ROOT_CREATED = "created"              # ISO-8601 local time
 ROOT_NUM_OPS = "num_ops"              # ops written (kept current at every flush)
 ROOT_LOAD_FILE = "load_file"          # load/golden modes: the dump that was replayed
 ROOT_COMPUTE_DTYPE = "compute_dtype"  # golden replay: the dtype ops were recomputed in
+ROOT_DEDUP = "dedup"                  # 1.8: True when data seen again is a link to where it was first stored
 ROOT_OP_FILTER = "op_filter"          # JSON {include, exclude, modules, phases}: only when the dump was filtered
 
 MODE_DUMP = "dump"

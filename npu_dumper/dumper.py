@@ -252,6 +252,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_CONTENT_HASH: HASH_ALGORITHM if self.stats_only else None,
             S.ROOT_STATS_HISTOGRAM: True if self.stats_histogram else None,
             S.ROOT_LOAD_FILE: self.load_file_path,
+            # with links, an input that is no link into an earlier op's output is a parameter,
+            # buffer or batch tensor (accucmp's independent compares read that: departures.py)
+            S.ROOT_DEDUP: bool(self.dedup) and not self.stats_only,
             # what was selected, so compare can pass the other dump's ops through it too
             S.ROOT_OP_FILTER: None if self.filter.trivial else self.filter.to_json(),
         }

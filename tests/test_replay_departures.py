@@ -129,3 +129,30 @@ def test_the_attribute_keeps_the_first_departures_under_its_size_cap():
     doc = D.decode(text)
     assert doc["rows"][0]["op"] == "aten.op0.default" and doc["omitted"] == 2000 - len(doc["rows"])
     assert doc["counts"] == {"inserted": 2000}
+
+
+# ---- the independent workflow: two plain dumps ------------------------------------------------
+PLAIN_EXPECTED = {
+    "inserted": "FAIL: block.mlp.scale runs aten.mul.Tensor, which the golden run does not have",
+    "missing": "FAIL: block does not run aten.add.Tensor, which the golden run has",
+    "weight": "FAIL: input mat2 of aten.addmm.default in block.mlp.fc2 differs from the golden's (",
+    "eps": "in block.ln2:",
+    "swapped": "in block.mlp.act:",
+    "sdpa_scale": "in block.attn:",
+}
+
+
+@pytest.mark.parametrize("bug", list(PLAIN_EXPECTED))
+def test_each_user_bug_is_named_by_its_module_in_an_independent_compare(golden, tmp_path, bug):
+    model = U.make(bug)
+    x, y = U.inputs()
+    out = tmp_path / f"{bug}_plain.h5"
+    with torch.utils.dumper(use_dump=True, dump_path=str(out)):
+        U.step(model, x, y, torch.bfloat16)
+    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
+    s = summarize(table)
+    sentence = verdict_sentence(s.first_failure, s.counts, s.total)
+    assert PLAIN_EXPECTED[bug] in sentence, sentence
+    # autocast's casts (target only) are never departures
+    dep = table[table["CompareStatus"] == "departure"]
+    assert not dep["NPUDump"].str.contains("_to_copy").any()

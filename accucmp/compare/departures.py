@@ -146,3 +146,67 @@ def pair_departure(pair) -> dict[str, Any] | None:
         "GoldenSeqId": op.seqid if kind == D.MISSING else math.nan, "GoldenOp": op.op if kind == D.MISSING else "",
     }
 
+
+# ---- independent runs: which inputs no op of the step made ------------------------------------
+def _producer(entry: dict) -> str | None:
+    """The op whose output a catalog entry's tensor is ('' when it was first stored as an
+    input: no recorded op made it), from the entry's link (`obj`) or its view's base."""
+    base = entry.get("base")
+    ref = entry.get("obj")
+    if isinstance(base, str) and base:
+        last = base.rsplit("/", 1)[-1]
+        if last.startswith("_base|"):            # a local link: _base|op|seqid|io|name
+            parts = last.split("|")
+            return parts[1] if len(parts) >= 5 and parts[3] == "output" else ""
+        ref = base
+    if isinstance(ref, str) and ref:
+        parts = ref.strip("/").split("/")
+        return parts[0] if len(parts) >= 4 and parts[2] == "output" else ""
+    return ""
+
+
+def input_producers(f: DumpFile, op) -> dict[str, str] | None:
+    """{input name: the op that made it, '' for none} of one op, from its catalog row; None
+    when the file cannot say (no catalog row, or written without links: root `dedup`)."""
+    if not f.attrs.get("dedup", False) or f.catalog is None:
+        return None
+    row = getattr(op, "index_row", -1)
+    try:
+        raw = f.catalog.get(row)
+        if not raw:
+            return None
+        import json
+
+        d = json.loads(raw)
+        entries = d.get("i", [])
+        return {e["n"]: _producer(e) for e in entries if isinstance(e, dict) and isinstance(e.get("n"), str)}
+    except (ValueError, RecursionError, TypeError, KeyError, OSError, RuntimeError, IndexError, AttributeError):
+        return None
+
+
+def leaf_inputs(pair, cache: dict) -> set[str]:
+    """Names of the pair's input tensors that no op of the step made in either run: the
+    golden's is first stored as an input there, and the target's too or it comes from a
+    by-design cast (autocast's weight cast). A difference there is the run's own data."""
+    t_op, g_op = pair.target, pair.golden
+    if t_op is None or g_op is None:
+        return set()
+    sides = []
+    for op in (t_op, g_op):
+        key = (id(op.file), op.op, op.seqid)
+        if key not in cache:
+            if len(cache) > 4096:
+                cache.clear()
+            cache[key] = input_producers(op.file, op)
+        sides.append(cache[key])
+    t, g = sides
+    if t is None or g is None:
+        return set()
+    return {name for name, made in g.items() if made == "" and name in t
+            and (t[name] == "" or D.is_by_design_op(t[name]))}
+
+
+def leaf_sentence(row: dict[str, Any]) -> str:
+    return sentence({"kind": D.INPUT, "op": row.get("NPUDump", "?"), "module": row.get("Module", ""),
+                     "phase": row.get("Phase", ""), "argument": row.get("TensorName", "?")})
+

@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.schema import UNIT_ROUNDOFF
 
-from accucmp.compare.departures import STATUS_DEPARTURE
+from accucmp.compare.departures import STATUS_DEPARTURE, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
 
 ORIGIN_CAUSED = "caused here"
@@ -164,8 +164,14 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
     dtypes = table["DataType"].tolist() if "DataType" in table.columns else [""] * n
     prec = table["PrecisionDtype"].tolist() if "PrecisionDtype" in table.columns else [""] * n
     status = table["CompareStatus"].tolist() if "CompareStatus" in table.columns else [""] * n
+    leaf = table["Leaf"].tolist() if "Leaf" in table.columns else [False] * n
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
+        if str(leaf[i]) == "True" and results[i] == "fail":
+            # an input no op of either run made (a parameter, buffer or the batch) differs:
+            # the run's own data departs here (independent runs; load-replay records these)
+            origin[i] = ORIGIN_DEPARTURE
+            reasons[i] = with_measure(leaf_sentence(table.iloc[i]), reasons[i])
         if status[i] == STATUS_DEPARTURE:
             # a way the run left its recording (compare/departures.py): where the run departs,
             # not an op's tensor; never grouped with the op's own rows
@@ -233,7 +239,7 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                 reasons[i] += (f" [not caused here: input {', '.join(map(_s, unpaired))} has no partner "
                                f"in the other run, the difference may come from it]")
         for i in (out_fails if out_fails else failing):
-            origin[i] = tag
+            origin[i] = origin[i] or tag
         for i in failing:
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin

@@ -28,7 +28,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile
 
 from accucmp.compare import align_map, matching
-from accucmp.compare.departures import departure_rows, interleave, pair_departure
+from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -260,6 +260,7 @@ class _Work:
     replay: bool
     comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
+    provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
 
     @property
     def eager(self) -> int:
@@ -273,6 +274,11 @@ class _Work:
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
         tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        if not self.replay and pair.target is not None and pair.golden is not None and pair.region is None:
+            leaves = leaf_inputs(pair, self.provenance)
+            for task in tasks:
+                if task.row.get("IO") == S.INPUT_GROUP and task.row.get("TensorName") in leaves:
+                    task.row["Leaf"] = True
         if not self.replay and (pair.target is None or pair.golden is None):
             # an op only one of two independent runs has (a load-replay's come from its file)
             row = pair_departure(pair)

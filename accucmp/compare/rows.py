@@ -41,6 +41,9 @@ TAIL_COLUMNS = [
     # a row for a way the target run left its recording (load-replay; compare/departures.py):
     # inserted / missing / argument / input
     "Departure",
+    # independent runs: an input tensor no op of the step made, on both sides (a parameter,
+    # buffer or the batch; compare/departures.py input_is_leaf); failing, it is a departure
+    "Leaf",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 

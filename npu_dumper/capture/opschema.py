@@ -108,6 +108,9 @@ C10D_OUT_BUFFERS: dict[str, tuple[str, ...]] = {
 # returns holding uninitialised parts)
 LATE_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {
     "fsdp::all_gather_copy_in": (("all_gather_output",), ("all_gather_output",), (1,)),
+    # FSDP2's copy-out: `out` (kwarg-only Tensor(a!)[], not an `is_out` argument) receives the
+    # unsharded parameters; before the op it is memory nobody wrote (two identical runs differ)
+    "fsdp::split_with_sizes_copy": ((), ("out",), ()),
 }
 OUT_BUFFERS: dict[Any, tuple[str, ...]] = {}
 # Op namespaces whose ops communicate: their results depend on the other ranks, so replay

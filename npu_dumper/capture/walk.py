@@ -192,7 +192,7 @@ class ArgWalk:
         if v is None or isinstance(v, (bool, int, float, complex, str)):
             return Value(v, schema_type)
         if tv is list or tv is tuple:
-            return self._sequence(v, schema_type, caps, clone, bump)
+            return self._sequence(v, schema_type, caps, clone, bump, uninit)
         if isinstance(v, torch.dtype):
             return Named(dtype_name(v), S.TYPE_SCALAR_TYPE, schema_type)
         if isinstance(v, torch.device):
@@ -208,7 +208,7 @@ class ArgWalk:
             except Exception:  # noqa: BLE001 - unbacked symbols: keep the expression
                 return Value(str(v), schema_type)
         if isinstance(v, (list, tuple)):
-            return self._sequence(v, schema_type, caps, clone, bump)
+            return self._sequence(v, schema_type, caps, clone, bump, uninit)
         return Value(f"<{tv.__name__}>", schema_type)
 
     def _share(self, key: tuple, rec: Value) -> Value:
@@ -217,7 +217,7 @@ class ArgWalk:
         self._shared[key] = rec
         return rec
 
-    def _sequence(self, v, schema_type: str, caps: list, clone: bool, bump: int):
+    def _sequence(self, v, schema_type: str, caps: list, clone: bool, bump: int, uninit: bool = False):
         types = tuple(map(type, v))
         if all(t in _PLAIN_NUMBERS for t in types):
             if all(t is int for t in types):
@@ -233,7 +233,9 @@ class ArgWalk:
                 return rec
             return Value(list(v), schema_type)
         inner = schema_type[:-2] if schema_type.endswith("[]") else ""
-        nodes = [self.node(x, inner, caps, clone, False, bump) for x in v]
+        # (a destination-only list, FSDP2's copy-out `out`: each buffer is as unwritten as a
+        # single out= tensor)
+        nodes = [self.node(x, inner, caps, clone, uninit, bump) for x in v]
         tensorish = all(isinstance(x, _TENSOR) or x is None for x in v)
         return ListOf(nodes, S.TYPE_TENSOR_LIST if tensorish else S.TYPE_LIST, schema_type)
 

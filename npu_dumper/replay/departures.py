@@ -70,6 +70,7 @@ class DepartureLog:
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
+        self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
 
     # ---- per op ---------------------------------------------------------------------
     def matched(self, recorded_seqid: int) -> None:
@@ -95,6 +96,7 @@ class DepartureLog:
         self._pending.pop(ev.seqid, None)
         if by_design:
             ev.notes["replay_made"] = _REPLAYED          # (a collective's result: the run's own)
+            self._run_live[ev.name] += 1                 # its recorded call is not missing
             return
         if D.is_by_design_op(ev.name):
             # a cast: its output is what its input was (a cast of a parameter is still a
@@ -264,12 +266,22 @@ class DepartureLog:
         the last recorded op the live run did call are one row: the live run ended there (a
         shorter step, or a recording of more steps than were replayed), not one row an op."""
         last = max((e.index for e in order if e.used), default=-1)
+        live = Counter(self._run_live)
+
+        def by_design(entry) -> bool:
+            name = entry.record.op
+            if live[name] > 0:          # the live call of it ran live (a DTensor op, a collective)
+                live[name] -= 1
+                return True
+            return D.is_by_design_op(name) or _holds_dtensor(entry)
+
+        unused = [e for e in order if not e.used and not by_design(e)]
         rows = []
-        tail = [e for e in order[last + 1:] if not D.is_by_design_op(e.record.op) and not _holds_dtensor(e)]
-        for entry in order[:last + 1]:
-            rec = entry.record
-            if entry.used or D.is_by_design_op(rec.op) or _holds_dtensor(entry):
+        tail = [e for e in unused if e.index > last]
+        for entry in unused:
+            if entry.index > last:
                 continue
+            rec = entry.record
             rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
                          "golden_seqid": rec.seqid, "at": float(rec.seqid)})
         if tail:
