@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dumpfile.departures import is_by_design_op
+
 from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_UNDERFLOW
 from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
 
@@ -63,7 +65,22 @@ def worst_ops(table: pd.DataFrame, n: int = 10) -> pd.DataFrame:
 
 
 def unmatched_ops(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per unmatched op (either side), in execution order."""
+    """One row per unmatched op (either side), in execution order, the ops a precision or
+    device change adds by design (dtype casts, copies: dumpfile.departures.BY_DESIGN_OPS)
+    after the others: an inserted multiply must not hide behind autocast's casts."""
     un = _rows(table, RESULT_UNMATCHED)
-    return _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
-                                                       if c in un.columns]))
+    un = _execution_order(un.drop_duplicates(subset=[c for c in ("NPUDump", "SeqId", "GoldenSeqId")
+                                                     if c in un.columns]))
+    if un.empty or "NPUDump" not in un.columns:
+        return un
+    by_design = un["NPUDump"].astype(str).map(is_by_design_op)
+    return pd.concat([un[~by_design], un[by_design]])
+
+
+def by_module(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Rows grouped by module, the modules in the order their first row comes."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        m = r.get("Module")
+        groups.setdefault(m if isinstance(m, str) and m else "(top level)", []).append(r)
+    return list(groups.items())

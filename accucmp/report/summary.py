@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from accucmp.report import findings
+from dumpfile.departures import is_by_design_op
 from accucmp.report.headline import as_float, middle_ellipsis
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
@@ -105,6 +106,7 @@ class SummaryBuilder:
         self.worst = None                 # DataFrame of candidates, at most `top` ops
         self.worst_by: str | None = None
         self.unmatched: list[dict[str, Any]] = []
+        self.unmatched_by_design: list[dict[str, Any]] = []
         self.columns: list[str] = []
         self.ill_conditioned = 0
 
@@ -118,13 +120,19 @@ class SummaryBuilder:
             self.counts[k] = self.counts.get(k, 0) + v
         if "FailReason" in part.columns:
             self.ill_conditioned += int(part["FailReason"].astype(str).str.startswith("ill-conditioned").sum())
-        if not (part["Result"] == "fail").any() and len(self.unmatched) >= self.top:
+        if not (part["Result"] == "fail").any() and len(self.unmatched) >= self.top \
+                and not (part["Result"] == "unmatched").any():
             return
         s = summarize(part, top=max(self.top, 1))
         if s.first_failure is not None and self.first_failure is None:
             self.first_failure = s.first_failure      # batches come in execution order
-        if len(self.unmatched) < self.top:
-            self.unmatched += s.unmatched[:self.top - len(self.unmatched)]
+        # ops a run has by design (casts) only fill what the others leave (findings.unmatched_ops)
+        for r in s.unmatched:
+            if is_by_design_op(str(r.get("NPUDump", ""))):
+                if len(self.unmatched_by_design) < self.top:
+                    self.unmatched_by_design.append(r)
+            elif len(self.unmatched) < self.top:
+                self.unmatched.append(r)
         if s.worst:
             self.worst_by = self.worst_by or s.worst_by
             cand = pd.DataFrame(s.worst)
@@ -138,7 +146,8 @@ class SummaryBuilder:
     def result(self) -> Summary:
         worst = [] if self.worst is None else self.worst.head(self.top).to_dict(orient="records")
         return Summary(counts=dict(self.counts), total=self.total, first_failure=self.first_failure,
-                       worst=worst, worst_by=self.worst_by, unmatched=list(self.unmatched),
+                       worst=worst, worst_by=self.worst_by,
+                       unmatched=(self.unmatched + self.unmatched_by_design)[:self.top],
                        columns=list(self.columns), ill_conditioned=self.ill_conditioned)
 
 
@@ -320,7 +329,10 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
             if _text(ff, key) and not (key == "CompareFailReason" and _text(ff, key) in _text(ff, "FailReason")):
                 _say(console, f"  {label}: {_text(ff, key)}")
-        if _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":
+        if _text(ff, "DecidedBy") == "Departure":
+            _say(console, "  decided by: what the run does, not a bound: the target run departs from the golden "
+                          "run here (docs/COMPARE.md, \"Departures\")")
+        elif _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":
             _say(console, f"  decided by: {_text(ff, 'DecidedBy')} (change it with -t {_text(ff, 'DecidedBy')}=VALUE, "
                           "or every dtype bound at once with --tolerance F)")
     elif s.counts.get("fail", 0) == 0 and s.counts.get("pass", 0):
@@ -335,8 +347,10 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
             _say(console, ln, wrap=False)
     if s.unmatched and top:
         n = s.counts.get("unmatched", 0)
-        _say(console, f"unmatched ({n}; first {len(s.unmatched)}):", "yellow")
-        for r in s.unmatched:
-            reason = _text(r, "CompareFailReason")
-            _say(console, f"  {describe_row(r)}: {reason}")
+        _say(console, f"unmatched ({n}; first {len(s.unmatched)}, casts last), by module:", "yellow")
+        for module, rows in findings.by_module(s.unmatched):
+            _say(console, f"  {module}:")
+            for r in rows:
+                reason = _text(r, "CompareFailReason")
+                _say(console, f"    {describe_row(r)}: {reason}")
     return s
