@@ -210,3 +210,25 @@ def leaf_sentence(row: dict[str, Any]) -> str:
     return sentence({"kind": D.INPUT, "op": row.get("NPUDump", "?"), "module": row.get("Module", ""),
                      "phase": row.get("Phase", ""), "argument": row.get("TensorName", "?")})
 
+
+def structural_pairs(pairs) -> frozenset:
+    """id() of the unpaired ops of two independent runs that are departures: those whose op
+    (by overload packet) the other run has no unpaired call of. When both runs leave a call
+    of the same op unpaired, the pairing missed (the same computation attributed to another
+    module: `x @ W.t() + b` in the parent against nn.Linear), and the rows stay unmatched."""
+    t_only: dict[str, list] = {}
+    g_only: dict[str, list] = {}
+    for p in pairs:
+        if (p.target is None) == (p.golden is None):
+            continue
+        op = p.target if p.target is not None else p.golden
+        if D.is_by_design_op(op.op):
+            continue
+        (t_only if p.target is not None else g_only).setdefault(D.op_packet(op.op), []).append(p)
+    out = set()
+    for mine, other in ((t_only, g_only), (g_only, t_only)):
+        for packet, ps in mine.items():
+            if packet not in other:
+                out.update(id(p) for p in ps)
+    return frozenset(out)
+

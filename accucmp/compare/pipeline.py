@@ -28,7 +28,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile
 
 from accucmp.compare import align_map, matching
-from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure
+from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure, structural_pairs
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -178,7 +178,8 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     t_ops, g_ops = tf.ops(), gf.ops()
     m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
     metric_cols = list(algs)
-    work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios)
+    work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios,
+                 structural=frozenset() if m.replay else structural_pairs(m.pairs))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
@@ -261,6 +262,7 @@ class _Work:
     comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
+    structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
 
     @property
     def eager(self) -> int:
@@ -279,7 +281,7 @@ class _Work:
             for task in tasks:
                 if task.row.get("IO") == S.INPUT_GROUP and task.row.get("TensorName") in leaves:
                     task.row["Leaf"] = True
-        if not self.replay and (pair.target is None or pair.golden is None):
+        if id(pair) in self.structural:
             # an op only one of two independent runs has (a load-replay's come from its file)
             row = pair_departure(pair)
             if row is not None:
