@@ -36,11 +36,13 @@ import typer
 
 def new_app(prog: str, help: str) -> typer.Typer:
     """The typer app of one of our commands, with the settings both share: `-h`, no shell
-    completion, no rich tracebacks (the boundary decides what a failure prints), `--version`."""
+    completion, no rich tracebacks (the boundary decides what a failure prints), `--version`,
+    help laid out to read whole at 80 columns (dumpfile/cli_help.py)."""
+    from dumpfile.cli_help import HELP_SETTINGS
     from dumpfile.version import add_version_option
 
     app = typer.Typer(name=prog, help=help, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False,
+                      pretty_exceptions_enable=False, **HELP_SETTINGS,
                       context_settings={"help_option_names": ["-h", "--help"]})
     add_version_option(app, prog)
     return app
