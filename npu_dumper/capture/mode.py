@@ -107,7 +107,8 @@ class DumpMode(TorchDispatchMode):
             return out
         plan = self._ops.get(id(func)) or self._plan(func)
         info = plan.info
-        if info.is_view and not self.record_views:
+        if (info.is_view and not self.record_views) or info.bookkeeping:
+            # (bookkeeping: a profiler label, no numerics; dumpfile/bookkeeping.py)
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
             return out
