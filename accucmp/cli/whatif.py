@@ -42,7 +42,7 @@ def whatif_command(
 
 def bisect_command(
     run: Annotated[str, typer.Option("--run", metavar="COMMAND", help="Shell command running one step; prints 'loss=<float>' (its last such line counts).")],
-    golden_loss: Annotated[str, typer.Option("--golden-loss", metavar="LOSS|FILE", help="The golden loss: a number, or a file with a 'loss=<float>' line (its first).")],
+    golden_loss: Annotated[str, typer.Option("--golden-loss", metavar="LOSS|FILE", help="The golden loss: a number, or a file with a 'loss=<float>' line (its last; the first number after loss=).")],
     from_compare: Annotated[Optional[Path], typer.Option("--from-compare", help="Suspects: the failing ops of this compare result csv.")] = None,
     by: Annotated[str, typer.Option("--by", help="With --from-compare: suspects are failing 'op's or their 'module's.")] = "op",
     ops: Annotated[Optional[list[str]], typer.Option("--ops", metavar="OPS", help="Suspect ops, comma-separated (repeatable).")] = None,
@@ -68,8 +68,8 @@ def bisect_command(
                 suspects += suspects_from_compare(from_compare, by)
             if not suspects:
                 raise UsageProblem("no suspects: give --from-compare result.csv, --ops or --modules")
-            golden = read_golden(golden_loss)
             say = lambda s: typer.echo(s, err=True)  # noqa: E731 - progress on stderr, result on stdout
+            golden = read_golden(golden_loss, say)
             runner = ScriptRunner(command_line(run), dtype, out / "bisect_cache.json", timeout, progress=say)
             res = bisect(runner, suspects, golden, rtol, atol, progress=say)
         except BisectError as e:
