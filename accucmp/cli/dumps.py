@@ -108,9 +108,11 @@ def export_command(
             counts = run_export(str(input), str(output), layout, device_type=device_type, force=force)
         except ExportError as e:      # a layout the export cannot write: the user's choice
             raise UsageProblem(str(e)) from None
-        skipped = (f"; {counts['skipped_tensors']} tensors with no {layout} form left out"
-                   if counts["skipped_tensors"] else "")
-        typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors{skipped}")
+        typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors")
+        from accucmp.report.export import not_carried
+
+        for line in not_carried(counts, layout):
+            typer.echo(f"  not carried: {line}")
 
 
 def register(app: typer.Typer) -> None:
