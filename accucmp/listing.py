@@ -22,7 +22,7 @@ from dumpfile import DumpFile
 from dumpfile import schema as S
 from dumpfile.printable import printable
 from dumpfile.read import catalog as catalog_mod, light
-from dumpfile.read.reader import _attr_str, h5_errors
+from dumpfile.read.reader import _attr_str, ending_text, h5_errors
 
 
 @dataclass
@@ -105,6 +105,7 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
     with DumpFile(path, check="full" if stats else "listing") as f, h5_errors(f.path), \
             (progress(len(f)) if progress is not None else contextlib.nullcontext()) as advance:
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
+                "ending": ending_text(f),
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
         # names, dtypes, shapes and values of every op from the catalog, read once (format
@@ -477,7 +478,7 @@ def _stats_text(s: dict) -> str:
 
 def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, stats: bool) -> None:
     header = (f"{info['path']}: {info['ops']} ops, mode {info['mode']}"
-              + ("" if info["complete"] else ", INCOMPLETE (writer did not close cleanly)")
+              + ("" if info["complete"] else ", " + (info.get("ending") or "INCOMPLETE"))
               + (", statistics only" if info["stats_only"] else ""))
     if info["shown"] != info["ops"]:
         header += f"; showing {info['shown']}"
