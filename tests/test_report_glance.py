@@ -125,11 +125,22 @@ def test_jsonl_rows_and_summary_json_for_ci(dumps, tmp_path):
     assert (ff["op"], ff["seqid"], ff["module"], ff["dtype"]) == (LONG_OP, 2, LONG_MODULE, "bfloat16")
     assert ff["bound"] == 6.0 and 12 < ff["value"] < 14 and ff["decided_by"] == "RelativeEuclideanDistanceUlps"
     assert str(csv) in s["outputs"]
-    # a taken name is refused before any tensor is read (no new csv), replaced with --force
+    # CI re-runs (issue 35 item 8): an earlier summary at the name is replaced without --force
     again = _compare(dumps, {}, "-o", str(tmp_path / "o2"), "--summary-json", str(tmp_path / "s.json"))
-    assert again.exit_code == 2 and "s.json" in again.output and not (tmp_path / "o2").exists()
-    forced = _compare(dumps, {}, "-o", str(tmp_path / "o2"), "--summary-json", str(tmp_path / "s.json"), "--force")
-    assert forced.exit_code == 1 and json.loads((tmp_path / "s.json").read_text())["outputs"] != s["outputs"]
+    assert again.exit_code == 1, again.output
+    assert json.loads((tmp_path / "s.json").read_text())["outputs"] != s["outputs"]
+    # anything else at the name (not a summary of ours, or a link) is refused before any
+    # tensor is read (no new csv), replaced with --force
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "s.json")
+    for taken in (other, tmp_path / "link.json"):
+        refused = _compare(dumps, {}, "-o", str(tmp_path / "o3"), "--summary-json", str(taken))
+        assert refused.exit_code == 2 and taken.name in refused.output and not (tmp_path / "o3").exists()
+    assert other.read_text() == '{"mine": 1}'
+    forced = _compare(dumps, {}, "-o", str(tmp_path / "o3"), "--summary-json", str(other), "--force")
+    assert forced.exit_code == 1 and json.loads(other.read_text())["verdict"] == "FAIL"
+    assert (tmp_path / "link.json").is_symlink()       # never written through
 
 
 def test_tolerance_knob_on_compare_and_report(dumps, tmp_path):

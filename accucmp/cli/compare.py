@@ -78,10 +78,11 @@ def compare(
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         algorithms = _metric_names(alg)
         caps = budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
-        if summary_json is not None:           # a taken --summary-json name too
+        if summary_json is not None:           # a taken --summary-json name too (an earlier summary: replaced)
+            from accucmp.report.outputs import summary_json_force
             from dumpfile.safe_output import check_target
 
-            check_target(summary_json, force=force)
+            check_target(summary_json, force=summary_json_force(summary_json, force))
         if my_dump.is_dir() and golden_dump.is_dir():
             from accucmp.compare.ranks import run_folder_compare
 
@@ -262,9 +263,10 @@ def report(
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
         if summary_json is not None:
+            from accucmp.report.outputs import summary_json_force
             from dumpfile.safe_output import check_target
 
-            check_target(summary_json)
+            check_target(summary_json, force=summary_json_force(summary_json, False))
         from accucmp.report.outputs import read_result_csv, write_results
         from accucmp.report.summary import print_summary
         from accucmp.compare.verdict import apply_verdict
