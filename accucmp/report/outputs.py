@@ -126,7 +126,7 @@ def _require_openpyxl() -> None:
     try:
         import openpyxl  # noqa: F401
     except ImportError:
-        raise DumpWriteError("--format xlsx needs the openpyxl package (pip install openpyxl); "
+        raise DumpWriteError("--format xlsx needs the openpyxl package (pip install 'npu-accuracy-toolkit[xlsx]'); "
                              "csv, json and html need nothing more") from None
 
 
