@@ -506,13 +506,28 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     if stats:
         console.print(_stats_table(lines, escape(printable(header)), width=console.width))
         return
+    from accucmp.report.fit import wrap_name
+
+    # the op and module columns get fixed widths and their names are broken after dots and
+    # underscores, never inside a word; the values fold as rich lays them out
+    seqid_w = max([5] + [len(str(ln.seqid)) for ln in lines])
+    phase_w = max([5] + [len(printable(ln.phase)) for ln in lines])
+    rest = max(40, console.width - seqid_w - phase_w - 19)     # 7 rules, 12 of padding
+    op_w, module_w = max(12, rest * 25 // 100), max(13, rest * 27 // 100)
+
+    def names(text: str, wrap, width: int) -> str:
+        return escape("\n".join(wrap(printable(text), width))) if text else ""
+
     t = Table(title=escape(printable(header)), title_justify="left")
     for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
-        t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
+        width = {"op": op_w, "module": module_w}.get(col)
+        t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left",
+                     width=width, no_wrap=width is not None)
     for ln in lines:
         # each value on a line of its own: the newlines joining them are ours, the text
         # of each value is made printable
-        t.add_row(str(ln.seqid), escape(printable(ln.op)), escape(printable(ln.phase)), escape(printable(ln.module)),
+        t.add_row(str(ln.seqid), names(ln.op, wrap_name, op_w), escape(printable(ln.phase)),
+                  names(ln.module, wrap_name, module_w),
                   escape("\n".join(printable(describe_value(v, stats)) for v in ln.values if v.side == "in")),
                   escape(_outputs_text(ln, stats, "\n", printable)))
     console.print(t)

@@ -115,3 +115,37 @@ def test_ls_stats_at_80_columns_breaks_no_name_mid_word(dumps):
         assert "".join(block[1:]) == f"{ln.module}{ln.phase}" or " ".join(["".join(block[1:-1]), block[-1]]) \
             == f"{ln.module} {ln.phase}" or "".join(block[1:]).replace(" ", "") == f"{ln.module}{ln.phase}", block
     assert sum("…" in b[0] for b in blocks) >= 3, text    # native_layer_norm_backward at least
+
+
+def test_ls_table_at_80_columns_breaks_names_only_after_dots_and_underscores(dumps):
+    from accucmp.listing import list_ops, render
+
+    target, _ = dumps
+    lines, info = list_ops(target)
+    console = _terminal()
+    render(lines, info, console=console, plain=False, stats=False)
+    text = console.file.getvalue()
+    assert max(map(len, text.splitlines())) <= WIDTH, text
+    ops, modules, pieces = [], [], []
+    for row in text.splitlines():
+        cells = row.split("│")
+        if len(cells) != 8:
+            continue
+        seqid, op, module = cells[1].strip(), cells[2].strip(), cells[4].strip()
+        if seqid:
+            ops.append(op)
+            modules.append(module)
+            pieces.append(([op], [module]))
+        else:
+            ops[-1] += op
+            modules[-1] += module
+            pieces[-1][0].append(op)
+            pieces[-1][1].append(module)
+    # every line of a name but its last ends after a dot or an underscore
+    for op_lines, module_lines in pieces:
+        for part in [p for p in op_lines if p][:-1] + [p for p in module_lines if p][:-1]:
+            assert part.endswith((".", "_")), (part, text)
+    # put back together, each cell is the whole name: no piece was cut or shortened
+    assert ops == [ln.op for ln in lines], text
+    assert modules == [ln.module for ln in lines], text
+    assert "…" not in text

@@ -88,6 +88,24 @@ def wrap_dotted(path: str, width: int) -> list[str]:
     return lines
 
 
+def wrap_name(name: str, width: int) -> list[str]:
+    """A name over lines of `width`, broken after its dots and underscores (`aten.` /
+    `convolution_` / `backward.` / `default`), never inside a word; only a word longer than a
+    whole line is cut, into lines of its own (nothing of the name is left out)."""
+    parts = []
+    for p in re.split(r"(?<=[._])", name):
+        parts += [p[i:i + width] for i in range(0, len(p), max(width, 1))] if len(p) > width else [p] if p else []
+    lines, cur = [], ""
+    for p in parts:
+        if cur and len(cur) + len(p) > width:
+            lines.append(cur)
+            cur = ""
+        cur += p
+    if cur:
+        lines.append(cur)
+    return lines or [""]
+
+
 def wrap_prose(text: str, width: int | None, *, indent: int | None = None) -> list[str]:
     """`text` as lines of at most `width` columns (None: one line), broken at spaces but
     never between a number and its unit or comparison; continuation lines indented two
