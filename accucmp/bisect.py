@@ -3,7 +3,8 @@
 Protocol with the user's script (docs/WHATIF.md), kept tiny on purpose:
   - the tool sets NPU_DUMPER_UPCAST to a JSON object {"ops": [...], "modules": [...],
     "dtype": "float32"}; the script wraps its step in `npu_dumper.upcast_from_env()`;
-  - the script prints `loss=<float>`; the LAST such line of its stdout is the loss;
+  - the script prints `loss=<float>`; the LAST such line of its stdout is the loss (the
+    first number after `loss=` on it: `step 3 loss=2.31074309  (1.11s)` reads 2.31074309);
   - a non-zero exit, or no `loss=` line, is a failed run: bisect stops with one line naming
     the command, the upcast set and the script's last stderr line.
 
@@ -33,7 +34,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 ENV_VAR = "NPU_DUMPER_UPCAST"   # npu_dumper.upcast.ENV_VAR (not imported: that module needs torch)
-LOSS_LINE = re.compile(r"^\s*loss\s*=\s*(\S+)\s*$", re.MULTILINE)
+# `loss=` and the first number after it, anywhere on a line (a log line often carries a
+# step count before it and a time after it)
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)\b"
+LOSS_ON_LINE = re.compile(r"\bloss\s*=\s*(" + _NUMBER + ")", re.IGNORECASE)
 
 
 class BisectError(Exception):
@@ -61,18 +65,24 @@ class BisectResult:
     log: list[str] = field(default_factory=list)
 
 
+def find_loss(text: str) -> tuple[float, int, str] | None:
+    """The loss of `text`: the first number after `loss=` on the last line that has one,
+    with that line's number (1-based) and text; None when no line has one."""
+    for n, line in reversed(list(enumerate(text.splitlines(), 1))):
+        m = LOSS_ON_LINE.search(line)
+        if m is not None:
+            return float(m.group(1)), n, line.strip()
+    return None
+
+
 def parse_loss(stdout: str) -> float | None:
-    found = LOSS_LINE.findall(stdout)
-    if not found:
-        return None
-    try:
-        return float(found[-1])
-    except ValueError:
-        return None
+    found = find_loss(stdout)
+    return None if found is None else found[0]
 
 
-def read_golden(value: str) -> float:
-    """--golden-loss: a number, or a file whose last `loss=` line (or sole number) is it."""
+def read_golden(value: str, say: Callable[[str], None] | None = None) -> float:
+    """--golden-loss: a number, or a file whose last `loss=` line (or sole number) is it;
+    `say` is told which line of the file was read."""
     try:
         return float(value)
     except ValueError:
@@ -81,12 +91,18 @@ def read_golden(value: str) -> float:
     if not p.is_file():
         raise BisectError(f"--golden-loss {value!r}: neither a number nor a file")
     text = p.read_text(errors="replace")
-    loss = parse_loss(text)
-    if loss is None:
+    found = find_loss(text)
+    if found is None:
         try:
             loss = float(text.strip())
         except ValueError:
-            raise BisectError(f"{p}: no 'loss=<float>' line and not a number") from None
+            raise BisectError(f"{p}: no line with 'loss=<number>' and not a number") from None
+        where = "its only content"
+    else:
+        loss, n, line = found
+        where = f"line {n}: {line[:120]}"
+    if say is not None:
+        say(f"golden loss {loss:.9g} read from {p} ({where})")
     return loss
 
 

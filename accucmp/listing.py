@@ -22,7 +22,7 @@ from dumpfile import DumpFile
 from dumpfile import schema as S
 from dumpfile.printable import printable
 from dumpfile.read import catalog as catalog_mod, light
-from dumpfile.read.reader import _attr_str, h5_errors
+from dumpfile.read.reader import _attr_str, ending_text, h5_errors
 
 
 @dataclass
@@ -105,6 +105,7 @@ def list_ops(path: Path, *, select: str | None = None, stats: bool = False,
     with DumpFile(path, check="full" if stats else "listing") as f, h5_errors(f.path), \
             (progress(len(f)) if progress is not None else contextlib.nullcontext()) as advance:
         info = {"path": str(path), "mode": f.mode, "ops": len(f), "complete": f.complete,
+                "ending": ending_text(f),
                 "stats_only": f.stats_only, "device": f.attrs.get(S.ROOT_DEVICE, "")}
         lines: list[OpLine] = []
         # names, dtypes, shapes and values of every op from the catalog, read once (format
@@ -477,7 +478,7 @@ def _stats_text(s: dict) -> str:
 
 def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, stats: bool) -> None:
     header = (f"{info['path']}: {info['ops']} ops, mode {info['mode']}"
-              + ("" if info["complete"] else ", INCOMPLETE (writer did not close cleanly)")
+              + ("" if info["complete"] else ", " + (info.get("ending") or "INCOMPLETE"))
               + (", statistics only" if info["stats_only"] else ""))
     if info["shown"] != info["ops"]:
         header += f"; showing {info['shown']}"
@@ -503,53 +504,66 @@ def render(lines: list[OpLine], info: dict[str, Any], *, console, plain: bool, s
     from rich.table import Table
 
     if stats:
-        console.print(_stats_table(lines, escape(printable(header))))
+        console.print(_stats_table(lines, escape(printable(header)), width=console.width))
         return
+    from accucmp.report.fit import wrap_name
+
+    # the op and module columns get fixed widths and their names are broken after dots and
+    # underscores, never inside a word; the values fold as rich lays them out
+    seqid_w = max([5] + [len(str(ln.seqid)) for ln in lines])
+    phase_w = max([5] + [len(printable(ln.phase)) for ln in lines])
+    rest = max(40, console.width - seqid_w - phase_w - 19)     # 7 rules, 12 of padding
+    op_w, module_w = max(12, rest * 25 // 100), max(13, rest * 27 // 100)
+
+    def names(text: str, wrap, width: int) -> str:
+        return escape("\n".join(wrap(printable(text), width))) if text else ""
+
     t = Table(title=escape(printable(header)), title_justify="left")
     for col in ("seqid", "op", "phase", "module", "inputs", "outputs"):
-        t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left")
+        width = {"op": op_w, "module": module_w}.get(col)
+        t.add_column(col, overflow="fold", justify="right" if col == "seqid" else "left",
+                     width=width, no_wrap=width is not None)
     for ln in lines:
         # each value on a line of its own: the newlines joining them are ours, the text
         # of each value is made printable
-        t.add_row(str(ln.seqid), escape(printable(ln.op)), escape(printable(ln.phase)), escape(printable(ln.module)),
+        t.add_row(str(ln.seqid), names(ln.op, wrap_name, op_w), escape(printable(ln.phase)),
+                  names(ln.module, wrap_name, module_w),
                   escape("\n".join(printable(describe_value(v, stats)) for v in ln.values if v.side == "in")),
                   escape(_outputs_text(ln, stats, "\n", printable)))
     console.print(t)
 
 
-def _stats_table(lines: list[OpLine], title: str):
+def _stats_table(lines: list[OpLine], title: str, width: int = 80):
     """`ls --stats` on a terminal: a row per tensor, its statistics in columns of their
     own that never wrap, so a number is never folded inside its digits (80 columns fit
-    op, tensor and min/max/mean); the seqid and op on its first row, its module and phase
-    on the second, a rule between ops. NaN and Inf counts get a column only where some
-    tensor has them."""
+    op, tensor and min/max/mean); the seqid and op on its first row, its module path and
+    phase on the rows below, a rule between ops. Names are fitted, never folded mid-word
+    (accucmp/report/fit.py): an op name too long for its column loses `aten.`/`.default`
+    first, a module path breaks after its dots, a tensor's text at its spaces. NaN and Inf
+    counts get a column only where some tensor has them."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
+    from accucmp.report.fit import short_op, wrap_dotted, wrap_prose
+
     counts = any(v.stats.get("nan_count") or v.stats.get("inf_count")
                  for ln in lines for v in ln.values)
     numbers = ("min", "max", "mean") + (("nan/inf",) if counts else ())
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
-              pad_edge=False)
-    t.add_column("seqid op", overflow="fold", ratio=1)
-    t.add_column("tensor", overflow="fold", ratio=1)
-    for name in numbers:
-        t.add_column(name, justify="right", no_wrap=True)
     blank = [""] * len(numbers)
+    # the rows' text first: the number columns take what their widest cell needs, the two
+    # name columns share the rest
+    per_op = []
     for ln in lines:
-        # (names from the file are made printable: escapes, not terminal controls)
-        where = escape(printable(" ".join(x for x in (ln.module, ln.phase) if x)))
-        op_cells = [escape(f"{ln.seqid} {printable(ln.op)}"), f"[dim]{where}[/dim]" if where else ""]
         rows = []
         for v in ln.values:
             name = printable(v.name if v.side == "in" else f"→ {v.name}")
             s = v.stats
             if v.shape is None:
-                rows.append([escape(f"{name}={printable(v.value)}"), *blank])
+                rows.append([f"{name}={printable(v.value)}", *blank])
                 continue
             # (the shape without spaces: a line breaks between name and shape, not inside)
-            text = escape(f"{name}: {printable(v.dtype or '?')}[{','.join(map(str, v.shape))}]")
+            text = f"{name}: {printable(v.dtype or '?')}[{','.join(map(str, v.shape))}]"
             if not s:
                 rows.append([text, *blank])
             else:
@@ -559,10 +573,35 @@ def _stats_table(lines: list[OpLine], title: str):
                              *((f"{_fmt(s.get('nan_count', 0))}/{_fmt(s.get('inf_count', 0))}"
                                 if found else "",) if counts else ())])
         if ln.raised:
-            rows.append([escape(printable(f"→ raised {ln.raised}")), *blank])
-        while len(rows) < 2:
+            rows.append([printable(f"→ raised {ln.raised}"), *blank])
+        per_op.append(rows)
+    number_w = [max([len(h)] + [len(r[1 + i]) for rows in per_op for r in rows]) for i, h in enumerate(numbers)]
+    # SIMPLE_HEAD: a space at each edge and between columns, one of padding on each inner side
+    ncols = 2 + len(numbers)
+    names_w = max(24, width - sum(number_w) - (3 * ncols - 1))
+    op_w = max(12, names_w // 2)
+    tensor_w = max(12, names_w - op_w)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False)
+    t.add_column("seqid op", width=op_w, no_wrap=True, overflow="ellipsis")
+    t.add_column("tensor", width=tensor_w, no_wrap=True, overflow="ellipsis")
+    for name in numbers:
+        t.add_column(name, justify="right", no_wrap=True)
+    for ln, rows in zip(lines, per_op):
+        # (names from the file are made printable: escapes, not terminal controls)
+        seqid = str(ln.seqid)
+        op_cells = [escape(f"{seqid} {short_op(printable(ln.op), op_w - len(seqid) - 1)}")]
+        where = wrap_dotted(printable(ln.module), op_w) if ln.module else []
+        if ln.phase:
+            if where and len(where[-1]) + 1 + len(ln.phase) <= op_w:
+                where[-1] += " " + printable(ln.phase)
+            else:
+                where.append(printable(ln.phase))
+        op_cells += [f"[dim]{escape(w)}[/dim]" for w in where]
+        while len(rows) < len(op_cells):
             rows.append(["", *blank])
         for i, cells in enumerate(rows):
-            t.add_row(op_cells[i] if i < 2 else "", *cells,
+            text = "\n".join(wrap_prose(cells[0], tensor_w))
+            t.add_row(op_cells[i] if i < len(op_cells) else "", escape(text), *cells[1:],
                       end_section=i == len(rows) - 1)
     return t

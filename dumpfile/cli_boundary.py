@@ -36,11 +36,13 @@ import typer
 
 def new_app(prog: str, help: str) -> typer.Typer:
     """The typer app of one of our commands, with the settings both share: `-h`, no shell
-    completion, no rich tracebacks (the boundary decides what a failure prints), `--version`."""
+    completion, no rich tracebacks (the boundary decides what a failure prints), `--version`,
+    help laid out to read whole at 80 columns (dumpfile/cli_help.py)."""
+    from dumpfile.cli_help import HELP_SETTINGS
     from dumpfile.version import add_version_option
 
     app = typer.Typer(name=prog, help=help, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False,
+                      pretty_exceptions_enable=False, **HELP_SETTINGS,
                       context_settings={"help_option_names": ["-h", "--help"]})
     add_version_option(app, prog)
     return app
@@ -152,6 +154,9 @@ def boundary(*files, prog: str = "accucmp") -> Iterator[None]:
     except Exception as e:
         if _debug(prog):
             raise
+        missing = _missing_extra(e)
+        if missing is not None:
+            raise fail(prog, missing) from None
         if is_bad_input(e):
             from dumpfile.errors import DumpError
 
@@ -160,6 +165,26 @@ def boundary(*files, prog: str = "accucmp") -> Iterator[None]:
             raise fail(prog, msg) from None
         typer.echo(internal_error_line(prog, e), err=True)
         raise typer.Exit(Status.INTERNAL) from None
+
+
+# Modules of the optional extras (pyproject.toml): the base install is the torch-free
+# comparison side, so a command of the dump side on a machine without torch is a missing
+# install the user can fix (exit 2), not a bug of ours.
+EXTRA_OF_MODULE = {"torch": "torch", "xxhash": "torch", "openpyxl": "xlsx"}
+DISTRIBUTION_NAME = "npu-accuracy-toolkit"
+
+
+def _missing_extra(e: BaseException) -> str | None:
+    """The one line for an optional dependency this install leaves out, else None."""
+    if not isinstance(e, ModuleNotFoundError) or not e.name:
+        return None
+    top = e.name.split(".", 1)[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    first = "install torch first (e.g. pip install torch), then " if extra == "torch" else ""
+    return (f"this needs {top}, which this install leaves out (the comparison side runs without "
+            f"it): {first}pip install '{DISTRIBUTION_NAME}[{extra}]'")
 
 
 def internal_error_line(prog: str, e: BaseException) -> str:

@@ -70,6 +70,11 @@ ROOT_MODE = "mode"                    # one of MODES
 ROOT_DUMP_MODE = "dump_mode"          # input / output / all
 ROOT_STATS_ONLY = "stats_only"
 ROOT_COMPLETE = "complete"            # False while writing, True after a clean close
+# the user's step raised inside the block and the writer closed the file cleanly (every op
+# up to then is in it): "TypeName: first line" and the seqid of the last op dispatched
+ROOT_STEP_RAISED = "step_raised"
+ROOT_STEP_RAISED_AT = "step_raised_at"
+ROOT_STEP_RAISED_IN_OP = "step_raised_in_op"   # True: op `step_raised_at` raised it (has `raised`)
 ROOT_CREATED = "created"              # ISO-8601 local time
 ROOT_NUM_OPS = "num_ops"              # ops written (kept current at every flush)
 ROOT_LOAD_FILE = "load_file"          # load/golden modes: the dump that was replayed

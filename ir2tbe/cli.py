@@ -25,13 +25,13 @@ app = new_app(PROG, "Map framework (IR) ops recorded in a dump to the kernels th
 
 @app.command("run")
 def run_command(
-    dump: Annotated[Path, typer.Argument(help="Dump (or extracted ops) to replay, e.g. output.h5.")],
+    dump: Annotated[Path, typer.Argument(metavar="DUMP", help="Dump (or extracted ops) to replay, e.g. output.h5.")],
     acl_config: Annotated[Path, typer.Option("--acl-config", "-c", help="acl.json to follow.")] = Path("acl.json"),
     device: Annotated[str, typer.Option("--device", help="Device to run the kernels on (cpu, cuda, cuda:1).")] = "cpu",
     dump_path: Annotated[Optional[str], typer.Option(
         "--dump-path", help="Override acl.json's dump_path.")] = None,
     op: Annotated[Optional[list[str]], typer.Option(
-        "--op", help="Only these ops (name, short name or glob); repeatable.")] = None,
+        "--op", metavar="OP", help="Only these ops (name, short name or glob); repeatable.")] = None,
 ) -> None:
     """Replay each op of DUMP from its recorded inputs and dump every kernel it runs (CANN layout)."""
     with boundary(dump, prog=PROG):
@@ -69,7 +69,7 @@ def _run(dump, acl_config, device, dump_path, op) -> None:
 
 @app.command("map")
 def map_command(
-    op: Annotated[str, typer.Argument(help="Op name: aten.gelu.default, aten.gelu, gelu or a glob.")],
+    op: Annotated[str, typer.Argument(metavar="OP", help="Op name: aten.gelu.default, aten.gelu, gelu or a glob.")],
     dump: Annotated[Path, typer.Option("-i", "--input", help="Dump to take the op's recorded inputs from.")],
     device: Annotated[str, typer.Option("--device", help="Device to run on.")] = "cpu",
     seqid: Annotated[Optional[int], typer.Option("--seqid", help="Which call (default: the first).")] = None,

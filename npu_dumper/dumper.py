@@ -349,8 +349,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                     self._drain(noted)
                     for p in self.policies:
                         p.end(self)
-                    self._finish(clean=exc_type is None and not self._writer.failed
-                                 and not noted.signals)
+                    writer_ok = not self._writer.failed and not noted.signals
+                    self._finish(clean=exc_type is None and writer_ok,
+                                 step_raised=_raised_text(exc_type, exc) if writer_ok else None)
                 finally:
                     with _active_lock:
                         _active = None
@@ -381,7 +382,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             msg += f"; recording stopped, the file keeps {kept} ops"
         raise DumperError(msg) from err
 
-    def _finish(self, clean: bool) -> None:
+    def _finish(self, clean: bool, step_raised: str | None = None) -> None:
+        """Close the file: complete only on a clean exit. `step_raised`: the user's step
+        raised and the writer closed cleanly, so the file says so (root `step_raised` and
+        the op it had reached, `step_raised_at`: `accucmp ls` tells that apart from a
+        writer that did not close)."""
         wt = self._writer
         w = wt.writer
         dev = self._mode.first_device or "cpu"
@@ -392,18 +397,19 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                 policy_attrs.update(policy.root_attrs())
             except Exception:  # noqa: BLE001 - a mode's report must not lose the dump
                 pass
+        extra = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
+        if layout:
+            extra[S.ROOT_PARALLEL_LAYOUT] = layout
+        if step_raised is not None:
+            extra[S.ROOT_STEP_RAISED] = step_raised
+            extra[S.ROOT_STEP_RAISED_AT] = int(self._mode.seqid)
+            extra[S.ROOT_STEP_RAISED_IN_OP] = self._mode.raised_in == self._mode.seqid
+        extra.update(policy_attrs)
         if isinstance(w, RemoteDumpWriter):
-            w.extra_root_attrs = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
-            if layout:
-                w.extra_root_attrs[S.ROOT_PARALLEL_LAYOUT] = layout
-            w.extra_root_attrs.update(policy_attrs)
+            w.extra_root_attrs = extra
         elif (f := w.file) is not None and f.id.valid and (getattr(wt, "device_written", None) != dev or layout
-                                                           or policy_attrs):
+                                                           or step_raised is not None or policy_attrs):
             try:
-                extra = {S.ROOT_DEVICE: dev, S.ROOT_DEVICE_TYPE: S.device_type_code(dev)}
-                if layout:
-                    extra[S.ROOT_PARALLEL_LAYOUT] = layout
-                extra.update(policy_attrs)
                 set_attrs(f, extra)
             except Exception:  # noqa: BLE001 - e.g. disk full: close() below reports
                 pass
@@ -428,3 +434,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             if report is not None:
                 self.summary[type(policy).__name__.removesuffix("Policy").lower()] = report
 
+
+def _raised_text(exc_type, exc) -> str | None:
+    """'ValueError: first line of its message' of what ended the block; None: it did not raise."""
+    if exc_type is None:
+        return None
+    msg = str(exc).strip().splitlines()[0][:200] if exc is not None and str(exc).strip() else ""
+    return f"{exc_type.__name__}: {msg}" if msg else exc_type.__name__

@@ -269,6 +269,33 @@ def test_an_op_that_raises_is_recorded_with_its_inputs_and_the_error(tmp_path, k
     res = CliRunner().invoke(app, ["ls", str(p), "--plain"], terminal_width=200)
     assert res.exit_code == 0
     assert "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in res.output.splitlines()[-1]
+    # the writer closed cleanly: ls says the step raised, not that the writer failed (issue 35 item 7)
+    head = res.output.splitlines()[0]
+    assert "the step raised at op 2 (RuntimeError: mat1 and mat2 shapes cannot be multiplied" in head, head
+    assert "INCOMPLETE" not in head, head
+
+
+@pytest.mark.parametrize("kw", [dict(writer="process"), dict(writer="thread"), dict(stats_only=True)])
+def test_user_code_raising_in_the_block_is_told_apart_from_a_writer_that_did_not_close(tmp_path, kw):
+    from typer.testing import CliRunner
+    from accucmp.cli.main import app
+
+    p = tmp_path / "user.h5"
+    with pytest.raises(ValueError, match="the user's own check"):
+        with npu_dumper.dumper(use_dump=True, dump_path=str(p), **kw):
+            (torch.ones(3) * 2).sum()
+            raise ValueError("the user's own check\nsecond line")
+    with DumpFile(p) as f:
+        assert not f.complete and f.step_raised == ("ValueError: the user's own check", 3, False)
+    res = CliRunner().invoke(app, ["ls", str(p), "--plain"], terminal_width=200)
+    head = res.output.splitlines()[0]
+    assert ("ops, mode dump, the step raised after op 3 (ValueError: the user's own check); "
+            "the writer closed cleanly") in head and "INCOMPLETE" not in head, head
+    # a clean block: complete, nothing said
+    with npu_dumper.dumper(use_dump=True, dump_path=str(p), **kw):
+        torch.ones(3).sum()
+    with DumpFile(p) as f:
+        assert f.complete and f.step_raised is None
 
 
 def test_an_interrupt_is_not_recorded_as_the_op_raising(tmp_path):

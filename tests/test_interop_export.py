@@ -151,3 +151,60 @@ def test_native_export_of_an_original_file(tmp_path):
         assert f.attrs[S.ROOT_DEVICE_TYPE] == 10 and f.attrs[S.ROOT_DEVICE] == "npu"
     a = compare_dumps(str(src), str(dst)).table
     assert (a["CosineSimilarity"].astype(float) == 1.0).all() and len(a) == 3
+
+
+def _verdict(target, golden):
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
+
+    t = apply_verdict(compare_dumps(str(target), str(golden)).table)
+    return sorted(zip(t["NPUDumpPath"].astype(str), t["Result"].astype(str), t["Origin"].astype(str)))
+
+
+def test_round_trip_of_a_load_replay_dump_keeps_its_replay_attributes(tmp_path):
+    """issue 35 item 6: `--layout legacy` then `--layout native` of a bf16 load-replay dump
+    dropped its mode and per-op replay attributes (own_error, input_dtypes, replayed): the
+    verdict went from one caused-here failure to several, the faulty op 'inherited'. The
+    legacy file carries them in its bookkeeping attribute; the way back restores them."""
+    from npu_dumper import dumper, inject_fault
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    golden, target = tmp_path / "golden.h5", tmp_path / "target.h5"
+    with dumper(use_dump=True, dump_path=str(golden)):
+        model(x).sum().backward()
+    live = model.to(torch.bfloat16)
+    with inject_fault("aten.gelu.default", rel=0.05):
+        with dumper(use_load=True, load_file_path=str(golden), dump_path=str(target)):
+            live(x.to(torch.bfloat16)).float().sum().backward()
+    with DumpFile(str(target)) as f:
+        assert f.mode == S.MODE_LOAD
+        assert any(S.OP_OWN_ERROR in f.h5[o.path].attrs for o in f.ops())
+    before = _verdict(target, golden)
+    assert [r for r in before if r[1] == "fail" and r[2] == "caused here"], before
+    leg, back = tmp_path / "legacy.h5", tmp_path / "back.h5"
+    r = CliRunner().invoke(app, ["export", "-i", str(target), "-o", str(leg), "--layout", "legacy"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["export", "-i", str(leg), "-o", str(back), "--layout", "native"])
+    assert r.exit_code == 0, r.output
+    with DumpFile(str(target)) as a, DumpFile(str(back)) as b:
+        assert b.mode == S.MODE_LOAD and b.attrs[S.ROOT_LOAD_FILE] == a.attrs[S.ROOT_LOAD_FILE]
+        attrs_a = {(o.op, o.seqid): dict(a.h5[o.path].attrs) for o in a.ops()}
+        for o in b.ops():
+            got = dict(b.h5[o.path].attrs)
+            for k in (S.OP_OWN_ERROR, S.OP_INPUT_DTYPES, S.OP_REPLAYED, S.OP_SOURCE_SEQID):
+                assert (k in got) == (k in attrs_a[(o.op, o.seqid)]), (o.op, k)
+                if k in got:
+                    assert got[k] == attrs_a[(o.op, o.seqid)][k], (o.op, k)
+    assert _verdict(back, golden) == before
+
+
+def test_export_says_what_the_legacy_layout_could_not_carry(tmp_path):
+    src, leg = tmp_path / "d.h5", tmp_path / "legacy.h5"
+    _dump(src)                    # add's alpha, gt's bool output are carried; None/str values are not
+    r = CliRunner().invoke(app, ["export", "-i", str(src), "-o", str(leg), "--layout", "legacy"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith(f"wrote {leg} (legacy): ")
+    assert any(ln.startswith("  not carried: ") and "non-tensor values" in ln for ln in lines[1:]), r.output

@@ -269,8 +269,9 @@ def test_golden_replay_of_an_op_returning_a_script_object(tmp_path):
     """torch.profiler.record_function (used inside nn.TransformerEncoderLayer's fast path)
     runs profiler._record_function_enter_new, which returns a ScriptObject: golden replay
     raised 'TypeError: no Type code for ScriptObject' out of `accucmp golden` (a traceback,
-    and a file left complete=False). The object is written as its type name, as the
-    dumper writes it, and the replay goes on."""
+    and a file left complete=False). Since issue 35 the dumper does not record profiler
+    labels at all (dumpfile/bookkeeping.py; an older dump's are skipped by golden replay:
+    tests/test_dump_profiler_labels.py): the dump and its golden hold the numeric ops only."""
     import npu_dumper
     from typer.testing import CliRunner
 
@@ -281,13 +282,12 @@ def test_golden_replay_of_an_op_returning_a_script_object(tmp_path):
             y = x * 2
         torch.exp(y)
     with DumpFile(tmp_path / "d.h5") as d:
-        assert any(o.op.startswith("profiler.") for o in d.ops())
+        assert [o.op for o in d.ops()] == ["aten.mul.Tensor", "aten.exp.default"]
     r = CliRunner().invoke(app, ["golden", "-i", str(tmp_path / "d.h5"), "-o", str(tmp_path / "g.h5")])
     assert r.exit_code == 0, r.output
     with DumpFile(tmp_path / "g.h5") as g:
         assert g.complete
         ops = {o.op: o for o in g.ops()}
-        enter = next(o for name, o in ops.items() if name.startswith("profiler._record_function_enter"))
-        assert list(enter.outputs().values())[0].read() == "<ScriptObject>"
+        assert not [name for name in ops if name.startswith("profiler.")]
         np.testing.assert_allclose(np.asarray(ops["aten.exp.default"].outputs()["result"].read()),
                                    np.exp(x.double().numpy() * 2))

@@ -251,3 +251,21 @@ def test_bisect_in_process_on_hugging_face_gpt2():
     res = bisect(runner, [Suspect("module", n) for n in leaves], golden, rtol=3e-3)   # bf16's own: 6e-4
     assert [s.name for s in res.culprits] == [culprit]
     assert res.evaluations < 1 + len(leaves), res.evaluations
+
+
+def test_golden_loss_file_with_a_time_after_the_loss_says_which_line_it_read(tmp_path):
+    """issue 35 item 4: `loss=2.31074309  (1.11s)` was refused ("no 'loss=<float>' line")."""
+    from accucmp.bisect import find_loss, parse_loss, read_golden
+
+    log = tmp_path / "golden.log"
+    log.write_text("epoch 0\nstep 1 loss=2.5 lr=0.1\nloss=2.31074309  (1.11s)\ndone\n")
+    said = []
+    assert read_golden(str(log), said.append) == 2.31074309
+    assert said == [f"golden loss 2.31074309 read from {log} (line 3: loss=2.31074309  (1.11s))"]
+    assert find_loss("LOSS = -1.5e-3, acc=0.9") == (-1.5e-3, 1, "LOSS = -1.5e-3, acc=0.9")
+    assert parse_loss("loss=1\nloss=2 (0.5s)\n") == 2.0     # a script's last loss line counts
+    assert parse_loss("val_loss: 3\nno loss here") is None
+    # the command line says it too, on stderr
+    res = CliRunner().invoke(app, ["bisect", "--run", "true", "--golden-loss", str(log), "--ops", "x",
+                                   "-out", str(tmp_path)])
+    assert f"golden loss 2.31074309 read from {log} (line 3:" in res.output

@@ -114,6 +114,27 @@ def test_mxfp8_matches_torch_reference_and_reports_block_loss():
     assert ref[2, 0] == 448.0
 
 
+def test_mxfp8_saturation_error_is_below_one_eighth():
+    """docs/WHATIF.md, MXFP8 (issue 35 item 5): with the scale 2^(floor(log2 amax) - 8) the
+    block maximum lands in [256, 512); e4m3's quantum there is 32, so [464, 512) would round
+    to 480 > 448 and saturates to 448: off by (x - 448)/x, from 16/464 = 3.4 % up to, never
+    reaching, 64/512 = 12.5 %. A block of values just below 512 x scale is saturated whole
+    and its rms_rel_error approaches 1/8 (the old doc said "at most 3.5 %")."""
+    scaled = np.array([464.0, 481.0, 496.0, 511.0, 511.99])
+    for s in scaled:
+        block = np.full((1, 32), s * 2.0 ** -9)                       # scale 2^-9: x/scale = s
+        q = NF.mx_quantize(block)
+        assert q[0, 0] == 448 * 2.0 ** -9
+        err = (block[0, 0] - q[0, 0]) / block[0, 0]
+        assert err == pytest.approx(1 - 448 / s) and err < 0.125
+    x = np.full(64, 511.99 * 2.0 ** -9, np.float32)
+    (row,) = W.analyze_tensor([x], x.shape, ["mxfp8"])
+    assert row["overflow_share"] == 1.0
+    assert 0.12 < row["rms_rel_error"] < 0.125
+    # the issue's tensor: amax 0.94 -> 481 x scale -> 448, 6.9 % off
+    assert (0.94 - NF.mx_quantize(np.full((1, 32), 0.94))[0, 0]) / 0.94 == pytest.approx(1 - 448 / 481.28, rel=1e-3)
+
+
 def test_mxfp8_pads_rows_not_multiple_of_32():
     x = np.r_[np.full(40, 1.0), np.full(40, 2.0 ** -20)].astype(np.float32).reshape(2, 40)
     (row,) = W.analyze_tensor([x.reshape(-1)], x.shape, ["mxfp8"])

@@ -48,28 +48,28 @@ def compare(
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Output directory.")] = Path("."),
     alg: Annotated[str, typer.Option("--alg", help="'all' or comma-separated metric names.")] = "all",
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
-    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="Override a verdict threshold: NAME=VALUE (repeatable).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: csv,json,jsonl,html,xlsx (csv always; jsonl: one JSON object per row, written as rows are judged).")] = "csv",
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", metavar="NAME=VALUE", help="Override one verdict threshold (repeatable).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="LIST", help="Comma-separated: csv,json,jsonl,html,xlsx (csv always; jsonl: a JSON object per row as rows are judged).")] = "csv",
     tolerance: Tolerance = None,
-    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict (PASS/FAIL, the sentence, exit code, counts, first and worst failing ops) as JSON for CI.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes for tensor reads and metrics; 0: one per core (at most 4) when there are 500+ ops.")] = 0,
+    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict as JSON for CI (PASS/FAIL, sentence, exit code, counts, first and worst ops); replaces the summary an earlier run wrote there.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes for reads and metrics; 0: one per core (at most 4) from 500 ops.")] = 0,
     pickle_failures: Annotated[bool, typer.Option("-p", "--dump-failures", help="Also write the failing rows to a filtered csv and their tensors (both sides) as .npy.")] = False,
     golden_fp64: Annotated[Optional[Path], typer.Option("--golden-fp64", help="fp64 golden replay of the golden dump: judge each op's error against the golden device's own error.")] = None,
-    chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
-    top: Annotated[int, typer.Option("--top", min=0, help="How many worst/unmatched ops the summary lists.")] = 5,
+    chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, metavar="N", help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
+    top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="How many worst/unmatched ops the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Folders: run on this Dask cluster (tcp://host:port) instead of a local one.")] = None,
-    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Folders: local Dask worker processes; 0: one per core, at most one per rank pair.")] = 0,
-    replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: check that tensors the golden run holds equal on every rank (DDP weights, reduced grads) are equal across the target's ranks too.")] = True,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=0, metavar="N", help="Folders: local Dask worker processes; 0: one per core, at most one per rank pair.")] = 0,
+    replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: check that tensors equal on every golden rank (DDP weights, reduced grads) are equal on every target rank too.")] = True,
     force: Force = False,
     max_files: MaxFiles = MAX_FILES,
     max_bytes: MaxBytes = MAX_BYTES,
     noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
-    noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
+    noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, metavar="F", help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
     align_map: AlignMapFile = None,
-    bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash (its bits) equals the golden's; names the first op whose output bits differ and whether its inputs already did.")] = False,
+    bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash equals the golden's; names the first op whose output bits differ.")] = False,
 ) -> None:
-    """Compare TARGET (-m) against GOLDEN (-g); write DIR/result_{time}.csv; exit 0 all pass, 1 some fail, 2 bad input.
+    """Compare TARGET (-m) against GOLDEN (-g): a result csv in DIR and the verdict; exit 0 all pass, 1 some fail, 2 bad input.
 
     Given two folders of per-rank dumps, pairs their files by rank (and step) and compares
     every pair in parallel on Dask (docs/COMPARE.md, "Comparing runs of many ranks")."""
@@ -78,10 +78,11 @@ def compare(
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         algorithms = _metric_names(alg)
         caps = budget(max_files, max_bytes)   # a bad --max-bytes is said before minutes of compare
-        if summary_json is not None:           # a taken --summary-json name too
+        if summary_json is not None:           # a taken --summary-json name too (an earlier summary: replaced)
+            from accucmp.report.outputs import summary_json_force
             from dumpfile.safe_output import check_target
 
-            check_target(summary_json, force=force)
+            check_target(summary_json, force=summary_json_force(summary_json, force))
         if my_dump.is_dir() and golden_dump.is_dir():
             from accucmp.compare.ranks import run_folder_compare
 
@@ -281,23 +282,24 @@ def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -
 
 # ---- report ----------------------------------------------------------------
 def report(
-    result_csv: Annotated[Path, typer.Argument(help="A result_*.csv written by `accucmp compare`.")],
-    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="NAME=VALUE (repeatable).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="Also write: csv,json,jsonl,html,xlsx.")] = "",
+    result_csv: Annotated[Path, typer.Argument(metavar="RESULT_CSV", help="A result_*.csv written by `accucmp compare`.")],
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", metavar="NAME=VALUE", help="Override one verdict threshold (repeatable).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="LIST", help="Also write: csv,json,jsonl,html,xlsx.")] = "",
     tolerance: Tolerance = None,
-    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict as JSON (as compare).")] = None,
+    summary_json: Annotated[Optional[Path], typer.Option("--summary-json", help="Also write the verdict as JSON (as compare's).")] = None,
     out: Annotated[Optional[Path], typer.Option("-out", "--out", "-o", help="Output directory (default: next to the csv).")] = None,
-    top: Annotated[int, typer.Option("--top", min=0)] = 5,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="How many worst ops the summary lists.")] = 5,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary.")] = False,
 ) -> None:
     """Re-apply verdict thresholds to a saved result (no tensors needed); exit 0/1/2 as compare."""
     with boundary(result_csv):
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
         formats = [f for f in parse_formats(fmt) if f != "csv"] if fmt else []
         if summary_json is not None:
+            from accucmp.report.outputs import summary_json_force
             from dumpfile.safe_output import check_target
 
-            check_target(summary_json)
+            check_target(summary_json, force=summary_json_force(summary_json, False))
         from accucmp.report.outputs import read_result_csv, write_results
         from accucmp.report.summary import print_summary
         from accucmp.compare.verdict import apply_verdict

@@ -26,17 +26,17 @@ def _split(values: list[str]) -> list[str]:
 
 def convert_command(
     dump: Annotated[list[str], typer.Option(
-        "-d", "--dump", help="Kernel dump file or folder (searched recursively); repeat or comma-separate.")],
+        "-d", "--dump", metavar="PATHS", help="Kernel dump file or folder (searched recursively); repeat or comma-separate.")],
     out: Annotated[Optional[Path], typer.Option(
         "-out", "--out", "--output", help="Folder for the converted files (created).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="npy, txt (flattened, np.savetxt) or both.")] = "npy",
-    verbose: Annotated[int, typer.Option("-v", "--verbose", help="0 quiet, 1 summary, 2 every file.")] = 1,
+    verbose: Annotated[int, typer.Option("-v", "--verbose", metavar="0|1|2", help="0 quiet, 1 summary, 2 every file.")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (as -v 0).")] = False,
     force: Force = False,
     max_files: MaxFiles = MAX_FILES,
     max_bytes: MaxBytes = MAX_BYTES,
 ) -> None:
-    """Convert CANN-layout kernel dumps (ir2tbe's or real CANN ones) to {file}.{input|output}.{i}.npy/.txt."""
+    """Convert CANN-layout kernel dumps (ir2tbe's or CANN's) to .npy/.txt, one file per tensor."""
     with boundary(*_split(dump)):
         _convert(dump, out, fmt, 0 if quiet else verbose, force, max_files, max_bytes)
 

@@ -30,9 +30,9 @@ def demo_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and inputs.")] = 0,
     saturate: Annotated[bool, typer.Option("--saturate", help="Emulate float16 saturation (no inf/nan: clamp to +-65504).")] = False,
     kernels: Annotated[bool, typer.Option("--kernels/--no-kernels", help="Map the worst op to its kernels (ir2tbe).")] = True,
-    top: Annotated[int, typer.Option("--top", min=0, help="How many worst ops the summary lists.")] = 5,
+    top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="How many worst ops the summary lists.")] = 5,
 ) -> None:
-    """Dump a sample model on CPU fp32, replay it under emulated NPU numerics, compare, report, map the worst op to kernels.
+    """Dump a sample model on CPU fp32, replay it under emulated NPU numerics, compare, report.
 
     Exit 0 when the demo shows what it should (the planted fault is the first failing
     op; with --fault none: nothing fails), 1 otherwise, 2 on bad input.

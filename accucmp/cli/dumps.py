@@ -23,10 +23,10 @@ RICH_MAX_OPS = 2000
 
 
 def ls_command(
-    dump: Annotated[Path, typer.Argument(help="A dump file (.h5).")],
+    dump: Annotated[Path, typer.Argument(metavar="DUMP", help="A dump file (.h5).")],
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module.")] = None,
     stats: Annotated[bool, typer.Option("--stats", help="Show min/max/mean/NaN/Inf of each tensor (reads the data).")] = False,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=0, help="Show at most N ops.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=0, metavar="N", help="Show at most N ops.")] = None,
     plain: Annotated[bool, typer.Option("--plain", help="Plain text even on a terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -52,10 +52,10 @@ def ls_command(
 def extract(
     input_file: Annotated[Path, typer.Option("-i", "--input", help="Dump to copy ops from.")],
     output_file: Annotated[Path, typer.Option("-o", "--output", help="Dump to write (appended to when it exists).")],
-    source: Annotated[Optional[list[str]], typer.Option("-s", "--source", help="/op/seqid/ to copy (repeatable; /op/ copies every call of op).")] = None,
-    dest: Annotated[Optional[list[str]], typer.Option("-d", "--dest", help="/op/seqid/ to write it as (repeatable, pairs with -s; default: the same path).")] = None,
+    source: Annotated[Optional[list[str]], typer.Option("-s", "--source", metavar="/OP/SEQID/", help="/op/seqid/ to copy (repeatable; /op/ copies every call of op).")] = None,
+    dest: Annotated[Optional[list[str]], typer.Option("-d", "--dest", metavar="/OP/SEQID/", help="/op/seqid/ to write it as (repeatable, pairs with -s; default: the same path).")] = None,
     from_report: Annotated[Optional[Path], typer.Option("--from-report", help="Copy every failing op of this result csv.")] = None,
-    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", help="With --from-report: re-judge with NAME=VALUE first.")] = None,
+    threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", metavar="NAME=VALUE", help="With --from-report: re-judge with this threshold first.")] = None,
     pv: Annotated[bool, typer.Option("-p", "-v", "-pv", hidden=True, help="Accepted for h5copy compatibility.")] = False,
     max_bytes: MaxBytes = MAX_BYTES,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -108,9 +108,11 @@ def export_command(
             counts = run_export(str(input), str(output), layout, device_type=device_type, force=force)
         except ExportError as e:      # a layout the export cannot write: the user's choice
             raise UsageProblem(str(e)) from None
-        skipped = (f"; {counts['skipped_tensors']} tensors with no {layout} form left out"
-                   if counts["skipped_tensors"] else "")
-        typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors{skipped}")
+        typer.echo(f"wrote {output} ({layout}): {counts['ops']} ops, {counts['tensors']} tensors")
+        from accucmp.report.export import not_carried
+
+        for line in not_carried(counts, layout):
+            typer.echo(f"  not carried: {line}")
 
 
 def register(app: typer.Typer) -> None:

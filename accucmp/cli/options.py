@@ -14,12 +14,12 @@ from accucmp.cli.boundary import UsageProblem
 from dumpfile.safe_output import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, OutputBudget, format_size, parse_size
 
 Force = Annotated[bool, typer.Option(
-    "--force", help="Replace output files that already exist (default: refuse them). "
-                    "A link at an output name is replaced, never written through.")]
+    "--force", help="Replace output files that exist (default: refuse). A link at an output "
+                    "name is replaced, never written through.")]
 MaxFiles = Annotated[int, typer.Option(
-    "--max-files", min=1, help=f"Write at most this many files (default {DEFAULT_MAX_FILES}).")]
+    "--max-files", min=1, metavar="N", help="Write at most this many files.")]
 MaxBytes = Annotated[str, typer.Option(
-    "--max-bytes", help=f"Write at most this many bytes, e.g. 500M, 64G (default {format_size(DEFAULT_MAX_BYTES)}).")]
+    "--max-bytes", metavar="SIZE", help="Write at most this many bytes, e.g. 500M, 64G.")]
 
 
 # the defaults as the signatures spell them
@@ -73,8 +73,8 @@ def parse_algorithms(value: str | None) -> list[str] | None:
 
 # ---- the verdict's one tolerance knob (issue 22) ---------------------------------
 Tolerance = Annotated[Optional[float], typer.Option(
-    "--tolerance", help="Scale every dtype-derived bound at once: 2 allows twice the error each dtype "
-                        "allows by default, 0.5 half (the threshold Tolerance; -t NAME=VALUE for one bound).")]
+    "--tolerance", metavar="F", help="Scale every dtype-derived bound at once: 2 allows twice the "
+                        "default error, 0.5 half (-t NAME=VALUE sets one bound).")]
 
 
 def with_tolerance(thresholds: dict[str, float] | None, tolerance: float | None) -> dict[str, float] | None:

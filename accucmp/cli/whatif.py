@@ -15,12 +15,12 @@ from accucmp.cli.boundary import UsageProblem, boundary, require_file
 
 
 def whatif_command(
-    dump: Annotated[Path, typer.Argument(help="A full dump (.h5), e.g. of an fp32 run.")],
-    dtype: Annotated[str, typer.Option("--dtype", help="Comma-separated: bf16,fp16,fp8_e4m3,fp8_e5m2,mxfp8.")] = "bf16,fp16,fp8_e4m3,fp8_e5m2,mxfp8",
+    dump: Annotated[Path, typer.Argument(metavar="DUMP", help="A full dump (.h5), e.g. of an fp32 run.")],
+    dtype: Annotated[str, typer.Option("--dtype", metavar="LIST", help="Comma-separated formats: bf16,fp16,fp8_e4m3,fp8_e5m2,mxfp8.")] = "bf16,fp16,fp8_e4m3,fp8_e5m2,mxfp8",
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Output directory for whatif_*.csv.")] = Path("."),
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module.")] = None,
-    chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
-    top: Annotated[int, typer.Option("--top", min=0, help="How many worst tensors per format the summary lists.")] = 5,
+    chunk_elements: Annotated[int, typer.Option("--chunk-elements", min=1, metavar="N", help="Elements read per chunk (bounds peak memory).")] = 1 << 22,
+    top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="How many worst tensors per format the summary lists.")] = 5,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output path.")] = False,
 ) -> None:
     """Predict underflow/subnormal/overflow shares, rounding error and MXFP8 block loss of every recorded tensor per low-precision format."""
@@ -41,17 +41,17 @@ def whatif_command(
 
 
 def bisect_command(
-    run: Annotated[str, typer.Option("--run", help="Shell command running one step; prints 'loss=<float>' (its last such line counts).")],
-    golden_loss: Annotated[str, typer.Option("--golden-loss", help="The golden loss: a number, or a file holding a 'loss=<float>' line.")],
+    run: Annotated[str, typer.Option("--run", metavar="COMMAND", help="Shell command running one step; prints 'loss=<float>' (its last such line counts).")],
+    golden_loss: Annotated[str, typer.Option("--golden-loss", metavar="LOSS|FILE", help="The golden loss: a number, or a file with a 'loss=<float>' line (its last; the first number after loss=).")],
     from_compare: Annotated[Optional[Path], typer.Option("--from-compare", help="Suspects: the failing ops of this compare result csv.")] = None,
     by: Annotated[str, typer.Option("--by", help="With --from-compare: suspects are failing 'op's or their 'module's.")] = "op",
-    ops: Annotated[Optional[list[str]], typer.Option("--ops", help="Suspect ops, comma-separated (repeatable).")] = None,
-    modules: Annotated[Optional[list[str]], typer.Option("--modules", help="Suspect module subtrees, comma-separated (repeatable).")] = None,
-    rtol: Annotated[float, typer.Option("--rtol", min=0.0, help="Within tolerance: |loss - golden| <= atol + rtol*|golden|.")] = 1e-3,
-    atol: Annotated[float, typer.Option("--atol", min=0.0)] = 0.0,
+    ops: Annotated[Optional[list[str]], typer.Option("--ops", metavar="OPS", help="Suspect ops, comma-separated (repeatable).")] = None,
+    modules: Annotated[Optional[list[str]], typer.Option("--modules", metavar="PATHS", help="Suspect module subtrees, comma-separated (repeatable).")] = None,
+    rtol: Annotated[float, typer.Option("--rtol", min=0.0, metavar="F", help="Within tolerance: |loss - golden| <= atol + rtol*|golden|.")] = 1e-3,
+    atol: Annotated[float, typer.Option("--atol", min=0.0, metavar="F", help="Absolute part of the tolerance (see --rtol).")] = 0.0,
     dtype: Annotated[str, typer.Option("--dtype", help="Precision the upcast ops run in.")] = "float32",
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for bisect_cache.json.")] = Path("."),
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds per script run.")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", help="Seconds per script run.")] = None,
 ) -> None:
     """Find the smallest set of ops / module subtrees whose upcast brings the loss within tolerance of the golden."""
     with boundary():
@@ -68,8 +68,8 @@ def bisect_command(
                 suspects += suspects_from_compare(from_compare, by)
             if not suspects:
                 raise UsageProblem("no suspects: give --from-compare result.csv, --ops or --modules")
-            golden = read_golden(golden_loss)
             say = lambda s: typer.echo(s, err=True)  # noqa: E731 - progress on stderr, result on stdout
+            golden = read_golden(golden_loss, say)
             runner = ScriptRunner(command_line(run), dtype, out / "bisect_cache.json", timeout, progress=say)
             res = bisect(runner, suspects, golden, rtol, atol, progress=say)
         except BisectError as e:
@@ -88,7 +88,7 @@ def calibrate_command(
     second: Annotated[Path, typer.Option("-m", "--second-dump", help="A second golden run: harmlessly perturbed, or just re-run.")],
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Directory for noise_floor.csv.")] = Path("."),
 ) -> None:
-    """Per-tensor noise floor from two golden runs; use it with `compare --noise-floor`."""
+    """Measure each tensor's noise floor from two golden runs, for compare to allow."""
     with boundary(golden, second):
         from accucmp.compare.calibrate import calibrate
 

@@ -45,6 +45,7 @@ def _attr_text(v) -> str:
 def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
     execution order); `pattern`: --select, `amap`: the --align-map overrides."""
+    from dumpfile.bookkeeping import is_bookkeeping
     from dumpfile.golden_info import read_not_replayed
 
     # A filtered dump (include/exclude/modules/phases) against one filtered differently or
@@ -63,6 +64,10 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
         if t_sel is not None:
             g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
         filtered_out = n - len(t_ops) - len(g_ops)
+    # profiler labels an older dump recorded: no numerics to pair (dumpfile/bookkeeping.py)
+    if any(is_bookkeeping(o.op) for o in t_ops) or any(is_bookkeeping(o.op) for o in g_ops):
+        t_ops = [o for o in t_ops if not is_bookkeeping(o.op)]
+        g_ops = [o for o in g_ops if not is_bookkeeping(o.op)]
     if pattern is not None:
         keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]

@@ -25,7 +25,7 @@ import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read.reader import DumpFile
+from dumpfile.read.reader import DumpFile, ending_text
 
 from accucmp.compare import align_map, matching
 from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure, structural_pairs
@@ -185,8 +185,10 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
     n_unmatched_t = sum(1 for p in m.pairs if p.golden is None)
     n_unmatched_g = sum(1 for p in m.pairs if p.target is None)
-    warnings = [f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
-                "comparing what was flushed" for f in (tf, gf) if not f.complete] + list(m.warnings)
+    warnings = [(f"{f.path}: not closed cleanly (complete=False): the run may have crashed; "
+                 "comparing what was flushed") if f.step_raised is None else
+                f"{f.path}: {ending_text(f)}: comparing the ops it reached"
+                for f in (tf, gf) if not f.complete] + list(m.warnings)
     meta = {
         "target": tf.path, "golden": gf.path, "golden_fp64": ff.path if ff is not None else None,
         "target_mode": tf.mode, "golden_mode": gf.mode,

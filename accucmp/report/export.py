@@ -99,11 +99,41 @@ def _write_legacy_value(parent: h5py.Group, name: str, rec: ValueRecord, device_
         ds = parent.create_dataset(name, data=val)
         ds.attrs[S.ATTR_TYPE] = np.int64(rec.type)
         return True
+    counts["skipped_values"] += 1
     return False          # our own value kinds (None, str, device, stats...): the original had none
 
 
+# op group attributes the legacy layout carries in its op tree (the group names) or in the
+# bookkeeping's "op_attrs"; every other one (a load-replay's replayed, own_error,
+# input_dtypes, compute_dtype, ...) goes to the bookkeeping's "op_extra"
+_OP_TREE_ATTRS = (S.OP_SEQID, S.OP_NAME, S.OP_PHASE, S.OP_MODULE, S.OP_GRAD_FN)
+# root attributes the writer of the native file sets itself
+_WRITER_ROOT_ATTRS = (S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_MODE, S.ROOT_COMPLETE, S.ROOT_CREATED,
+                      S.ROOT_NUM_OPS)
+
+
+def _jsonable(v):
+    """An HDF5 attribute value as JSON can hold it (None: it cannot)."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, (np.integer, np.floating, np.bool_)):
+        v = v.item()
+    if isinstance(v, (str, bool, int)) or (isinstance(v, float) and np.isfinite(v)):
+        return v
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf" and v.ndim == 1:
+        return {"array": v.tolist(), "dtype": str(v.dtype)}
+    return None
+
+
+def _from_json(v):
+    if isinstance(v, dict) and "array" in v:
+        return np.asarray(v["array"], dtype=v.get("dtype"))
+    return v
+
+
 def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict:
-    counts = {"ops": 0, "tensors": 0, "skipped_tensors": 0, "skipped_ops": 0}
+    counts = {"ops": 0, "tensors": 0, "skipped_tensors": 0, "skipped_ops": 0, "skipped_values": 0,
+              "skipped_attrs": 0}
     dev = None if device_type in (None, "keep") else L.ORIGINAL_DEVICE_TYPES[device_type]
     with DumpFile(src) as f:
         if f.is_table:
@@ -114,6 +144,7 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
         # v108 object headers: the bookkeeping attribute may pass 64 KB (dense attribute
         # storage); any HDF5 >= 1.8 reads the file
         op_attrs: dict[str, list] = {}
+        op_extra: dict[str, dict] = {}
         with h5py.File(tmp, "w", libver=("v108", "v110")) as out:
             for op in ops:
                 lname = names[op.op]
@@ -133,6 +164,17 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
                     counts["ops"] += 1
                     if op.phase == S.PHASE_BACKWARD or op.module or op.grad_fn:
                         op_attrs[f"{lname}/{op.seqid}"] = [op.phase, op.module, op.grad_fn]
+                    extra = {}
+                    for k, v in f.h5[op.path].attrs.items():
+                        if k in _OP_TREE_ATTRS:
+                            continue
+                        j = _jsonable(v)
+                        if j is None:
+                            counts["skipped_attrs"] += 1
+                        else:
+                            extra[k] = j
+                    if extra:
+                        op_extra[f"{lname}/{op.seqid}"] = extra
                 else:
                     del out[lname][str(op.seqid)]
                     counts["skipped_ops"] += 1
@@ -142,11 +184,11 @@ def export_legacy(src: str, dst: str, *, device_type: str | None = None) -> dict
                     "ops": {v: k for k, v in names.items() if v in out},
                     # "{group}/{seqid}": [phase, module, grad_fn] where not forward/""/""
                     "op_attrs": op_attrs,
-                    "root": {k: (v if isinstance(v, (str, int, float, bool)) else str(v))
+                    # "{group}/{seqid}": the op's other attributes (a load-replay's replayed,
+                    # own_error, input_dtypes, compute_dtype): what `--layout native` restores
+                    "op_extra": op_extra,
+                    "root": {k: (j if (j := _jsonable(v)) is not None else str(v))
                              for k, v in f.attrs.items()}}
-            for k, v in list(book["root"].items()):
-                if isinstance(v, (np.integer, np.floating, np.bool_)):
-                    book["root"][k] = v.item()
             out.attrs[EXPORT_ATTR] = json.dumps(book, default=str)
     return counts
 
@@ -182,12 +224,21 @@ def export_native(src: str, dst: str) -> dict:
         full = book.get("ops", {})
         device = _first_device(f)
         root = {S.ROOT_DEVICE: device, S.ROOT_DEVICE_TYPE: S.device_type_code(device)}
-        with DumpWriter(dst, root_attrs=root) as w:
+        # a legacy export of ours: the source's root attributes (its mode above all: a
+        # load-replay dump pairs by seqid and compares outputs only)
+        source_root = book.get("root", {}) if isinstance(book.get("root"), dict) else {}
+        mode = source_root.get(S.ROOT_MODE)
+        mode = mode if mode in S.MODES else S.MODE_DUMP
+        root.update({k: _from_json(v) for k, v in source_root.items() if k not in _WRITER_ROOT_ATTRS})
+        with DumpWriter(dst, mode=mode, root_attrs=root) as w:
             extra = book.get("op_attrs", {})
+            more = book.get("op_extra", {})
             for op in f.ops():
                 name = full.get(op.op, op.op)
                 phase, module, grad_fn = extra.get(f"{op.op}/{op.seqid}", [op.phase or L.phase_of(op.op), "", ""])
-                w.begin_op(name, op.seqid, phase=phase or S.PHASE_FORWARD, module=module, grad_fn=grad_fn)
+                attrs = {k: _from_json(v) for k, v in more.get(f"{op.op}/{op.seqid}", {}).items()}
+                w.begin_op(name, op.seqid, phase=phase or S.PHASE_FORWARD, module=module, grad_fn=grad_fn,
+                           attrs=attrs or None)
                 for parent, values in zip(w.io_groups(), (op.inputs(), op.outputs())):
                     for vname, rec in values.items():
                         _write_native_value(w, parent, vname, rec, counts)
@@ -239,3 +290,19 @@ def run_export(src: str, dst: str, layout: str, *, device_type: str | None = Non
         raise ExportError(str(e)) from e
     except OSError as e:
         raise ExportError(f"{dst}: cannot write ({e})") from e
+
+
+def not_carried(counts: dict, layout: str) -> list[str]:
+    """What an export could not carry, one line each (nothing: the round trip keeps it all)."""
+    lines = []
+    if counts.get("skipped_tensors"):
+        lines.append(f"{counts['skipped_tensors']} tensors with no {layout} form (uninitialized memory, "
+                     "complex or unsigned 16-64 bit dtypes)")
+    if counts.get("skipped_values"):
+        lines.append(f"{counts['skipped_values']} non-tensor values the original layout has no Type for "
+                     "(None, strings, devices, dtypes)")
+    if counts.get("skipped_ops"):
+        lines.append(f"{counts['skipped_ops']} ops with no tensor the {layout} layout can hold")
+    if counts.get("skipped_attrs"):
+        lines.append(f"{counts['skipped_attrs']} op attributes that are not numbers, strings or 1-D arrays")
+    return lines

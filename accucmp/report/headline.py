@@ -124,15 +124,5 @@ def verdict_sentence(row: Mapping[str, Any] | None, counts: Mapping[str, int], t
     return f"PASS: {n_pass} tensors within bounds" + (f" ({others})" if others else "")
 
 
-def middle_ellipsis(text: str, width: int) -> str:
-    """'aten.native_layer_norm_backward.default' -> 'aten.native_l…kward.default' in `width`
-    columns: both ends of op names and module paths say the most."""
-    if width <= 0:
-        return ""
-    if len(text) <= width:
-        return text
-    if width == 1:
-        return "…"
-    tail = (width - 1) // 2
-    head = width - 1 - tail
-    return text[:head] + "…" + (text[-tail:] if tail else "")
+# shortening a name to a width lives in accucmp/report/fit.py; re-exported for the plot and tests
+from accucmp.report.fit import middle_ellipsis  # noqa: E402,F401

@@ -126,7 +126,7 @@ def _require_openpyxl() -> None:
     try:
         import openpyxl  # noqa: F401
     except ImportError:
-        raise DumpWriteError("--format xlsx needs the openpyxl package (pip install openpyxl); "
+        raise DumpWriteError("--format xlsx needs the openpyxl package (pip install 'npu-accuracy-toolkit[xlsx]'); "
                              "csv, json and html need nothing more") from None
 
 
@@ -195,8 +195,48 @@ def summary_record(summary, *, code: int, meta: dict | None = None, outputs=()) 
     }
 
 
+# --summary-json in CI (issue 35 item 8): the one output a pipeline re-writes on every run.
+# A name that holds an earlier summary of ours (a regular file, not a link, whose JSON has
+# these keys) is replaced without --force; anything else there (a csv, someone's notes, a
+# link) is refused as every other output is, unless --force.
+_SUMMARY_KEYS = ("verdict", "sentence", "exit_code", "accucmp_version")
+_SUMMARY_MAX_BYTES = 16 << 20
+
+
+def is_previous_summary(path: Path) -> bool:
+    """Whether `path` is a summary json an earlier `--summary-json` wrote (read without
+    following a link, at most 16 MB)."""
+    import stat as _stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or st.st_size > _SUMMARY_MAX_BYTES:
+            return False
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            record = json.loads(f.read(_SUMMARY_MAX_BYTES + 1))
+    except (OSError, ValueError):
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return isinstance(record, dict) and all(k in record for k in _SUMMARY_KEYS)
+
+
+def summary_json_force(path: Path | None, force: bool) -> bool:
+    """The --force to write the summary json with: the user's, or True over an earlier summary."""
+    return force or (path is not None and is_previous_summary(Path(path)))
+
+
 def write_summary_json(path: Path, record: dict, *, force: bool = False) -> Path:
+    """Write the summary json: new, or replacing an earlier summary (is_previous_summary;
+    the name is replaced, never written through), or anything with `force`."""
     path = Path(path)
+    force = summary_json_force(path, force)
     try:
         with output_path(path, force=force) as tmp:
             Path(tmp).write_text(json.dumps(record, indent=1, default=str, allow_nan=False) + "\n",

@@ -17,7 +17,8 @@ import pandas as pd
 
 from accucmp.report import findings
 from dumpfile.departures import is_by_design_op
-from accucmp.report.headline import as_float, middle_ellipsis
+from accucmp.report.fit import middle_ellipsis, short_module, short_op, wrap_prose
+from accucmp.report.headline import as_float
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
@@ -210,29 +211,33 @@ def fit_width(console) -> int | None:
 
 
 def _say(console, text: str, style: str | None = None, *, wrap: bool = True) -> None:
-    """One line of prose: word-wrapped on a terminal (rich breaks at spaces, never inside a
-    name shorter than the line), never wrapped off it. Names from the dumps in it are
-    made printable (dumpfile.printable: no escape sequence reaches the terminal)."""
+    """One line of prose: on a terminal wrapped to its width at spaces, continuation lines
+    indented, never between a number and its unit (accucmp/report/fit.py); never wrapped off
+    it. Names from the dumps in it are made printable (dumpfile.printable: no escape
+    sequence reaches the terminal)."""
     from dumpfile.printable import printable
 
-    console.print(printable(text), style=style, markup=False, highlight=False,
-                  soft_wrap=not (wrap and console.is_terminal))
+    text = printable(text)
+    width = fit_width(console) if wrap and console.is_terminal else None
+    for line in wrap_prose(text, width):
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 def headline_text(s: Summary, width: int | None) -> str:
     """The verdict sentence. Where `width` is known, an op name or module path longer than
-    half of it is shortened in the middle (the csv keeps the full names); the rest of the
-    sentence wraps at spaces on a terminal."""
+    half of it is shortened where it says least (accucmp/report/fit.py: an op name loses
+    `aten.` and `.default` first, a module path keeps its end; the csv keeps the full
+    names); the rest of the sentence wraps at spaces on a terminal."""
     from accucmp.report.headline import verdict_sentence
 
     ff = s.first_failure
     if width is None or ff is None:
         return verdict_sentence(ff, s.counts, s.total)
     row = dict(ff)
-    for key in ("Module", "NPUDump"):
+    for key, shorten in (("Module", short_module), ("NPUDump", short_op)):
         v = row.get(key)
         if isinstance(v, str) and len(v) > width // 2:
-            row[key] = middle_ellipsis(v, width // 2)
+            row[key] = shorten(v, width // 2)
     return verdict_sentence(row, s.counts, s.total)
 
 
@@ -241,7 +246,8 @@ _PHASE = {"forward": "fwd", "backward": "bwd"}
 
 def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     """The worst failing ops as plain aligned lines that fit `width` (None: no limit): op
-    names, module paths and tensor names are shortened in the middle, never broken across
+    names, module paths and tensor names are shortened where they say least (an op name
+    loses `aten.`/`.default` first, a module path keeps its end), never broken across
     lines. The deciding bound ('why') ends each line, or goes on a line of its own below
     the op when the window is too narrow for both."""
     from accucmp.report.headline import bound_clause
@@ -263,16 +269,17 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
         # shrink the names until the line fits: long module paths first, then op names,
         # then tensor names, each down to a floor where both ends still say something
         over = total - width
-        for i, least in ((3, 16), (1, 24), (4, 13), (3, 10), (1, 16), (4, 8)):
+        for i, least in ((3, 18), (1, 22), (4, 13), (3, 12), (1, 16), (4, 8)):
             cut = min(over, max(0, widths[i] - least))
             widths[i] -= cut
             over -= cut
     right = {0, 5}
+    shorten = {1: short_op, 3: short_module}
 
     def line(cells) -> str:
         out = []
         for i, c in enumerate(cells):
-            c = middle_ellipsis(c, widths[i])
+            c = shorten.get(i, middle_ellipsis)(c, widths[i])
             out.append(c.rjust(widths[i]) if i in right else c.ljust(widths[i]))
         return "  " + "  ".join(out)
     if inline:
@@ -281,7 +288,7 @@ def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:
     out = [line(head).rstrip()]
     for b, w in zip(body, whys):
         out.append(line(b).rstrip())
-        out.append(indent + (w if width is None else middle_ellipsis(w, width - len(indent))))
+        out += [indent + w] if width is None else wrap_prose(indent + w, width, indent=len(indent))
     return out
 
 

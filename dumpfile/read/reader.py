@@ -158,6 +158,24 @@ class DumpFile:
         return bool(self.attrs.get(S.ROOT_COMPLETE, True))
 
     @property
+    def step_raised(self) -> tuple[str, int | None, bool] | None:
+        """(what the user's step raised, the seqid it had reached, whether that op raised it)
+        when the block ended in an exception and the writer closed cleanly (every op up to it
+        is in the file); None otherwise (a clean exit, or a file the writer did not close:
+        see `complete`)."""
+        text = self.attrs.get(S.ROOT_STEP_RAISED)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if not isinstance(text, str) or self.complete:
+            return None
+        at = self.attrs.get(S.ROOT_STEP_RAISED_AT)
+        try:
+            at = int(at) if at is not None else None
+        except (TypeError, ValueError):
+            at = None
+        return text, at, bool(self.attrs.get(S.ROOT_STEP_RAISED_IN_OP, False))
+
+    @property
     def stats_only(self) -> bool:
         return bool(self.attrs.get(S.ROOT_STATS_ONLY, False))
 
@@ -403,3 +421,15 @@ class DumpFile:
             with h5_errors(self.path, rec.path):
                 piece = ds[tuple(slice(a, a + c) for a, c in zip(start, count))]
             yield decode_raw(piece, dtype_name, f"{self.path}: {rec.path}").reshape(-1)
+
+
+def ending_text(f: "DumpFile") -> str:
+    """How a file that is not complete ended, in a few words ('' when it is complete)."""
+    if f.complete:
+        return ""
+    raised = f.step_raised
+    if raised is None:
+        return "INCOMPLETE (writer did not close cleanly)"
+    text, at, in_op = raised
+    where = (f" at op {at}" if in_op else f" after op {at}") if at else " before its first op"
+    return f"the step raised{where} ({text}); the writer closed cleanly"

@@ -56,6 +56,7 @@ class DumpMode(TorchDispatchMode):
         self.record_stack = record_stack
         self.seqid = 0
         self.num_recorded = 0
+        self.raised_in: int | None = None    # seqid of the op that raised, if one did
         # id(func) -> OpPlan: one lookup per op (OpOverload.__hash__ is Python; the plan
         # holds func, so its id is not reused while the table lives)
         self._ops: dict[int, OpPlan] = {}
@@ -107,7 +108,8 @@ class DumpMode(TorchDispatchMode):
             return out
         plan = self._ops.get(id(func)) or self._plan(func)
         info = plan.info
-        if info.is_view and not self.record_views:
+        if (info.is_view and not self.record_views) or info.bookkeeping:
+            # (bookkeeping: a profiler label, no numerics; dumpfile/bookkeeping.py)
             out = func(*args, **kwargs)
             hints.pop_compute_dtype()
             return out
@@ -178,6 +180,7 @@ class DumpMode(TorchDispatchMode):
             if out is NotImplemented:
                 out = func(*args, **kwargs)
         except Exception as e:
+            self.raised_in = self.seqid      # the block's exit says where the step raised
             # (the dumper's own errors, DumperError and its kinds, are DumpErrors)
             if writer is not None and not self._deciders and self.record_inputs \
                     and not isinstance(e, DumpError):

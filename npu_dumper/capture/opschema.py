@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from dumpfile.bookkeeping import BOOKKEEPING_NAMESPACES
+
 # ---- per-op policy as data ---------------------------------------------------
 # Ops that write inputs their schema does not mark as written (training-mode batch norm
 # updates running stats in place). Keyed by overload packet; values: argument names.
@@ -189,6 +191,8 @@ class OpInfo:
     # before the op is not data; recorded as inputs marked `uninitialized`
     out_args: frozenset[str] = frozenset()
     collective: bool = False       # COLLECTIVE_NAMESPACES
+    # dumpfile.bookkeeping.BOOKKEEPING_NAMESPACES (profiler labels): run, never recorded
+    bookkeeping: bool = False
     waits_tensor: bool = False     # FUNCTIONAL_COLLECTIVE_NAMESPACES: wait_tensor before recording
     # returns that are a c10d Work: the collective may still be running when the op returns
     # (gloo, NCCL and async_op=True), so the outputs are what it will have written only
@@ -274,6 +278,7 @@ def op_info(func) -> OpInfo:
         opaque_returns=frozenset(OPAQUE_RETURNS.get(packet, ())),
         opaque_args=opaque_args,
         collective=ns in COLLECTIVE_NAMESPACES,
+        bookkeeping=ns in BOOKKEEPING_NAMESPACES,
         waits_tensor=ns in FUNCTIONAL_COLLECTIVE_NAMESPACES and schema.name.split("::")[1] != "wait_tensor"
         and any("Tensor" in str(r.type) for r in rets),
         out_args=out_args,

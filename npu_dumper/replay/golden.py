@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from dumpfile import schema as S
 from dumpfile import golden_info
+from dumpfile.bookkeeping import is_bookkeeping
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import DumpFile, OpRecord, ValueRecord
 from dumpfile.write.writer import DumpWriter, TensorMeta
@@ -101,6 +102,9 @@ def replay(dump_h5: str | os.PathLike, out_h5: str | os.PathLike, device: str = 
         with DumpWriter(dst, mode=S.MODE_GOLDEN, root_attrs=root) as writer, \
                 _Progress(show, len(ops), os.path.basename(src)) as bar:
             for rec in ops:
+                if is_bookkeeping(rec.op):    # a profiler label an older dump recorded: no numerics
+                    bar.advance()
+                    continue
                 why = _replay_one(rec, writer, device, dtype, remap_devices, dump_inputs)
                 if why is None:
                     result.replayed += 1
