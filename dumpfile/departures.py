@@ -111,7 +111,20 @@ def value_text(v: Any) -> str:
     return str(v)
 
 
-def encode(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
+def source_of(attrs) -> dict[str, Any]:
+    """What identifies a recording (its root `created` and `num_ops`): departures describe the
+    live run against that file, and compare judges them only against it."""
+    out = {}
+    for k in ("created", "num_ops"):
+        v = attrs.get(k)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        if isinstance(v, (str, int)) or hasattr(v, "item"):
+            out[k] = v.item() if hasattr(v, "item") else v
+    return out
+
+
+def encode(rows: list[dict[str, Any]], counts: dict[str, int], source: dict | None = None) -> str:
     """The attribute's text: rows kept in execution order while they fit MAX_BYTES."""
     kept, size = [], 200
     for row in rows:
@@ -120,7 +133,8 @@ def encode(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
             break
         kept.append(row)
         size += len(text) + 1
-    return json.dumps({"version": VERSION, "counts": {k: int(v) for k, v in counts.items() if v},
+    return json.dumps({"version": VERSION, "source": source or {},
+                       "counts": {k: int(v) for k, v in counts.items() if v},
                        "omitted": len(rows) - len(kept), "rows": kept}, separators=(",", ":"), default=str)
 
 
@@ -164,4 +178,7 @@ def decode(text: Any, path: str = "") -> dict[str, Any]:
         if isinstance(counts, dict) else {}
     omitted = doc.get("omitted", 0)
     omitted = int(omitted) if isinstance(omitted, int) and not isinstance(omitted, bool) and omitted >= 0 else 0
-    return {"rows": rows, "counts": counts, "omitted": omitted}
+    source = doc.get("source", {})
+    source = {k: v for k, v in source.items() if k in ("created", "num_ops") and isinstance(v, (str, int))} \
+        if isinstance(source, dict) else {}
+    return {"rows": rows, "counts": counts, "omitted": omitted, "source": source}

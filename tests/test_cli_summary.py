@@ -131,11 +131,15 @@ def test_golden_only_op_is_described_by_its_golden_seqid(tmp_path):
     write_dump(tmp_path / "g.h5", ops)
     write_dump(tmp_path / "t.h5", ops[:1])
     t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
-    rows = [r for _, r in t.iterrows() if r["Result"] == "unmatched"]
+    # (the op-level row that says the target does not run it has no tensor to name)
+    rows = [r for _, r in t.iterrows() if r["Result"] == "unmatched" and r["CompareStatus"] != "unpaired_op"]
     assert rows
     for r in rows:
         line = describe_row(r.to_dict())
         assert line.startswith("aten.exp.default golden seqid 2 (forward, l.1) "), line
+    (op_row,) = [r for _, r in t.iterrows() if r["CompareStatus"] == "unpaired_op"]
+    assert describe_row(op_row.to_dict()).startswith("aten.exp.default golden seqid 2 (forward, l.1)")
+    assert op_row["Departure"] == "missing" and op_row["Result"] == "unmatched"
     paired = [r for _, r in t.iterrows() if r["Result"] == "pass"][0]
     assert describe_row(paired.to_dict()).startswith("aten.relu.default seqid 1 (forward) ")
 

@@ -20,6 +20,10 @@ from dumpfile import departures as D
 from dumpfile.read.reader import DumpFile
 
 STATUS_DEPARTURE = "departure"
+# independent runs: an op only one run has. Unmatched on its own (two runs may compute the same
+# thing with other ops: sdpa against eager attention's mask building); it leads the headline
+# when it comes before the first op that caused an error (report/summary.py)
+STATUS_UNPAIRED_OP = "unpaired_op"
 IO_DEPARTURE = "departure"
 _ORDER = "_departure_at"
 
@@ -65,10 +69,17 @@ def read_departures(f: DumpFile) -> dict[str, Any] | None:
     return D.decode(text, f.path)
 
 
-def departure_rows(f: DumpFile) -> list[dict[str, Any]]:
-    """One table row per recorded departure, in the order the replay recorded them."""
+def departure_rows(f: DumpFile, golden: DumpFile | None = None, warnings: list | None = None) -> list[dict[str, Any]]:
+    """One table row per recorded departure, in the order the replay recorded them; none when
+    `golden` is not the recording they were taken against (a warning says so)."""
     doc = read_departures(f)
     if not doc:
+        return []
+    src = doc.get("source") or {}
+    if golden is not None and src and D.source_of(golden.attrs) != src:
+        if warnings is not None and doc["rows"]:
+            warnings.append(f"{f.path}: its {len(doc['rows'])} departure(s) from the recording it replayed "
+                            f"are not judged: {golden.path} is not that recording")
         return []
     rows = []
     for d in doc["rows"]:
@@ -141,7 +152,7 @@ def pair_departure(pair) -> dict[str, Any] | None:
     return {
         "NPUDump": op.op, "NPUDumpPath": "", "GroundTruthPath": "",
         "SeqId": op.seqid if kind == D.INSERTED else math.nan, "Phase": op.phase, "Module": op.module,
-        "IO": IO_DEPARTURE, "TensorName": "", "CompareStatus": STATUS_DEPARTURE, "Departure": kind,
+        "IO": IO_DEPARTURE, "TensorName": "", "CompareStatus": STATUS_UNPAIRED_OP, "Departure": kind,
         "CompareFailReason": sentence(d),
         "GoldenSeqId": op.seqid if kind == D.MISSING else math.nan, "GoldenOp": op.op if kind == D.MISSING else "",
     }
@@ -222,7 +233,7 @@ def structural_pairs(pairs) -> frozenset:
         if (p.target is None) == (p.golden is None):
             continue
         op = p.target if p.target is not None else p.golden
-        if D.is_by_design_op(op.op):
+        if D.is_by_design_op(op.op) or _recomputed(op):
             continue
         (t_only if p.target is not None else g_only).setdefault(D.op_packet(op.op), []).append(p)
     out = set()
@@ -231,4 +242,12 @@ def structural_pairs(pairs) -> frozenset:
             if packet not in other:
                 out.update(id(p) for p in ps)
     return frozenset(out)
+
+
+def _recomputed(op) -> bool:
+    """An op activation checkpointing re-ran in backward: a memory trade, not numerics."""
+    try:
+        return bool(op.attrs.get("recompute", False))
+    except Exception:  # noqa: BLE001 - unreadable attributes: judged as any other op
+        return False
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.schema import UNIT_ROUNDOFF
 
-from accucmp.compare.departures import STATUS_DEPARTURE, leaf_sentence, with_measure
+from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
 
 ORIGIN_CAUSED = "caused here"
@@ -172,10 +172,11 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             # the run's own data departs here (independent runs; load-replay records these)
             origin[i] = ORIGIN_DEPARTURE
             reasons[i] = with_measure(leaf_sentence(table.iloc[i]), reasons[i])
-        if status[i] == STATUS_DEPARTURE:
-            # a way the run left its recording (compare/departures.py): where the run departs,
-            # not an op's tensor; never grouped with the op's own rows
-            origin[i] = ORIGIN_DEPARTURE if results[i] == "fail" else ""
+        if status[i] in (STATUS_DEPARTURE, STATUS_UNPAIRED_OP):
+            # a way the run left its recording, or an op only one run has (compare/
+            # departures.py): where the run departs, not an op's tensor; never grouped
+            # with the op's own rows
+            origin[i] = ORIGIN_DEPARTURE if results[i] == "fail" or status[i] == STATUS_UNPAIRED_OP else ""
             continue
         if _s(ops[i]) and not pd.isna(seq[i]):
             groups.setdefault((ops[i], seq[i]), []).append(i)

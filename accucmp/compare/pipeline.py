@@ -203,7 +203,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "select": pattern.pattern if pattern else None,
         "warnings": warnings,
     }
-    departures = departure_rows(tf)
+    departures = departure_rows(tf, gf, meta["warnings"])
     if departures:
         meta["departures"] = len(departures)
     return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit, departures)

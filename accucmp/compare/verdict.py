@@ -57,7 +57,7 @@ import pandas as pd
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 
-from accucmp.compare.departures import STATUS_DEPARTURE, with_measure
+from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import apply_op_policies
 
@@ -212,6 +212,8 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     reason = _str(row.get("CompareFailReason"))
     if status == STATUS_DEPARTURE:
         return _judge_departure(row, reason, th)
+    if status == STATUS_UNPAIRED_OP:
+        return (RESULT_UNMATCHED, reason, math.nan, math.nan) + _NO_DECISION
     if status == "unmatched":
         return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION
     if status in ("uninitialized", "empty", "random_replayed"):

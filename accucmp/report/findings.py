@@ -10,6 +10,8 @@ import pandas as pd
 
 from dumpfile.departures import is_by_design_op
 
+from accucmp.compare.departures import STATUS_UNPAIRED_OP
+
 from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_UNDERFLOW
 from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
 
@@ -38,6 +40,37 @@ def first_failure(table: pd.DataFrame) -> pd.Series | None:
     failed = _rows(table, RESULT_FAIL)
     if failed.empty:
         return None
+    first = _first_failure_of(failed)
+    return lead(first, _execution_order(failed).iloc[0], first_unpaired(table))
+
+
+def first_unpaired(table: pd.DataFrame) -> pd.Series | None:
+    """The first op only one of two independent runs has (compare/departures.py), if any."""
+    if "CompareStatus" not in table.columns:
+        return None
+    un = table[table["CompareStatus"] == STATUS_UNPAIRED_OP]
+    return None if un.empty else _execution_order(un).iloc[0]
+
+
+def _index(row) -> float:
+    try:
+        return float(row.get("Index"))
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def lead(first, first_failing, unpaired):
+    """What the headline names: the first failure (first_failure's rule), or an op only one
+    run has that comes before the first failing row when that row is not an op's own error
+    (its inputs already differ: what the extra or missing op changed)."""
+    if unpaired is None or first_failing is None:
+        return first
+    if str(first_failing.get("Origin") or "") == ORIGIN_CAUSED:
+        return first
+    return unpaired if _index(unpaired) < _index(first_failing) else first
+
+
+def _first_failure_of(failed: pd.DataFrame) -> pd.Series | None:
     if "Origin" in failed.columns:
         # the earliest op whose inputs still agree but whose output does not: later failures
         # (and earlier ones that only carry a difference in from outside) inherit from it

@@ -108,6 +108,8 @@ class SummaryBuilder:
         self.worst_by: str | None = None
         self.unmatched: list[dict[str, Any]] = []
         self.unmatched_by_design: list[dict[str, Any]] = []
+        self.first_unpaired: dict[str, Any] | None = None     # an op only one run has (findings.lead)
+        self.first_failing: dict[str, Any] | None = None
         self.columns: list[str] = []
         self.ill_conditioned = 0
 
@@ -124,9 +126,15 @@ class SummaryBuilder:
         if not (part["Result"] == "fail").any() and len(self.unmatched) >= self.top \
                 and not (part["Result"] == "unmatched").any():
             return
+        if self.first_unpaired is None and self.first_failing is None and "CompareStatus" in part.columns:
+            fu = findings.first_unpaired(part)
+            if fu is not None:
+                self.first_unpaired = fu.to_dict()
         s = summarize(part, top=max(self.top, 1))
         if s.first_failure is not None and self.first_failure is None:
             self.first_failure = s.first_failure      # batches come in execution order
+            failed = part[part["Result"] == "fail"]
+            self.first_failing = findings._execution_order(failed).iloc[0].to_dict()
         # ops a run has by design (casts) only fill what the others leave (findings.unmatched_ops)
         for r in s.unmatched:
             if is_by_design_op(str(r.get("NPUDump", ""))):
@@ -146,7 +154,8 @@ class SummaryBuilder:
 
     def result(self) -> Summary:
         worst = [] if self.worst is None else self.worst.head(self.top).to_dict(orient="records")
-        return Summary(counts=dict(self.counts), total=self.total, first_failure=self.first_failure,
+        first = findings.lead(self.first_failure, self.first_failing, self.first_unpaired)
+        return Summary(counts=dict(self.counts), total=self.total, first_failure=first,
                        worst=worst, worst_by=self.worst_by,
                        unmatched=(self.unmatched + self.unmatched_by_design)[:self.top],
                        columns=list(self.columns), ill_conditioned=self.ill_conditioned)

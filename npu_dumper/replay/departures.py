@@ -71,6 +71,7 @@ class DepartureLog:
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
         self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
+        self.source: dict[str, Any] = {}          # the recording's identity (dumpfile.departures.source_of)
 
     # ---- per op ---------------------------------------------------------------------
     def matched(self, recorded_seqid: int) -> None:
@@ -310,7 +311,7 @@ class DepartureLog:
         return f"{where} {r['op']} {r['kind']}"
 
     def encode(self) -> str:
-        return D.encode(self.rows, {k: v for k, v in self.counts.items() if v > 0})
+        return D.encode(self.rows, {k: v for k, v in self.counts.items() if v > 0}, self.source)
 
 
 def _holds_dtensor(entry) -> bool:

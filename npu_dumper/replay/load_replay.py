@@ -176,6 +176,7 @@ class ReplayPolicy(Policy):
             self._by_name.setdefault(rec.op, []).append(entry)
             self._by_packet[op_packet(rec.op)].append(entry)
         self.summary = ReplaySummary(recorded_ops=len(ops))
+        self.departures.source = D.source_of(self._file.attrs)
         # Every op's input metadata now: read in the block it would hold the GIL and h5py's
         # lock against the model and the dump's writer, and the model would wait for it at
         # each op. From the file's catalog (format 1.2, one dataset) when it has a usable
