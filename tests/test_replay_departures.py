@@ -156,3 +156,18 @@ def test_each_user_bug_is_named_by_its_module_in_an_independent_compare(golden, 
     # autocast's casts (target only) are never departures
     dep = table[table["CompareStatus"] == "departure"]
     assert not dep["NPUDump"].str.contains("_to_copy").any()
+
+
+def test_a_wrapped_model_replays_an_unwrapped_recording(golden, tmp_path):
+    """DataParallel names every module 'module.<path>': the changed argument is still paired
+    with its recorded call (module paths compared without wrapper components) and named."""
+    model = torch.nn.DataParallel(U.make("eps"))
+    x, y = U.inputs()
+    out = tmp_path / "wrapped.h5"
+    with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)):
+        U.step(model, x, y, torch.bfloat16)
+    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
+    s = summarize(table)
+    sentence = verdict_sentence(s.first_failure, s.counts, s.total)
+    assert sentence.startswith("FAIL: module.block.ln2 aten.native_layer_norm.default: argument eps 0.1"), sentence
+    assert set(table.loc[table["CompareStatus"] == "departure", "Departure"]) == {"argument"}
