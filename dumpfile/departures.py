@@ -70,6 +70,19 @@ MAX_BYTES = 56_000          # the attribute's JSON, under HDF5's 64 KiB compact 
 MAX_TEXT = 1 << 20          # what a reader accepts from a file (a hostile file may declare more)
 
 
+# module-path components a wrapper adds (DDP/DataParallel's `module`, torch.compile's
+# `_orig_mod`, FSDP1's and activation checkpointing's wrapped modules): a wrapped run and an
+# unwrapped one name the same module differently
+WRAPPER_COMPONENTS = frozenset({"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
+def unwrapped_module(path: str) -> str:
+    """'module.block.ln2' -> 'block.ln2' (the path without wrapper components)."""
+    if not path:
+        return ""
+    return ".".join(p for p in str(path).split(".") if p not in WRAPPER_COMPONENTS)
+
+
 def op_packet(name: str) -> str:
     """'aten.mul.Tensor' -> 'aten.mul' (the overload packet's name)."""
     parts = str(name).split(".")

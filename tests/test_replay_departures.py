@@ -46,15 +46,24 @@ def golden(tmp_path_factory):
     return path
 
 
-def _replay(golden, tmp_path, bug: str, dtype: torch.dtype):
-    model = U.make(bug)
+def _verdict(target, golden):
+    """(judged table, headline) of `accucmp compare -m target -g golden`."""
+    table = apply_verdict(compare_dumps(str(target), str(golden)).table)
+    s = summarize(table)
+    return table, verdict_sentence(s.first_failure, s.counts, s.total)
+
+
+def _replay_model(golden, out, model, dtype: torch.dtype | None = torch.bfloat16):
     x, y = U.inputs()
-    out = tmp_path / f"{bug}.h5"
     with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)) as d:
         U.step(model, x, y, dtype)
-    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
-    s = summarize(table)
-    return out, table, verdict_sentence(s.first_failure, s.counts, s.total), d
+    return (*_verdict(out, golden), d)
+
+
+def _replay(golden, tmp_path, bug: str, dtype: torch.dtype):
+    out = tmp_path / f"{bug}.h5"
+    table, sentence, d = _replay_model(golden, out, U.make(bug), dtype)
+    return out, table, sentence, d
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -83,13 +92,7 @@ def test_fp32_replay_of_a_different_weight_fails_on_any_difference(golden, tmp_p
     model = U.make("clean")
     with torch.no_grad():
         model.head.bias[3] += 1e-6          # one element, a few fp32 units
-    x, y = U.inputs()
-    out = tmp_path / "fp32.h5"
-    with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)):
-        U.step(model, x, y)
-    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
-    s = summarize(table)
-    sentence = verdict_sentence(s.first_failure, s.counts, s.total)
+    _, sentence, _ = _replay_model(golden, tmp_path / "fp32.h5", model, None)
     assert sentence.startswith("FAIL: input self of aten.addmm.default in head differs from the golden's"), sentence
 
 
@@ -99,13 +102,8 @@ def test_the_first_departure_in_execution_order_leads(golden, tmp_path):
     model.load_state_dict(U.make("clean").state_dict())
     with torch.no_grad():
         model.block.mlp.fc2.weight.mul_(1.05)
-    x, y = U.inputs()
-    out = tmp_path / "two.h5"
-    with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)):
-        U.step(model, x, y, torch.bfloat16)
-    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
-    s = summarize(table)
-    assert verdict_sentence(s.first_failure, s.counts, s.total).startswith(EXPECTED["eps"])
+    table, sentence, _ = _replay_model(golden, tmp_path / "two.h5", model)
+    assert sentence.startswith(EXPECTED["eps"])
     dep = table[table["CompareStatus"] == "departure"]
     assert list(dep["Departure"])[:2] == ["argument", "input"]
 
@@ -149,10 +147,16 @@ def test_each_user_bug_is_named_by_its_module_in_an_independent_compare(golden, 
     out = tmp_path / f"{bug}_plain.h5"
     with torch.utils.dumper(use_dump=True, dump_path=str(out)):
         U.step(model, x, y, torch.bfloat16)
-    table = apply_verdict(compare_dumps(str(out), str(golden)).table)
-    s = summarize(table)
-    sentence = verdict_sentence(s.first_failure, s.counts, s.total)
+    table, sentence = _verdict(out, golden)
     assert PLAIN_EXPECTED[bug] in sentence, sentence
     # autocast's casts (target only) are never departures
     dep = table[table["CompareStatus"] == "departure"]
     assert not dep["NPUDump"].str.contains("_to_copy").any()
+
+
+def test_a_wrapped_model_replays_an_unwrapped_recording(golden, tmp_path):
+    """DataParallel names every module 'module.<path>': the changed argument is still paired
+    with its recorded call (module paths compared without wrapper components) and named."""
+    table, sentence, _ = _replay_model(golden, tmp_path / "wrapped.h5", torch.nn.DataParallel(U.make("eps")))
+    assert sentence.startswith("FAIL: module.block.ln2 aten.native_layer_norm.default: argument eps 0.1"), sentence
+    assert set(table.loc[table["CompareStatus"] == "departure", "Departure"]) == {"argument"}

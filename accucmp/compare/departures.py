@@ -49,16 +49,16 @@ def sentence(row: dict[str, Any]) -> str:
                f"golden {row.get('golden', '?')}"
     made = row.get("made_by")
     via = f", read through {made}" if made else ""
-    return (f"input {row.get('argument', '?')} of {op} in {where}{phase} differs from the golden's{MEASURE}: "
+    return (f"input {row.get('argument', '?')} of {op} in {where}{phase}{MEASURE}: "
             f"no op of the step made it (a parameter, buffer or the batch{via})")
 
 
 # where the verdict puts the measured difference and its bound in an input departure's sentence
-MEASURE = "{measure}"
+MEASURE = " differs from the golden's"
 
 
 def with_measure(reason: str, clause: str) -> str:
-    return reason.replace(MEASURE, f" ({clause})" if clause else "")
+    return reason.replace(MEASURE, f"{MEASURE} ({clause})", 1) if clause else reason
 
 
 def read_departures(f: DumpFile) -> dict[str, Any] | None:

@@ -27,11 +27,11 @@ METRIC_WORDS = {
     "NonFiniteMismatch": "NaN/Inf on one side only",
 }
 # thresholds whose bound is in unit roundoffs of the op's precision (DecidingValue/Bound in u)
-_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps")
+_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps")
 # thresholds derived from the op's dtype (scaled by --tolerance); any other DecidedBy is a
 # metric's absolute threshold a user gave with -t
 _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorUlps",
-                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance")
+                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps")
 # metrics where a larger value is better (a failure is value < bound)
 _HIGHER_IS_BETTER = ("CosineSimilarity",)
 

@@ -343,7 +343,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         if metrics:
             _say(console, "  " + "  ".join(metrics))
         for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
-            if _text(ff, key) and not (key == "CompareFailReason" and _text(ff, key) in _text(ff, "FailReason")):
+            if _text(ff, key) and not (key == "CompareFailReason" and (_text(ff, key) in _text(ff, "FailReason")
+                                                                      or _text(ff, "Origin") == "departs")):
                 _say(console, f"  {label}: {_text(ff, key)}")
         if _text(ff, "DecidedBy") == "Departure":
             _say(console, "  decided by: what the run does, not a bound: the target run departs from the golden "

@@ -364,9 +364,10 @@ class ReplayPolicy(Policy):
             if not why:
                 return same[k], ""
         fits = [e for e in same if not e.used and _same_phase(e, phase) and not mismatch(e, live, {})]
+        module = D.unwrapped_module(module)
         if fits:
             # in the same module first (an op inserted elsewhere must not shift the pairing)
-            return next((e for e in fits if e.record.module == module), fits[0]), ""
+            return next((e for e in fits if D.unwrapped_module(e.record.module) == module), fits[0]), ""
         for other in self.op_map.equivalents(name):
             for entry in self._by_packet.get(other, ()):
                 if not entry.used and _same_phase(entry, phase) and not mismatch(entry, live, renames):
@@ -376,7 +377,7 @@ class ReplayPolicy(Policy):
         # recorded inputs and its outputs are compared) and the change is a departure
         # (check_arguments). Taken only in the same module, in recording order.
         for entry in ([same[k]] if k < len(same) else []) + list(same):
-            if not entry.used and entry.record.module == module and _same_phase(entry, phase) \
+            if not entry.used and D.unwrapped_module(entry.record.module) == module and _same_phase(entry, phase) \
                     and not mismatch(entry, live, {}, tensors_only=True):
                 return entry, ""
         if not same and not any(self._by_packet.get(o) for o in self.op_map.equivalents(name)):
