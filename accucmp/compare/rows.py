@@ -38,6 +38,12 @@ TAIL_COLUMNS = [
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
     "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
+    # outputs that are sums (dumpfile/opclass.py): ||sum of |terms| || / ||sum||, how much it cancels
+    "OwnCancellation",
+    # input rows of a plain dump that records it (op attribute made_inputs): "op" when an
+    # earlier op of the dumped block wrote the tensor (its difference is inherited), "leaf"
+    # when none did (a parameter, buffer or the batch: a difference is the run's own input)
+    "MadeBy",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -103,6 +109,7 @@ def check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
 _B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
 _B_OWN_ERROR = S.OP_OWN_ERROR.encode()
+_B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -116,7 +123,8 @@ class OpTensors:
     compute_dtype: str
     random_outputs_replayed: bool = False
     input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
-    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
+    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|(, kappa)]
+    made_inputs: frozenset[str] | None = None       # inputs an earlier op wrote; None: not recorded
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -128,7 +136,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         return OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
+                          _made_inputs(a.get(S.OP_MADE_INPUTS)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -144,10 +153,11 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         a = some_attrs(op_id, _OP_ATTRS)
         cd = _text(a.get(_B_COMPUTE))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))))
+                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
+                          _made_inputs(a.get(_B_MADE_INPUTS)))
 
 
-_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR))
+_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS))
 
 
 def _text(v: Any) -> str:
@@ -166,7 +176,19 @@ def _own_errors(text: Any) -> dict:
         d = json.loads(text)
     except ValueError:
         return {}
-    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
+    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}
+
+
+def _made_inputs(text: Any) -> frozenset[str] | None:
+    """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
+    if text is None or isinstance(text, h5py.Empty):
+        return None
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return frozenset(map(str, d)) if isinstance(d, list) else None
 
 
 def _split_dtypes(text: Any) -> tuple[str, ...]:
@@ -238,7 +260,11 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["CompareFailReason"] = pair.reason
             own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
             if own is not None:
-                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
+                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
+                if len(own) > 3:
+                    row["OwnCancellation"] = float(own[3])
+            if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None and region is None:
+                row["MadeBy"] = "op" if name in t_ts.made_inputs else "leaf"
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare
