@@ -172,3 +172,16 @@ def test_amplified_input_difference_is_inherited_in_plain_dumps(tmp_path):
     t = apply_verdict(compare_dumps(str(tmp_path / "f.h5"), str(tmp_path / "g.h5")).table)
     ff = first_failure(t)
     assert (ff["NPUDump"], ff["Origin"]) == ("aten.gelu.default", ORIGIN_CAUSED)
+
+
+def test_pointwise_bound_class_lists_only_ops_torch_tags_pointwise():
+    """op_policies.POINTWISE (the correctly rounded elementwise ops judged by PointwiseUlps) is
+    data because the dump records no op tags: every entry must be an op torch tags pointwise."""
+    from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, POINTWISE, bound_class
+    for name in sorted(POINTWISE):
+        pkt = getattr(torch.ops.aten, name.split(".", 1)[1])
+        tagged = [o for o in pkt.overloads() if torch.Tag.pointwise in getattr(pkt, o).tags]
+        assert tagged, f"{name}: no overload tagged pointwise"
+    assert bound_class("aten.gelu.default", "result") == CLASS_POINTWISE
+    assert bound_class("aten.native_layer_norm_backward.default", "result2") == CLASS_SUM
+    assert bound_class("aten.mm.default", "result") == ""

@@ -142,7 +142,7 @@ CLASS_DEFAULT = ""                # accumulating ops (mm, conv, norms, ...): Rel
 POINTWISE: frozenset[str] = frozenset(f"aten.{n}" for n in (
     "abs", "neg", "add", "sub", "mul", "div", "rsub", "reciprocal", "sqrt", "rsqrt", "exp", "exp2",
     "expm1", "log", "log1p", "log2", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", "silu",
-    "relu", "leaky_relu", "elu", "softplus", "hardtanh", "hardsigmoid", "hardswish", "mish",
+    "relu", "leaky_relu", "elu", "softplus", "hardtanh", "hardsigmoid", "mish",
     "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "where", "threshold_backward",
     "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "square",
 ))
@@ -267,8 +267,9 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         for i in failing:
             # an input no op of the step made (MadeBy "leaf": a parameter, a buffer, the batch)
             # that differs is the run's own difference, not an earlier op's
-            leaf = io[i] == "input" and made_by[i] == "leaf"
-            origin[i] = origin[i] or (ORIGIN_CAUSED if leaf else ORIGIN_INHERITED)
+            if io[i] == "input" and made_by[i] == "leaf":
+                origin[i] = ORIGIN_CAUSED
+            origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
 
 
