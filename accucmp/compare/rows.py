@@ -191,6 +191,45 @@ def _made_inputs(text: Any) -> frozenset[str] | None:
     return frozenset(map(str, d)) if isinstance(d, list) else None
 
 
+def _region_own_error(region) -> dict:
+    """An aligned region's own error, when the dumper measured every op of its target side
+    (plain dumps of a reduced-precision run): {"": [worst RED, max abs, max |ref|]} of the
+    entry with the largest RED, its max abs ratio raised to the worst entry's, so the region
+    passes only when each of its ops did what it was given. {} when any op is unmeasured."""
+    entries = []
+    for op in region.target_ops:
+        own = _own_errors(op.attrs.get(S.OP_OWN_ERROR, ""))
+        if not own:
+            return {}
+        entries += [[float(x) for x in v[:3]] for v in own.values()]
+    if not entries:
+        return {}
+    red, _, ref = max(entries, key=lambda e: e[0])
+    ratio = max((e[1] / e[2] if e[2] > 0 else (0.0 if e[1] == 0 else math.inf)) for e in entries)
+    ref = ref if ref > 0 else 1.0
+    return {"": [red, ratio * ref, ref]}
+
+
+def _region_made_inputs(region) -> frozenset[str] | None:
+    """The region's input names (`k.OP:name`, align.py) whose tensor an earlier op made: its
+    k-th target op's `made_inputs`. None when an op of the region does not record it."""
+    made = []
+    for k, op in enumerate(region.target_ops):
+        names = _made_inputs(op.attrs.get(S.OP_MADE_INPUTS))
+        if names is None:
+            return None
+        made.append(names)
+    out = set()
+    for t, _ in region.inputs:
+        head, _, arg = t.name.partition(":")
+        k = head.split(".", 1)[0]
+        if k.isdigit() and int(k) < len(made) and arg in made[int(k)]:
+            out.add(t.name)
+    # an external input of op k that an earlier op of the same region made is internal, so
+    # every external input either came from before the region or is a leaf
+    return frozenset(out)
+
+
 def _split_dtypes(text: Any) -> tuple[str, ...]:
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
     return tuple(d for d in text.split(",") if d)
@@ -213,7 +252,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
     region = pair.region
     if region is not None:      # an aligned region: its external inputs and final outputs
-        t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype)
+        t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype,
+                         own_error=_region_own_error(region), made_inputs=_region_made_inputs(region))
         g_ts = OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
     precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
     compute = t_ts.compute_dtype or g_ts.compute_dtype
@@ -263,7 +303,11 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
                 if len(own) > 3:
                     row["OwnCancellation"] = float(own[3])
-            if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None and region is None:
+            if own is None and region is not None and io == S.OUTPUT_GROUP and t is not None:
+                own = t_ts.own_error.get("")            # the region's: its worst op's
+                if own is not None:
+                    row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
+            if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None:
                 row["MadeBy"] = "op" if name in t_ts.made_inputs else "leaf"
             fp = None
             if ff is not None and g is not None:
