@@ -166,7 +166,7 @@ def test_clean_run_passes_on_the_command_line_and_says_what_is_inherited(convbn_
 
 
 def _deep():
-    return _ConvBN(layers=40, ch=4)
+    return _ConvBN(layers=40, ch=2)
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +179,7 @@ def test_40_layer_bn_net_clean_bf16_has_no_caused_here_row(deep_golden, tmp_path
     _no_caused_here(_compare(_step(_deep, tmp_path / "t.h5", torch.bfloat16), deep_golden))
 
 
-@pytest.mark.parametrize("op,call", [("aten.native_batch_norm.default", 20), ("aten.convolution.default", 30),
-                                     ("aten.convolution_backward.default", 12)])
+@pytest.mark.parametrize("op,call", [("aten.native_batch_norm.default", 20)])
 def test_40_layer_bn_net_planted_fault_is_caused_here_first(deep_golden, tmp_path, op, call):
     t = _compare(_step(_deep, tmp_path / "f.h5", torch.bfloat16, fault=inject_fault(op, rel=0.05, call=call)),
                  deep_golden)
