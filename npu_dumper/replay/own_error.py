@@ -130,7 +130,7 @@ _FP32_EPS = torch.finfo(torch.float32).eps
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr() or None
-    except (RuntimeError, NotImplementedError):      # wrapper subclasses, meta tensors
+    except Exception:  # noqa: BLE001 - wrapper subclasses, meta tensors: no address to follow
         return None
 
 
@@ -172,10 +172,16 @@ class PlainOwnError(Policy):
             ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
         else:
             ev.group_attrs[S.OP_MADE_INPUTS] = "[]"
-        prepared = prepare(ev.func, ev.args, ev.kwargs, {n: v for n, _, v in named})
-        out = ev.func(*ev.args, **ev.kwargs)
+        try:
+            prepared = prepare(ev.func, ev.args, ev.kwargs, {n: v for n, _, v in named})
+        except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
+            prepared = None
+        out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
         if prepared is not None:
-            measured = measure(ev.func, prepared, out)
+            try:
+                measured = measure(ev.func, prepared, out)
+            except Exception:  # noqa: BLE001 - an output that cannot be measured: the row is judged as before
+                measured = None
             if measured is not None:
                 ev.group_attrs[S.OP_OWN_ERROR] = measured
         return out
