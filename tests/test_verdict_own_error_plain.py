@@ -222,3 +222,16 @@ def test_sigmoid_gelu_in_bf16_is_named(tmp_path, replay):
     ff = first_failure(_compare(tmp_path / "t.h5", g))
     assert ff is not None and ff["NPUDump"] == "aten.gelu.default", None if ff is None else ff["FailReason"]
     assert ff["DecidedBy"] == "PointwiseUlps" and 2 <= ff["ErrorUlps"] <= 4, (ff["ErrorUlps"], ff["FailReason"])
+
+
+def test_a_leaf_cast_to_float16_is_its_rounding_not_a_difference():
+    # ConvNeXt's layer scale 1e-6 in a model cast to float16 is subnormal there: 27 u of relative
+    # error, every element within half a spacing (2**-25) of the golden's value
+    import pandas as pd
+    kw = dict(NPUDump="aten.mul.Tensor", SeqId=3, IO="input", TensorName="self", MadeBy="leaf",
+              DataType="float16", PrecisionDtype="float16", GoldenAbsMax=1e-6,
+              RelativeEuclideanDistance=27 * FP16_U)
+    t = apply_verdict(pd.DataFrame([_row(MaxAbsoluteError=2.9e-8, **kw)]))
+    assert t["Result"].iat[0] == "pass" and "rounded to float16" in t["FailReason"].iat[0]
+    t = apply_verdict(pd.DataFrame([_row(MaxAbsoluteError=5e-8, **kw)]))      # more than half a spacing
+    assert t["Result"].iat[0] == "fail" and t["Origin"].iat[0] == "caused here"
