@@ -18,6 +18,13 @@ The rule (docs/COMPARE.md has the reasoning and the measurements behind each def
   error against fp64 + Fp64FloorUlps * u (never below RelativeEuclideanDistanceUlps * u); a
   result whose golden error vs fp64, carried to the target's precision, is >= 100% holds no
   correct digit there (cancellation) and is skipped as ill-conditioned.
+* rows judged by the op's own error against float64 on the inputs it got (OwnErrorVsFp64:
+  load-replay, plain dumps of a reduced-precision run) are bounded by the op's class
+  (op_policies.bound_class): PointwiseUlps for correctly rounded elementwise ops, a sum's
+  cancellation (SumCancellationFactor x kappa x u) for bias/norm-parameter gradients and
+  reductions, RelativeEuclideanDistanceUlps for the rest. In independent runs such a row that
+  passes while its distance from the golden fails the plain rule passes as inherited
+  (judge_row's docstring), and input rows follow MadeBy.
 * integer and bool tensors must agree exactly (RelativeEuclideanDistance <= ExactTolerance; with
   the default 0, also no element may differ in ExactMismatches, counted on the native values).
 * NaN/Inf where the other side is finite fails; size mismatch and corrupt data fail;
