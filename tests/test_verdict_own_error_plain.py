@@ -235,3 +235,35 @@ def test_a_leaf_cast_to_float16_is_its_rounding_not_a_difference():
     assert t["Result"].iat[0] == "pass" and "rounded to float16" in t["FailReason"].iat[0]
     t = apply_verdict(pd.DataFrame([_row(MaxAbsoluteError=5e-8, **kw)]))      # more than half a spacing
     assert t["Result"].iat[0] == "fail" and t["Origin"].iat[0] == "caused here"
+
+
+class _LNHead(nn.Module):
+    """A LayerNorm whose output gradient's columns nearly cancel: sum|dY| / |sum dY| ~ 10^3 per
+    column, as in Segformer's LayerNorm backward (grad_bias = sum dY)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        g = torch.Generator().manual_seed(5)
+        w = torch.randn(256, 16, generator=g)
+        self.register_buffer("w", w - w.mean(0) + 0.001)
+
+    def forward(self, x):
+        return (self.ln(x).float() * self.w).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layernorm_grad_bias_at_kappa_500_is_not_blamed(tmp_path, dtype):
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(6))
+
+    def run(path, dt):
+        torch.manual_seed(0)
+        m = _LNHead().to(dt)
+        with torch.utils.dumper(use_dump=True, dump_path=str(path)):
+            m(x.to(dt)).backward()
+        return path
+
+    t = _compare(run(tmp_path / "t.h5", dtype), run(tmp_path / "g.h5", torch.float32))
+    _no_caused_here(t)
+    gb = t[(t["NPUDump"] == "aten.native_layer_norm_backward.default") & (t["TensorName"] == "result2")]
+    assert len(gb) == 1 and gb["OwnCancellation"].iat[0] >= 500, gb[["OwnCancellation", "FailReason"]]
