@@ -28,3 +28,15 @@ def sum_outputs(op: str) -> tuple[str, ...]:
     """The outputs of `op` ("aten.sum.dim_IntList" or its packet) that are sums of terms."""
     parts = str(op).split(".")
     return SUM_OUTPUTS.get(".".join(parts[:2]), ())
+
+
+# dtype casts: autocast and a model cast add them by design, so one of two independent runs may
+# have them and the other not (compare: not a structural difference); the dumper treats a cast
+# of a leaf (a parameter, a buffer, the batch) as that leaf (a weight converted wrongly is
+# judged where the cast copy is read)
+CASTS: frozenset[str] = frozenset((
+    "aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision", "aten._autocast_to_full_precision"))
+
+
+def is_cast(op: str) -> bool:
+    return ".".join(str(op).split(".")[:2]) in CASTS

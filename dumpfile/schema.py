@@ -116,6 +116,10 @@ OP_OWN_ERROR = "own_error"
 # inputs are leaves (parameters, buffers, the batch). Compare: a difference in the former is
 # inherited, in the latter it is the run's own input
 OP_MADE_INPUTS = "made_inputs"
+# plain dumps (own_error=True, the default): JSON {argument: value} of the op's number, bool,
+# string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
+# independent runs whose op got different arguments
+OP_SCALAR_ARGS = "scalar_args"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

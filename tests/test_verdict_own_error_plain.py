@@ -267,3 +267,61 @@ def test_layernorm_grad_bias_at_kappa_500_is_not_blamed(tmp_path, dtype):
     _no_caused_here(t)
     gb = t[(t["NPUDump"] == "aten.native_layer_norm_backward.default") & (t["TensorName"] == "result2")]
     assert len(gb) == 1 and gb["OwnCancellation"].iat[0] >= 500, gb[["OwnCancellation", "FailReason"]]
+
+
+class _Block(nn.Module):
+    """A conv + BatchNorm + LayerNorm + GELU-MLP model and the user bugs of issue 31."""
+
+    def __init__(self, bug=""):
+        super().__init__()
+        self.bug = bug
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.proj, self.ln = nn.Linear(8, 16), nn.LayerNorm(16, eps=1e-1 if bug == "eps" else 1e-5)
+        self.fc1, self.fc2, self.head = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        t = self.proj(torch.relu(self.bn(self.conv(x))).flatten(2).transpose(1, 2))
+        a = self.fc1(self.ln(t))
+        a = F.silu(a) if self.bug == "silu" else F.gelu(a)
+        if self.bug == "scale":
+            a = a * 1.05
+        m = self.fc2(a)
+        return self.head((m if self.bug == "residual" else t + m).mean(1))
+
+
+def test_user_bugs_fail_and_the_clean_autocast_run_passes(tmp_path):
+    """fp32 golden vs bf16 autocast, plain dumps: the clean run passes (it failed at a conv
+    backward); every bug fails, the changed argument, the swapped activation and the weight 5%
+    off at the op that has them (the weight was blamed on a conv backward)."""
+    torch.manual_seed(0)
+    state = _Block().state_dict()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)
+
+    def run(path, bug, autocast):
+        m = _Block(bug)
+        m.load_state_dict(state)
+        if bug == "weight":
+            with torch.no_grad():
+                m.fc2.weight.mul_(1.05)
+        with torch.utils.dumper(use_dump=True, dump_path=str(path)):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                out = m(x)
+            F.cross_entropy(out.float(), y).backward()
+        return path
+
+    golden = run(tmp_path / "g.h5", "", False)
+    named = {"eps": ("aten.native_layer_norm.default", "argument eps 0.1, golden 1e-05"),
+             "silu": ("aten.silu", "aligned region"), "weight": ("aten.addmm.default", "input mat2 differs")}
+    for bug in ("", "scale", "eps", "silu", "residual", "weight"):
+        t = _compare(run(tmp_path / f"t{bug}.h5", bug, True), golden)
+        fails = t[t["Result"] == "fail"]
+        if not bug:
+            assert fails.empty, fails[["NPUDump", "TensorName", "FailReason"]].to_string()
+            continue
+        assert not fails.empty, bug
+        if bug in named:
+            ff = first_failure(t)
+            op, why = named[bug]
+            assert ff["NPUDump"].startswith(op) and ff["Origin"] == "caused here", (bug, ff["NPUDump"], ff["FailReason"])
+            assert why in ff["FailReason"] + str(ff.get("CompareFailReason")), (bug, ff["FailReason"])

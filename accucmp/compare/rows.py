@@ -44,6 +44,12 @@ TAIL_COLUMNS = [
     # earlier op of the dumped block wrote the tensor (its difference is inherited), "leaf"
     # when none did (a parameter, buffer or the batch: a difference is the run's own input)
     "MadeBy",
+    # independent runs: the op's plain arguments (eps, scale, dims, ...) where the two runs
+    # differ ("eps 0.1, golden 1e-05"; op attribute scalar_args), on its output rows
+    "ArgsDiffer",
+    # independent runs whose op streams differ beyond dtype casts (ops with no partner): a
+    # difference then may come from them, so nothing passes as inherited (the count and ops)
+    "StructureDiffers",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -110,6 +116,7 @@ _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
 _B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
 _B_OWN_ERROR = S.OP_OWN_ERROR.encode()
 _B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
+_B_SCALAR_ARGS = S.OP_SCALAR_ARGS.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -125,6 +132,7 @@ class OpTensors:
     input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
     own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|(, kappa)]
     made_inputs: frozenset[str] | None = None       # inputs an earlier op wrote; None: not recorded
+    scalar_args: dict | None = None                 # the op's plain arguments; None: not recorded
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -137,7 +145,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
-                          _made_inputs(a.get(S.OP_MADE_INPUTS)))
+                          _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -154,10 +162,11 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         cd = _text(a.get(_B_COMPUTE))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
-                          _made_inputs(a.get(_B_MADE_INPUTS)))
+                          _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)))
 
 
-_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS))
+_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
+                       _B_SCALAR_ARGS))
 
 
 def _text(v: Any) -> str:
@@ -191,11 +200,37 @@ def _made_inputs(text: Any) -> frozenset[str] | None:
     return frozenset(map(str, d)) if isinstance(d, list) else None
 
 
+def _scalar_args(text: Any) -> dict | None:
+    """The op attribute scalar_args ({argument: value}); None when absent or bad."""
+    if text is None or isinstance(text, h5py.Empty):
+        return None
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def args_differ(t: dict | None, g: dict | None) -> str:
+    """'eps 0.1, golden 1e-05' for the plain arguments two runs' op got differently ('' when
+    they agree or either run did not record them)."""
+    if t is None or g is None:
+        return ""
+    return ", ".join(f"{k} {t[k]!r}, golden {g[k]!r}" for k in sorted(set(t) & set(g)) if t[k] != g[k])
+
+
 def _region_own_error(region) -> dict:
     """An aligned region's own error, when the dumper measured every op of its target side
     (plain dumps of a reduced-precision run): {"": [worst RED, max abs, max |ref|]} of the
     entry with the largest RED, its max abs ratio raised to the worst entry's, so the region
     passes only when each of its ops did what it was given. {} when any op is unmeasured."""
+    if not region.unpaired_inputs:
+        # ops of different streams that should compute the same (gelu against silu would
+        # align too): each target op right on its inputs says nothing of the golden's ops, so
+        # the region is judged against the golden. Only a regrouped sum (an input without a
+        # partner next to the region: the runs split one sum differently) is within its own error
+        return {}
     entries = []
     for op in region.target_ops:
         own = _own_errors(op.attrs.get(S.OP_OWN_ERROR, ""))
@@ -256,6 +291,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                          own_error=_region_own_error(region), made_inputs=_region_made_inputs(region))
         g_ts = OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
     precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
+    changed = args_differ(t_ts.scalar_args, g_ts.scalar_args) if not replay and region is None else ""
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
     for io in ios:
@@ -307,6 +343,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 own = t_ts.own_error.get("")            # the region's: its worst op's
                 if own is not None:
                     row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
+            if changed and io == S.OUTPUT_GROUP:
+                row["ArgsDiffer"] = changed
             if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None:
                 row["MadeBy"] = "op" if name in t_ts.made_inputs else "leaf"
             fp = None

@@ -194,6 +194,8 @@ _NO_DECISION = ("", "", math.nan, math.nan)
 
 
 INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
+ARGS_NOTE = "argument"             # FailReason of a row whose op got other arguments than the golden's
+NOT_PASSED_NOTE = "[not passed as inherited:"
 
 
 def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
@@ -211,17 +213,27 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     res = _judge(row, th, fp64=fp64, independent=independent)
     if not independent or _status(row) != "compared":
         return res
+    changed, structure = _str(row.get("ArgsDiffer")), _str(row.get("StructureDiffers"))
     if not math.isnan(_num(row.get("OwnErrorVsFp64"))):
         if res[0] == RESULT_PASS:
             plain = _judge({**row, "OwnErrorVsFp64": math.nan}, th, fp64=fp64, independent=independent)
+            if plain[0] == RESULT_FAIL and changed:
+                # the op computed right what it was given, but not with the golden's arguments
+                return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {plain[1]}") + plain[2:]
+            if plain[0] == RESULT_FAIL and structure:
+                # an op one run has and the other lacks may have made the difference: not passed
+                return (RESULT_FAIL, f"{plain[1]} {NOT_PASSED_NOTE} the runs' op streams differ ({structure}); "
+                        f"this op's own error vs fp64 on its own inputs is {res[3]:.3g} u]") + plain[2:]
             if plain[0] == RESULT_FAIL:
                 why = res[1] or f"own error vs fp64 on its own inputs {res[3]:.3g} u"
                 return (RESULT_PASS, f"{INHERITED_NOTE}: the golden differs by {plain[1]}, which earlier ops "
                         f"made; this op's {why}", res[2], res[3]) + _NO_DECISION
         return res
+    if changed and res[0] == RESULT_FAIL:
+        return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {res[1]}") + res[2:]
     made_by = _str(row.get("MadeBy"))
     if res[0] == RESULT_FAIL and _str(row.get("IO")) == "input" and res[4] != "CompareStatus":
-        if made_by == "op":
+        if made_by == "op" and not structure:
             return (RESULT_PASS, f"{INHERITED_NOTE}: an earlier op of the step made this input, its row "
                     f"judges it; the golden differs by {res[1]}", res[2], res[3]) + _NO_DECISION
         if made_by == "leaf":
@@ -476,6 +488,10 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     for i, (r, why) in enumerate(zip(results, reasons)):
         if r == RESULT_PASS and why.startswith(INHERITED_NOTE + ":"):
             origin[i] = INHERITED_NOTE       # passes, yet differs from the golden: counted by the summary
+        elif r == RESULT_FAIL and why.startswith(ARGS_NOTE + " "):
+            origin[i] = "caused here"        # the op got other arguments: the difference starts here
+        elif r == RESULT_FAIL and NOT_PASSED_NOTE in why:
+            origin[i] = INHERITED_NOTE       # within its own error: the difference came from upstream
     out["Result"] = results
     out["FailReason"] = _op_underflow_hints(out, reasons)
     out["Severity"] = np.asarray(severity, dtype=np.float64)

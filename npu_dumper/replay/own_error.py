@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dumpfile import schema as S
-from dumpfile.opclass import sum_outputs
+from dumpfile.opclass import is_cast, sum_outputs
 
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
@@ -127,6 +127,16 @@ def _coarser_than_fp32(d: Any) -> bool:
 _FP32_EPS = torch.finfo(torch.float32).eps
 
 
+def _plain_value(v: Any) -> bool:
+    """A number, bool, string or list of them: an argument whose value two runs should share.
+    (dtypes, devices and layouts are left out: autocast and a device change them by design)"""
+    if isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)) and v and len(v) <= 16:
+        return all(isinstance(x, (bool, int, float)) for x in v)
+    return False
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr() or None
@@ -153,6 +163,15 @@ class PlainOwnError(Policy):
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
         named = named_args(info, ev.args, ev.kwargs)
+        scalars = {n: v for n, _, v in named if _plain_value(v)}
+        passed = {n for n, _, _ in named}
+        for i, n in enumerate(info.arg_names):      # defaults too: both runs' effective values
+            if n not in passed and info.has_default[i] and _plain_value(info.defaults[i]):
+                scalars[n] = info.defaults[i]
+        if scalars:
+            # (every op, the float32 golden's too: compare tells an op whose eps, scale or
+            # approximate differs between two runs, which its own error cannot show)
+            ev.group_attrs[S.OP_SCALAR_ARGS] = json.dumps(scalars)
         if not self._low:
             leaves = tree_flatten([v for _, _, v in named])[0]
             self._low = any(_coarser_than_fp32(v.dtype if isinstance(v, torch.Tensor) else v) for v in leaves)
@@ -188,7 +207,11 @@ class PlainOwnError(Policy):
 
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
         info = op_info(ev.func)
-        written = [v for n, _, v in named_args(info, ev.args, ev.kwargs) if n in info.written]
+        named = named_args(info, ev.args, ev.kwargs)
+        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and _storage_key(v) in self._made
+                                        for _, _, v in named):
+            return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
+        written = [v for n, _, v in named if n in info.written]
         for t in tree_flatten((ev.outputs, written))[0]:
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
