@@ -38,6 +38,7 @@ import numpy as np
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
+from dumpfile.overwritten import holds_no_data
 
 from accucmp.compare.rows import check_record
 from accucmp.numformats import (FORMATS, MX_BLOCK, MX_ELEMENT, MX_NAMES, Format, best_scale_log2,
@@ -285,12 +286,20 @@ def _add_mx(acc: _Acc, x: np.ndarray, last: int) -> None:
     acc.subnormal += int(np.count_nonzero(nz & (qe > 0) & (qe < MX_ELEMENT.min_normal)))
 
 
-def iter_tensors(dump):
-    """(op, io, name, record) for every recorded floating tensor with data."""
+def iter_tensors(dump, skipped: list | None = None):
+    """(op, io, name, record) for every recorded floating tensor with data. Uninitialised
+    memory (an empty-like op's output, the buffer dropout's bernoulli_ overwrites: attribute
+    `uninitialized`, or by the op's nature in dumps older than that attribute) holds whatever
+    the allocator left, no value of the run: left out, and listed in `skipped` as
+    (op, seqid, io, name) when a list is given."""
     for op in dump.ops():
         for io, values in (("input", op.inputs), ("output", op.outputs)):
             for name, rec in _leaves(values()):
-                if not rec.is_tensor or rec.uninitialized:
+                if not rec.is_tensor:
+                    continue
+                if rec.uninitialized or holds_no_data(op.op, io, name):
+                    if skipped is not None:
+                        skipped.append((op.op, op.seqid, io, name))
                     continue
                 if rec.dtype not in FLOAT_DTYPES:
                     continue
@@ -298,7 +307,8 @@ def iter_tensors(dump):
 
 
 def run_whatif(dump_path: str | os.PathLike, formats: list[str], out_dir: str | os.PathLike,
-               select: str | None = None, chunk_elements: int = 1 << 22) -> tuple[Path, list[dict]]:
+               select: str | None = None, chunk_elements: int = 1 << 22,
+               skipped: list | None = None) -> tuple[Path, list[dict]]:
     import re
 
     from dumpfile.read.reader import DumpFile
@@ -314,7 +324,7 @@ def run_whatif(dump_path: str | os.PathLike, formats: list[str], out_dir: str | 
         if dump.stats_only and all(f in MX_NAMES for f in formats):
             raise DumpFormatError(f"{dump_path}: mxfp8 needs the values of each 32-value block; "
                                   "a statistics dump's histograms cannot predict it (use a full dump)")
-        for op, io, name, rec in iter_tensors(dump):
+        for op, io, name, rec in iter_tensors(dump, skipped):
             if pattern and not (pattern.search(op.op) or pattern.search(op.module or "")):
                 continue
             base = {"op": op.op, "seqid": op.seqid, "module": op.module, "phase": tensor_phase(op, io, name),

@@ -110,10 +110,22 @@ OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid
 # load mode: a random op (dropout, bernoulli, randn...) ran, then was given the recorded
 # outputs, since no device reproduces another's random numbers. Compare skips its outputs.
 OP_RANDOM_OUTPUTS_REPLAYED = "random_outputs_replayed"
-# load mode: the op's own error, JSON {output: [RED, max abs error, max |ref|]} against the
-# op re-run in float64 on the same inputs it got, written when the replay rounded its inputs
-# to a less precise live dtype (npu_dumper/replay/own_error.py)
+# the op's own error, JSON {output: [RED, max abs error, max |ref|(, kappa)]} against the op
+# re-run in float64 on the same inputs it got: load mode, when the replay rounded its inputs to
+# a less precise live dtype; plain dumps of a run in reduced precision, every op from the first
+# reduced-precision one on (npu_dumper/replay/own_error.py). kappa, for outputs that are sums
+# (dumpfile/opclass.py): ||sum of |terms| || / ||sum||, how much the sum cancels
 OP_OWN_ERROR = "own_error"
+# plain dumps of a run that computes in reduced precision (npu_dumper/replay/own_error.py,
+# PlainOwnError): JSON list of the op's tensor inputs (compare's TensorName: `self`,
+# `tensors/tensors_0`) that an earlier op of the dumped block wrote; the op's other tensor
+# inputs are leaves (parameters, buffers, the batch). Compare: a difference in the former is
+# inherited, in the latter it is the run's own input
+OP_MADE_INPUTS = "made_inputs"
+# plain dumps (own_error=True, the default): JSON {argument: value} of the op's number, bool,
+# string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
+# independent runs whose op got different arguments
+OP_SCALAR_ARGS = "scalar_args"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

@@ -128,7 +128,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.flush_interval = float(flush_interval)
         self.max_pending_bytes = max_pending_bytes
         self.dedup = dedup
-        # load-replay: measure ops whose inputs were rounded against float64 on those inputs
+        # load-replay: measure ops whose inputs were rounded against float64 on those inputs;
+        # plain dumps: every op of a run in reduced precision against float64 on its inputs
         self.own_error = own_error
         # "thread": HDF5 written by a thread of this process; "process": by a child process
         # with its own GIL (docs/FORMAT.md, durability); "auto": the process writer for full
@@ -185,6 +186,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
             policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map, own_error=self.own_error))
+        if self.mode == S.MODE_DUMP and self.own_error and not self.stats_only:
+            from .replay.own_error import PlainOwnError
+            # a run in reduced precision: each op's own error on the inputs it got, so an
+            # independent compare blames an op only for what it added
+            policies.append(PlainOwnError())
         if self.mode == S.MODE_OVERFLOW:
             from .replay.overflow import OverflowPolicy
             # OverflowPolicy(*, dtype=, limit=, raise_on_overflow=): record only overflowing ops

@@ -145,22 +145,43 @@ def test_amplified_input_difference_is_inherited_in_plain_dumps(tmp_path):
     difference amplified, marked inherited; a fault planted after it is the op named first."""
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(3))
 
-    def run(path, dtype, fault=False):
+    def run(path, dtype, fault=False, own_error=True):
         torch.manual_seed(0)
         m = _LN().to(dtype)
         ctx = inject_fault("aten.gelu.default", rel=0.07) if fault else contextlib.nullcontext()
-        with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path), own_error=own_error):
             m(x.to(dtype)).float().square().mean().backward()
 
     run(tmp_path / "g.h5", torch.float32)
-    run(tmp_path / "t.h5", torch.bfloat16)
+    # a dump without the dumper's own-error measurement: the heuristic rule
+    run(tmp_path / "t.h5", torch.bfloat16, own_error=False)
     t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
     ln = t[(t["NPUDump"] == "aten.native_layer_norm.default") & (t["IO"] == "output")].set_index("TensorName")
     assert ln.loc["result1", "Result"] == "fail" and ln.loc["result0", "Result"] == "pass"
     assert ln.loc["result1", "Origin"] == ORIGIN_INHERITED
     assert "inputs' small difference, amplified" in ln.loc["result1", "FailReason"]
     assert (t["Origin"] != ORIGIN_CAUSED).all()
+    # with it (the default): the op's own error on its own inputs passes, the row passes as inherited
+    run(tmp_path / "o.h5", torch.bfloat16)
+    t = apply_verdict(compare_dumps(str(tmp_path / "o.h5"), str(tmp_path / "g.h5")).table)
+    ln = t[(t["NPUDump"] == "aten.native_layer_norm.default") & (t["IO"] == "output")].set_index("TensorName")
+    assert ln.loc["result1", "Result"] == "pass" and ln.loc["result1", "Origin"] == ORIGIN_INHERITED
+    assert ln.loc["result1", "FailReason"].startswith("inherited: the golden differs by")
+    assert (t["Result"] != "fail").all()
     run(tmp_path / "f.h5", torch.bfloat16, fault=True)
     t = apply_verdict(compare_dumps(str(tmp_path / "f.h5"), str(tmp_path / "g.h5")).table)
     ff = first_failure(t)
     assert (ff["NPUDump"], ff["Origin"]) == ("aten.gelu.default", ORIGIN_CAUSED)
+
+
+def test_pointwise_bound_class_lists_only_ops_torch_tags_pointwise():
+    """op_policies.POINTWISE (the correctly rounded elementwise ops judged by PointwiseUlps) is
+    data because the dump records no op tags: every entry must be an op torch tags pointwise."""
+    from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, POINTWISE, bound_class
+    for name in sorted(POINTWISE):
+        pkt = getattr(torch.ops.aten, name.split(".", 1)[1])
+        tagged = [o for o in pkt.overloads() if torch.Tag.pointwise in getattr(pkt, o).tags]
+        assert tagged, f"{name}: no overload tagged pointwise"
+    assert bound_class("aten.gelu.default", "result") == CLASS_POINTWISE
+    assert bound_class("aten.native_layer_norm_backward.default", "result2") == CLASS_SUM
+    assert bound_class("aten.mm.default", "result") == ""

@@ -33,10 +33,16 @@ def whatif_command(
         except ValueError as e:
             raise UsageProblem(str(e)) from None
         require_file(dump)
-        path, rows = run_whatif(dump, formats, out, select=select, chunk_elements=chunk_elements)
+        skipped: list = []
+        path, rows = run_whatif(dump, formats, out, select=select, chunk_elements=chunk_elements,
+                                skipped=skipped)
         if not quiet:
             for line in summarize(rows, formats, top=top):
                 typer.echo(line)
+            if skipped:
+                from dumpfile.overwritten import REASON
+                op, seqid, io, name = skipped[0]
+                typer.echo(f"note: {len(skipped)} tensor(s) not judged: {REASON} (e.g. {op}/{seqid} {io} {name})")
         typer.echo(f"wrote {path}")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
+from dumpfile.overwritten import holds_no_data
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
@@ -64,10 +65,13 @@ class Comparer:
     def _compare(self, task, row, t, g):
         t_shape, t_n = check_record(t)
         g_shape, g_n = check_record(g)
-        if t.uninitialized or g.uninitialized:
+        if t.uninitialized or g.uninitialized or holds_no_data(
+                str(row.get("NPUDump") or ""), str(row.get("IO") or ""), str(row.get("TensorName") or "")):
+            # (by the op's nature too: dumps written before the dumper marked bernoulli_'s
+            # self `uninitialized` still hold dropout's empty_like buffer there)
             row["CompareStatus"] = STATUS_UNINITIALIZED
-            row["CompareFailReason"] = ("uninitialized memory (empty-like output, out= or collective "
-                                        "output buffer before the op): not compared")
+            row["CompareFailReason"] = ("uninitialized memory (empty-like output, out=, collective or "
+                                        "fill_/copy_/bernoulli_ destination before the op): not compared")
             return
         if t.is_stats or g.is_stats:
             xs = t.stats() if t.is_stats else stats_of(self._chunks(t, t_n))

@@ -179,6 +179,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
     metric_cols = list(algs)
     work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios,
+                 structure="" if m.replay else structure_differs(m.pairs),
                  structural=frozenset() if m.replay else structural_pairs(m.pairs))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
@@ -207,6 +208,20 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     if departures:
         meta["departures"] = len(departures)
     return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit, departures)
+
+
+def structure_differs(pairs) -> str:
+    """Independent runs: '2 op(s) with no partner: aten.mul.Tensor (target) in block.scale, ...'
+    for the ops either run has and the other lacks, dtype casts left out (autocast and a model
+    cast add them by design: op_policies.BY_DESIGN_UNPAIRED); '' when none."""
+    from accucmp.compare.op_policies import BY_DESIGN_UNPAIRED, packet
+    odd = [(p.target or p.golden, "target" if p.golden is None else "golden") for p in pairs
+           if (p.target is None) != (p.golden is None)]
+    odd = [(op, side) for op, side in odd if packet(op.op) not in BY_DESIGN_UNPAIRED]
+    if not odd:
+        return ""
+    shown = ", ".join(f"{op.op} ({side})" + (f" in {op.module}" if op.module else "") for op, side in odd[:3])
+    return f"{len(odd)} op(s) with no partner: {shown}" + (", ..." if len(odd) > 3 else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +278,7 @@ class _Work:
     replay: bool
     comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
+    structure: str = ""         # independent runs: ops with no partner beyond dtype casts
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
     structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
 
@@ -278,6 +294,9 @@ class _Work:
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
         tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        if self.structure:
+            for task in tasks:
+                task.row["StructureDiffers"] = self.structure
         if not self.replay and pair.target is not None and pair.golden is not None and pair.region is None:
             leaves = leaf_inputs(pair, self.provenance)
             for task in tasks:

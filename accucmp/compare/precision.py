@@ -35,14 +35,26 @@ def inherit_precision(table: pd.DataFrame, carry: "PrecisionCarry | None" = None
     if table.empty or "PrecisionDtype" not in table:
         return
     coarsest, coarsest_u, out = ("", -1.0, []) if carry is None else (carry.coarsest, carry.coarsest_u, [])
-    for d in table["PrecisionDtype"].tolist():
+    # rows that carry nothing from earlier ops: an output judged by its own error on the
+    # inputs it got (OwnErrorVsFp64, measured by the dumper) and an input no op of the step
+    # made (MadeBy "leaf": a parameter, a buffer, the batch) keep the op's own precision
+    own = _judged_on_own_terms(table)
+    for d, keep in zip(table["PrecisionDtype"].tolist(), own):
         u = S.UNIT_ROUNDOFF.get(d) if isinstance(d, str) else None
         if u is not None and u > coarsest_u:
             coarsest, coarsest_u = d, u
-        out.append(coarsest if u is not None and coarsest_u > u else d)
+        out.append(coarsest if u is not None and coarsest_u > u and not keep else d)
     table["PrecisionDtype"] = out
     if carry is not None:
         carry.coarsest, carry.coarsest_u = coarsest, coarsest_u
+
+
+def _judged_on_own_terms(table: pd.DataFrame) -> list[bool]:
+    n = len(table)
+    own = (pd.to_numeric(table["OwnErrorVsFp64"], errors="coerce").notna().tolist()
+           if "OwnErrorVsFp64" in table else [False] * n)
+    leaf = (table["MadeBy"].astype(str).eq("leaf").tolist() if "MadeBy" in table else [False] * n)
+    return [a or b for a, b in zip(own, leaf)]
 
 
 class PrecisionCarry:

@@ -44,6 +44,18 @@ TAIL_COLUMNS = [
     # independent runs: an input tensor no op of the step made, on both sides (a parameter,
     # buffer or the batch; compare/departures.py input_is_leaf); failing, it is a departure
     "Leaf",
+    # outputs that are sums (dumpfile/opclass.py): ||sum of |terms| || / ||sum||, how much it cancels
+    "OwnCancellation",
+    # input rows of a plain dump that records it (op attribute made_inputs): "op" when an
+    # earlier op of the dumped block wrote the tensor (its difference is inherited), "leaf"
+    # when none did (a parameter, buffer or the batch: a difference is the run's own input)
+    "MadeBy",
+    # independent runs: the op's plain arguments (eps, scale, dims, ...) where the two runs
+    # differ ("eps 0.1, golden 1e-05"; op attribute scalar_args), on its output rows
+    "ArgsDiffer",
+    # independent runs whose op streams differ beyond dtype casts (ops with no partner): a
+    # difference then may come from them, so nothing passes as inherited (the count and ops)
+    "StructureDiffers",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -109,6 +121,8 @@ def check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
 _B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
 _B_OWN_ERROR = S.OP_OWN_ERROR.encode()
+_B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
+_B_SCALAR_ARGS = S.OP_SCALAR_ARGS.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -122,7 +136,9 @@ class OpTensors:
     compute_dtype: str
     random_outputs_replayed: bool = False
     input_dtypes: tuple[str, ...] = ()     # when the dump stored no inputs (op attribute)
-    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|]
+    own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|(, kappa)]
+    made_inputs: frozenset[str] | None = None       # inputs an earlier op wrote; None: not recorded
+    scalar_args: dict | None = None                 # the op's plain arguments; None: not recorded
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -134,7 +150,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         return OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")))
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
+                          _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -150,10 +167,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         a = some_attrs(op_id, _OP_ATTRS)
         cd = _text(a.get(_B_COMPUTE))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))))
+                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
+                          _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)))
 
 
-_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR))
+_OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
+                       _B_SCALAR_ARGS))
 
 
 def _text(v: Any) -> str:
@@ -172,7 +191,84 @@ def _own_errors(text: Any) -> dict:
         d = json.loads(text)
     except ValueError:
         return {}
-    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) == 3} if isinstance(d, dict) else {}
+    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}
+
+
+def _made_inputs(text: Any) -> frozenset[str] | None:
+    """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
+    if text is None or isinstance(text, h5py.Empty):
+        return None
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return frozenset(map(str, d)) if isinstance(d, list) else None
+
+
+def _scalar_args(text: Any) -> dict | None:
+    """The op attribute scalar_args ({argument: value}); None when absent or bad."""
+    if text is None or isinstance(text, h5py.Empty):
+        return None
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def args_differ(t: dict | None, g: dict | None) -> str:
+    """'eps 0.1, golden 1e-05' for the plain arguments two runs' op got differently ('' when
+    they agree or either run did not record them)."""
+    if t is None or g is None:
+        return ""
+    return ", ".join(f"{k} {t[k]!r}, golden {g[k]!r}" for k in sorted(set(t) & set(g)) if t[k] != g[k])
+
+
+def _region_own_error(region) -> dict:
+    """An aligned region's own error, when the dumper measured every op of its target side
+    (plain dumps of a reduced-precision run): {"": [worst RED, max abs, max |ref|]} of the
+    entry with the largest RED, its max abs ratio raised to the worst entry's, so the region
+    passes only when each of its ops did what it was given. {} when any op is unmeasured."""
+    if not region.unpaired_inputs:
+        # ops of different streams that should compute the same (gelu against silu would
+        # align too): each target op right on its inputs says nothing of the golden's ops, so
+        # the region is judged against the golden. Only a regrouped sum (an input without a
+        # partner next to the region: the runs split one sum differently) is within its own error
+        return {}
+    entries = []
+    for op in region.target_ops:
+        own = _own_errors(op.attrs.get(S.OP_OWN_ERROR, ""))
+        if not own:
+            return {}
+        entries += [[float(x) for x in v[:3]] for v in own.values()]
+    if not entries:
+        return {}
+    red, _, ref = max(entries, key=lambda e: e[0])
+    ratio = max((e[1] / e[2] if e[2] > 0 else (0.0 if e[1] == 0 else math.inf)) for e in entries)
+    ref = ref if ref > 0 else 1.0
+    return {"": [red, ratio * ref, ref]}
+
+
+def _region_made_inputs(region) -> frozenset[str] | None:
+    """The region's input names (`k.OP:name`, align.py) whose tensor an earlier op made: its
+    k-th target op's `made_inputs`. None when an op of the region does not record it."""
+    made = []
+    for k, op in enumerate(region.target_ops):
+        names = _made_inputs(op.attrs.get(S.OP_MADE_INPUTS))
+        if names is None:
+            return None
+        made.append(names)
+    out = set()
+    for t, _ in region.inputs:
+        head, _, arg = t.name.partition(":")
+        k = head.split(".", 1)[0]
+        if k.isdigit() and int(k) < len(made) and arg in made[int(k)]:
+            out.add(t.name)
+    # an external input of op k that an earlier op of the same region made is internal, so
+    # every external input either came from before the region or is a leaf
+    return frozenset(out)
 
 
 def _split_dtypes(text: Any) -> tuple[str, ...]:
@@ -197,9 +293,11 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
     region = pair.region
     if region is not None:      # an aligned region: its external inputs and final outputs
-        t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype)
+        t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype,
+                         own_error=_region_own_error(region), made_inputs=_region_made_inputs(region))
         g_ts = OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
     precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
+    changed = args_differ(t_ts.scalar_args, g_ts.scalar_args) if not replay and region is None else ""
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
     for io in ios:
@@ -244,7 +342,17 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["CompareFailReason"] = pair.reason
             own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
             if own is not None:
-                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own)
+                row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
+                if len(own) > 3:
+                    row["OwnCancellation"] = float(own[3])
+            if own is None and region is not None and io == S.OUTPUT_GROUP and t is not None:
+                own = t_ts.own_error.get("")            # the region's: its worst op's
+                if own is not None:
+                    row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
+            if changed and io == S.OUTPUT_GROUP:
+                row["ArgsDiffer"] = changed
+            if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None:
+                row["MadeBy"] = "op" if name in t_ts.made_inputs else "leaf"
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare

@@ -18,6 +18,13 @@ The rule (docs/COMPARE.md has the reasoning and the measurements behind each def
   error against fp64 + Fp64FloorUlps * u (never below RelativeEuclideanDistanceUlps * u); a
   result whose golden error vs fp64, carried to the target's precision, is >= 100% holds no
   correct digit there (cancellation) and is skipped as ill-conditioned.
+* rows judged by the op's own error against float64 on the inputs it got (OwnErrorVsFp64:
+  load-replay, plain dumps of a reduced-precision run) are bounded by the op's class
+  (op_policies.bound_class): PointwiseUlps for correctly rounded elementwise ops, a sum's
+  cancellation (SumCancellationFactor x kappa x u) for bias/norm-parameter gradients and
+  reductions, RelativeEuclideanDistanceUlps for the rest. In independent runs such a row that
+  passes while its distance from the golden fails the plain rule passes as inherited
+  (judge_row's docstring), and input rows follow MadeBy.
 * integer and bool tensors must agree exactly (RelativeEuclideanDistance <= ExactTolerance; with
   the default 0, also no element may differ in ExactMismatches, counted on the native values).
 * NaN/Inf where the other side is finite fails; size mismatch and corrupt data fail;
@@ -59,7 +66,7 @@ from dumpfile.errors import DumpError
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import apply_op_policies
+from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, apply_op_policies, bound_class
 
 if TYPE_CHECKING:
     from accucmp.compare.measure import Measured
@@ -79,6 +86,14 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     # conv_backward grad_weight reaches 4.2 u vs fp64 with an exact golden)
     "Fp64Factor": 2.0,
     "Fp64FloorUlps": 4.0,
+    # own-error rows of correctly rounded elementwise ops (op_policies.POINTWISE): what correct
+    # rounding of the result allows (0.5 u, double rounding through float32 rarely 1 u); a
+    # GELU computed by the sigmoid approximation (1.1%) is 2.8 u of bfloat16
+    "PointwiseUlps": 1.5,
+    # own-error rows of sums (dumpfile/opclass.py) that cancel: kappa = ||sum |terms| || / ||sum||
+    # widens the bound to this factor x kappa x u (PyTorch's CPU LayerNorm-backward grad_bias in
+    # bf16/fp16: 0.2-0.4 x kappa u); kappa x u >= 1 leaves no correct digit: not judged
+    "SumCancellationFactor": 0.5,
     # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
     "ExactTolerance": 0.0,
     # --tolerance: one factor on every dtype-derived bound above (2 = twice as lenient)
@@ -205,9 +220,66 @@ def _judge_departure(row: dict, reason: str, th: Mapping[str, float]) -> tuple:
             red / bound if bound > 0 else math.inf, ulps) + ("InputUlps", "RelativeEuclideanDistance", ulps, allowed)
 
 
+INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
+ARGS_NOTE = "argument"             # FailReason of a row whose op got other arguments than the golden's
+NOT_PASSED_NOTE = "[not passed as inherited:"
+
+
 def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     """(Result, FailReason, Severity, ErrorUlps, DecidedBy, DecidingMetric, DecidingValue,
-    DecidingBound) of one table row."""
+    DecidingBound) of one table row.
+
+    Independent runs (two plain dumps, MatchedBy not `seqid`): a row the dumper measured on
+    the op's own inputs (OwnErrorVsFp64) is judged by that; when it passes although its
+    distance from the golden fails the plain rule, it passes as `inherited` (FailReason says
+    both numbers). An input row an earlier op of the step made (MadeBy `op`) is that op's
+    output: its difference is inherited, judged at that op. An input no op made (MadeBy
+    `leaf`: a parameter, buffer or the batch) is judged at its own precision and, failing,
+    is the run's own difference."""
+    independent = _str(row.get("MatchedBy")) not in ("", "seqid")
+    res = _judge(row, th, fp64=fp64, independent=independent)
+    if not independent or _status(row) != "compared":
+        return res
+    changed, structure = _str(row.get("ArgsDiffer")), _str(row.get("StructureDiffers"))
+    if not math.isnan(_num(row.get("OwnErrorVsFp64"))):
+        if res[0] == RESULT_PASS:
+            plain = _judge({**row, "OwnErrorVsFp64": math.nan}, th, fp64=fp64, independent=independent)
+            if plain[0] == RESULT_FAIL and changed:
+                # the op computed right what it was given, but not with the golden's arguments
+                return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {plain[1]}") + plain[2:]
+            if plain[0] == RESULT_FAIL and structure:
+                # an op one run has and the other lacks may have made the difference: not passed
+                return (RESULT_FAIL, f"{plain[1]} {NOT_PASSED_NOTE} the runs' op streams differ ({structure}); "
+                        f"this op's own error vs fp64 on its own inputs is {res[3]:.3g} u]") + plain[2:]
+            if plain[0] == RESULT_FAIL:
+                why = res[1] or f"own error vs fp64 on its own inputs {res[3]:.3g} u"
+                return (RESULT_PASS, f"{INHERITED_NOTE}: the golden differs by {plain[1]}, which earlier ops "
+                        f"made; this op's {why}", res[2], res[3]) + _NO_DECISION
+        return res
+    if changed and res[0] == RESULT_FAIL:
+        return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {res[1]}") + res[2:]
+    made_by = _str(row.get("MadeBy"))
+    if res[0] == RESULT_FAIL and _str(row.get("IO")) == "input" and res[4] != "CompareStatus":
+        if made_by == "op" and not structure:
+            return (RESULT_PASS, f"{INHERITED_NOTE}: an earlier op of the step made this input, its row "
+                    f"judges it; the golden differs by {res[1]}", res[2], res[3]) + _NO_DECISION
+        if made_by == "leaf":
+            dtype = _str(row.get("DataType"))
+            u, sub = S.UNIT_ROUNDOFF.get(dtype, 0.0), _SMALLEST_SUBNORMAL.get(dtype, 0.0)
+            max_abs, g_absmax = _num(row.get("MaxAbsoluteError")), _num(row.get("GoldenAbsMax"))
+            if S.UNIT_ROUNDOFF.get(_str(row.get("GoldenDataType")), 1.0) < u \
+                    and max_abs <= max(u * g_absmax, sub / 2) * (1 + 1e-6):
+                # every element within half a spacing of the golden's: the golden's value
+                # rounded to this dtype (a model cast to float16 whose 1e-6 layer scale is
+                # subnormal there: 27 u of relative error, no element off by more)
+                return (RESULT_PASS, f"input {_str(row.get('TensorName'))}: the golden's value rounded to {dtype} "
+                        f"(max abs error {max_abs:.3g} <= half a spacing); {res[1]}", res[2], res[3]) + _NO_DECISION
+            return (RESULT_FAIL, f"input {_str(row.get('TensorName'))} differs from the golden's and no op of the "
+                    f"step made it (a parameter, a buffer or the data fed in): {res[1]}") + res[2:]
+    return res
+
+
+def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool) -> tuple:
     status = _status(row)
     reason = _str(row.get("CompareFailReason"))
     if status == STATUS_DEPARTURE:
@@ -290,14 +362,32 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
             if sub and ref_max > 0 and sub / (2 * ref_max) > u:
                 u = sub / (2 * ref_max)
                 sub_txt = f" subnormal: max|ref| {ref_max:.2g}, u {u:.2g}"
-            by_u, floor = th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"]
+            # the bound by op class (op_policies.bound_class): a correctly rounded elementwise op
+            # may add what rounding its result allows; a sum that cancels, its kappa x u
+            cls = bound_class(_str(row.get("NPUDump")), _str(row.get("TensorName")))
+            ulps_knob = "PointwiseUlps" if cls == CLASS_POINTWISE else "RelativeEuclideanDistanceUlps"
+            by_u, floor = th[ulps_knob] * u, th["RelativeEuclideanDistanceFloor"]
+            kappa = _num(row.get("OwnCancellation"))
+            kappa_txt = ""
+            if cls == CLASS_SUM and not math.isnan(kappa):
+                if kappa * u >= 1.0:
+                    # (set before `ill` below is: the own-error rule of load-replay may restate it)
+                    ill = (f"ill-conditioned: a sum whose terms cancel (sum|terms| / |sum| = {kappa:.3g}): one "
+                           f"rounding of a partial sum in {prec} is >= 100% of the result; its own error "
+                           f"{own:.3g} ({own / u:.3g} u) is rounding noise, not judged")
+                if th["SumCancellationFactor"] * kappa * u > by_u:
+                    by_u, ulps_knob = th["SumCancellationFactor"] * kappa * u, "SumCancellationFactor"
+                kappa_txt = f", sum|terms|/|sum| {kappa:.3g}"
             rel_bound = max(by_u, floor) * tol
-            rel_knob = "RelativeEuclideanDistanceUlps" if by_u >= floor else "RelativeEuclideanDistanceFloor"
-            red_txt = "" if math.isnan(red) else f"; vs golden {red:.3g} ({red / u:.3g} u), the rest input rounding"
-            check(own, rel_bound, f"own error vs fp64 on its rounded inputs ({own / u:.3g} u of {prec}{sub_txt}{red_txt})",
+            rel_knob = ulps_knob if by_u >= floor else "RelativeEuclideanDistanceFloor"
+            red_txt = "" if math.isnan(red) else (
+                f"; vs golden {red:.3g} ({red / u:.3g} u), the rest " +
+                ("inherited from earlier ops" if independent else "input rounding"))
+            given = "its own inputs" if independent else "its rounded inputs"
+            check(own, rel_bound, f"own error vs fp64 on {given} ({own / u:.3g} u of {prec}{sub_txt}{kappa_txt}{red_txt})",
                   rel_knob, "OwnErrorVsFp64", unit=u if rel_knob.endswith("Ulps") else 1.0)
             ulps = own / u
-            if not math.isnan(red) and red - own >= 1.0:
+            if not math.isnan(red) and red - own >= 1.0 and not independent:
                 # |ref - golden| >= red - own: rounding the inputs to this dtype alone moved the
                 # exact result by more than its size (a cancelling sum that is 0 in exact
                 # arithmetic: MobileViT's LayerNorm grad_bias before a BatchNorm); the kernel's
@@ -426,6 +516,13 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     # per-op rules (accucmp/compare/op_policies.py): tie-dependent indices, known kernel accuracy,
     # and which failing op caused its error rather than inherited it
     origin = apply_op_policies(out, results, reasons, severity, ulps)
+    for i, (r, why) in enumerate(zip(results, reasons)):
+        if r == RESULT_PASS and why.startswith(INHERITED_NOTE + ":"):
+            origin[i] = INHERITED_NOTE       # passes, yet differs from the golden: counted by the summary
+        elif r == RESULT_FAIL and why.startswith(ARGS_NOTE + " "):
+            origin[i] = "caused here"        # the op got other arguments: the difference starts here
+        elif r == RESULT_FAIL and NOT_PASSED_NOTE in why:
+            origin[i] = INHERITED_NOTE       # within its own error: the difference came from upstream
     out["Result"] = results
     out["FailReason"] = _op_underflow_hints(out, reasons)
     out["Severity"] = np.asarray(severity, dtype=np.float64)

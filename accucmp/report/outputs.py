@@ -186,6 +186,9 @@ def summary_record(summary, *, code: int, meta: dict | None = None, outputs=()) 
         "exit_code": code,
         "tensors": summary.total,
         "counts": dict(summary.counts),
+        # passing tensors that differ from the golden only by what earlier ops made
+        # (independent runs judged by each op's own error: docs/COMPARE.md)
+        "inherited": int(getattr(summary, "inherited", 0)),
         "first_failure": op(summary.first_failure),
         "worst": [op(r) for r in summary.worst],
         "target": meta.get("target"), "golden": meta.get("golden"),

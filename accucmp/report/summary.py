@@ -43,6 +43,15 @@ class Summary:
     # set by SummaryBuilder (a streamed result: no table to look these up in)
     columns: list[str] = field(default_factory=list)
     ill_conditioned: int = 0
+    # rows that pass although they differ from the golden: earlier ops made the difference
+    # (verdict: Origin "inherited" on a passing row; independent runs judged by own error)
+    inherited: int = 0
+
+
+def inherited_count(table: pd.DataFrame) -> int:
+    if "Origin" not in table.columns or "Result" not in table.columns or table.empty:
+        return 0
+    return int(((table["Result"] == "pass") & (table["Origin"].astype(str) == "inherited")).sum())
 
 
 def result_counts(table: pd.DataFrame) -> dict[str, int]:
@@ -90,6 +99,7 @@ def summarize(table: pd.DataFrame, top: int = 5) -> Summary:
         worst=[r for r in worst.head(top).to_dict(orient="records")],
         worst_by=worst_by,
         unmatched=[r for r in unmatched.head(top).to_dict(orient="records")],
+        inherited=inherited_count(table),
     )
 
 
@@ -112,6 +122,7 @@ class SummaryBuilder:
         self.first_failing: dict[str, Any] | None = None
         self.columns: list[str] = []
         self.ill_conditioned = 0
+        self.inherited = 0
 
     def add(self, part: pd.DataFrame) -> None:
         if not self.columns:
@@ -123,6 +134,7 @@ class SummaryBuilder:
             self.counts[k] = self.counts.get(k, 0) + v
         if "FailReason" in part.columns:
             self.ill_conditioned += int(part["FailReason"].astype(str).str.startswith("ill-conditioned").sum())
+        self.inherited += inherited_count(part)
         if not (part["Result"] == "fail").any() and len(self.unmatched) >= self.top \
                 and not (part["Result"] == "unmatched").any():
             return
@@ -158,7 +170,8 @@ class SummaryBuilder:
         return Summary(counts=dict(self.counts), total=self.total, first_failure=first,
                        worst=worst, worst_by=self.worst_by,
                        unmatched=(self.unmatched + self.unmatched_by_design)[:self.top],
-                       columns=list(self.columns), ill_conditioned=self.ill_conditioned)
+                       columns=list(self.columns), ill_conditioned=self.ill_conditioned,
+                       inherited=self.inherited)
 
 
 def fmt_value(v: Any) -> str:
@@ -240,6 +253,11 @@ def headline_text(s: Summary, width: int | None) -> str:
     from accucmp.report.headline import verdict_sentence
 
     ff = s.first_failure
+    if ff is None and s.inherited and s.counts.get("pass", 0) and not s.counts.get("fail", 0):
+        # independent runs: the rows that differ from the golden by what earlier ops made
+        return (verdict_sentence(None, s.counts, s.total) +
+                f"; {s.inherited} of them differ from the golden by inherited rounding only "
+                "(each op within its own error on its own inputs)")
     if width is None or ff is None:
         return verdict_sentence(ff, s.counts, s.total)
     row = dict(ff)

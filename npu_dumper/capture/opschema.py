@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dumpfile.bookkeeping import BOOKKEEPING_NAMESPACES
+from dumpfile.overwritten import EMPTY_LIKE, OVERWRITES_SELF
 
 # ---- per-op policy as data ---------------------------------------------------
 # Ops that write inputs their schema does not mark as written (training-mode batch norm
@@ -46,15 +47,16 @@ def _register_defaults() -> None:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             HIDDEN_WRITES[pkt] = ("running_mean", "running_var")
-    for name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                 "empty_permuted"):
+    for name in EMPTY_LIKE:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             UNINITIALIZED_OUTPUTS.add(pkt)
     # in-place ops that overwrite every element of `self` without reading it: its content
-    # before the op is whatever the buffer held (DeepSeek-V2 copies into new_empty_strided),
-    # a destination like out=, not data
-    for name in ("copy_", "fill_", "zero_"):
+    # before the op is whatever the buffer held (DeepSeek-V2 copies into new_empty_strided;
+    # dropout draws its mask with bernoulli_ into an empty_like buffer), a destination like
+    # out=, not data. The schema marks `self` written (alias_info.is_write) but cannot say
+    # that the op does not read it: this list does.
+    for name in OVERWRITES_SELF:
         pkt = getattr(aten, name, None)
         if pkt is not None:
             OUT_BUFFERS[pkt] = ("self",)

@@ -187,7 +187,15 @@ _LOG_SPACE_OUTPUTS = {torch.ops.aten._ctc_loss: (1,)}
 
 
 def _checked_outputs(ev: OpEvent) -> Any:
-    """The op's outputs, less those whose -inf is by design (their nan/+inf still count)."""
+    """The op's outputs, less those whose -inf is by design (their nan/+inf still count) and
+    those that hold uninitialised memory: an empty-like op's result (dropout's buffer before
+    `bernoulli_` fills it) or an opaque workspace is whatever the allocator left there, and a
+    NaN in it is no overflow (the dump marks them `uninitialized`, compare skips them)."""
+    info = op_info(ev.func)
+    if info.uninitialized:
+        return []
+    if info.opaque_returns and isinstance(ev.outputs, (tuple, list)):
+        return [t for i, t in enumerate(ev.outputs) if i not in info.opaque_returns]
     skip = _LOG_SPACE_OUTPUTS.get(getattr(ev.func, "overloadpacket", None))
     if not skip or not isinstance(ev.outputs, (tuple, list)):
         return ev.outputs
@@ -202,10 +210,14 @@ def _nonfinite_scalar(values: list) -> bool:
 
 
 def _split_args(ev: OpEvent) -> tuple[list, list]:
-    """(values of the arguments the op writes, incl. hidden writes; the other values)."""
+    """(values of the arguments the op writes, incl. hidden writes; the other values).
+    Destinations the op overwrites without reading (out=, fill_/bernoulli_'s self: uninitialised
+    memory, recorded `uninitialized`) are neither: a NaN left in them is no inherited overflow."""
     info = op_info(ev.func)
     w, u = [], []
     for name, _, v in named_args(info, ev.args, ev.kwargs):
+        if name in info.not_data:
+            continue
         (w if name in info.written else u).append(v)
     return w, u
 

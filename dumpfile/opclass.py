@@ -1,0 +1,42 @@
+"""Which ops' outputs are plain sums of one input's elements (torch-free data, shared by the
+dumper, which measures how much such a sum cancels, and compare's verdict, which allows for it).
+
+A bias or normalisation-parameter gradient is the sum of the incoming gradient over the batch
+(and positions); a reduction is a sum. When the terms cancel (the bias gradient of a
+convolution followed by BatchNorm is 0 in exact arithmetic; a LayerNorm's grad_bias with
+sum|dY| / |sum dY| ~ 500), every rounding of a partial sum is an error relative to the small
+result that many times larger than the unit roundoff: kappa = ||sum of |terms| || / ||sum||.
+The dumper records kappa with an op's own error (npu_dumper/replay/own_error.py), and the
+verdict widens the bound of these outputs by it (accucmp/compare/op_policies.py, CANCELLING_SUMS).
+"""
+
+from __future__ import annotations
+
+# aten overload packet -> outputs (the dump's names) that are sums of one input's elements
+SUM_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "aten.convolution_backward": ("result2",),            # grad_bias = sum of grad_output
+    "aten.native_layer_norm_backward": ("result2",),      # grad_bias
+    "aten.native_batch_norm_backward": ("result2",),      # grad_bias
+    "aten.native_group_norm_backward": ("result2",),      # grad_bias
+    "aten.sum": ("result",),
+    "aten.mean": ("result",),
+    "aten.nansum": ("result",),
+}
+
+
+def sum_outputs(op: str) -> tuple[str, ...]:
+    """The outputs of `op` ("aten.sum.dim_IntList" or its packet) that are sums of terms."""
+    parts = str(op).split(".")
+    return SUM_OUTPUTS.get(".".join(parts[:2]), ())
+
+
+# dtype casts: autocast and a model cast add them by design, so one of two independent runs may
+# have them and the other not (compare: not a structural difference); the dumper treats a cast
+# of a leaf (a parameter, a buffer, the batch) as that leaf (a weight converted wrongly is
+# judged where the cast copy is read)
+CASTS: frozenset[str] = frozenset((
+    "aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision", "aten._autocast_to_full_precision"))
+
+
+def is_cast(op: str) -> bool:
+    return ".".join(str(op).split(".")[:2]) in CASTS

@@ -1,0 +1,327 @@
+"""Independent compares blame an op only for its own error, and bound each op by its class
+(issue 31, parts 2 and 4).
+
+A plain dump of a run in reduced precision records each op's own error against float64 on
+the inputs it got (npu_dumper/replay/own_error.py, PlainOwnError) and which inputs an earlier
+op made; the verdict judges those rows by it: a difference the inputs carried passes as
+`inherited`, sums that cancel get kappa x u, correctly rounded elementwise ops PointwiseUlps.
+Each case below failed (or a fault passed) on the code before."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from typer.testing import CliRunner
+
+import npu_dumper  # noqa: F401
+from npu_dumper import inject_fault
+from accucmp.cli.main import app
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict, judge_row, thresholds_with
+from accucmp.report.findings import first_failure
+
+BF16_U = 2.0 ** -8
+FP16_U = 2.0 ** -11
+
+
+def _compare(target, golden):
+    return apply_verdict(compare_dumps(str(target), str(golden)).table)
+
+
+def _no_caused_here(t):
+    fails = t[t["Result"] == "fail"]
+    assert fails.empty, fails[["NPUDump", "IO", "TensorName", "Origin", "FailReason"]].to_string()
+
+
+# ---- synthetic rows: the rules one at a time ------------------------------------------------
+
+def _row(**kw):
+    base = {"CompareStatus": "compared", "DataType": "bfloat16", "GoldenDataType": "float32",
+            "PrecisionDtype": "bfloat16", "IO": "output", "TensorName": "result", "MatchedBy": "name",
+            "GoldenAbsMax": 1.0, "MaxAbsoluteError": 0.0, "RelativeEuclideanDistance": 0.0}
+    base.update(kw)
+    return base
+
+
+def _judge(**kw):
+    return judge_row(_row(**kw), thresholds_with(None), fp64=False)
+
+
+def test_a_1pct_error_in_a_bf16_elementwise_kernel_fails():
+    # GELU by the sigmoid approximation: 1.1%, 2.8 u of bfloat16 vs float64 on its own inputs
+    # (the old bound, 6 u for every op, let it pass)
+    own = 2.8 * BF16_U
+    res = _judge(NPUDump="aten.gelu.default", OwnErrorVsFp64=own, OwnMaxErrorVsFp64=0.02, OwnRefAbsMax=3.0,
+                 RelativeEuclideanDistance=own, MaxAbsoluteError=0.02)
+    assert res[0] == "fail" and res[4] == "PointwiseUlps", res
+    # correct rounding passes; an accumulating op keeps the default bound
+    assert _judge(NPUDump="aten.gelu.default", OwnErrorVsFp64=0.4 * BF16_U, OwnMaxErrorVsFp64=0.0,
+                  OwnRefAbsMax=3.0)[0] == "pass"
+    assert _judge(NPUDump="aten.mm.default", OwnErrorVsFp64=own, OwnMaxErrorVsFp64=0.02,
+                  OwnRefAbsMax=3.0)[0] == "pass"
+
+
+@pytest.mark.parametrize("dtype,u", [("bfloat16", BF16_U), ("float16", FP16_U)])
+def test_layernorm_grad_bias_that_cancels_is_bounded_by_kappa(dtype, u):
+    # PyTorch's CPU LayerNorm-backward grad_bias: 100-200 u off float64 at sum|dY|/|sum dY| ~ 500
+    kw = dict(NPUDump="aten.native_layer_norm_backward.default", TensorName="result2", DataType=dtype,
+              PrecisionDtype=dtype, OwnRefAbsMax=1.0, OwnMaxErrorVsFp64=0.0, OwnCancellation=500.0)
+    res = _judge(OwnErrorVsFp64=150 * u, **kw)
+    assert res[0] in ("pass", "skipped"), res          # (bf16: 500 u >= 1, no correct digit: skipped)
+    # the same error with no cancellation is a fault
+    assert _judge(OwnErrorVsFp64=150 * u, **{**kw, "OwnCancellation": 1.0})[0] == "fail"
+    if dtype == "float16":                                # 0.5 x 500 x u = 250 u: beyond it fails
+        assert _judge(OwnErrorVsFp64=400 * u, **kw)[0] == "fail"
+
+
+def test_independent_row_within_its_own_error_passes_as_inherited():
+    t = apply_verdict(__import__("pandas").DataFrame([
+        _row(NPUDump="aten.native_batch_norm.default", TensorName="result0", SeqId=5,
+             RelativeEuclideanDistance=16 * BF16_U, MaxAbsoluteError=0.05, OwnErrorVsFp64=0.3 * BF16_U,
+             OwnMaxErrorVsFp64=0.0, OwnRefAbsMax=3.0)]))
+    r = t.iloc[0]
+    assert r["Result"] == "pass" and r["Origin"] == "inherited", r["FailReason"]
+    assert r["FailReason"].startswith("inherited: the golden differs by")
+
+
+def test_leaf_input_that_differs_is_the_runs_own_and_made_input_is_inherited():
+    import pandas as pd
+    rows = [_row(NPUDump="aten.addmm.default", SeqId=9, IO="input", TensorName="mat2", MadeBy="leaf",
+                 DataType="float32", PrecisionDtype="float32", RelativeEuclideanDistance=0.05, MaxAbsoluteError=0.05),
+            _row(NPUDump="aten.addmm.default", SeqId=9, IO="input", TensorName="mat1", MadeBy="op",
+                 RelativeEuclideanDistance=20 * BF16_U, MaxAbsoluteError=0.1),
+            _row(NPUDump="aten.addmm.default", SeqId=9, IO="output", TensorName="result",
+                 RelativeEuclideanDistance=0.06, MaxAbsoluteError=0.1, OwnErrorVsFp64=0.1 * BF16_U,
+                 OwnMaxErrorVsFp64=0.0, OwnRefAbsMax=2.0)]
+    t = apply_verdict(pd.DataFrame(rows)).set_index("TensorName")
+    assert t.loc["mat2", "Result"] == "fail" and t.loc["mat2", "Origin"] == "caused here"
+    assert "no op of the step made it" in t.loc["mat2", "FailReason"]
+    assert t.loc["mat1", "Result"] == "pass" and t.loc["mat1", "Origin"] == "inherited"
+    assert t.loc["result", "Result"] == "pass"
+
+
+# ---- real runs: fp32 golden vs a bf16/fp16 run, plain dumps ---------------------------------
+
+class _ConvBN(nn.Module):
+    """conv -> BatchNorm: the conv's bias gradient is 0 in exact arithmetic (BN removes the mean)."""
+
+    def __init__(self, layers=1, ch=4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, ch, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.BatchNorm2d(ch), nn.ReLU(), nn.Conv2d(ch, ch, 3, padding=1))
+                                    for _ in range(layers))
+        self.bn = nn.BatchNorm2d(ch)
+        self.head = nn.Linear(ch, 5)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(F.relu(self.bn(h)).mean((2, 3)))
+
+
+def _step(model_fn, path, dtype, *, fault=None, autocast=False, x=None):
+    torch.manual_seed(0)
+    m = model_fn()
+    if not autocast:
+        m = m.to(dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 8, 8, generator=g) if x is None else x
+    y = torch.randint(0, 5, (4,), generator=g)
+    ctx = fault if fault is not None else contextlib.nullcontext()
+    amp = torch.autocast("cpu", dtype=dtype) if autocast else contextlib.nullcontext()
+    with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        with amp:
+            out = m(x if autocast else x.to(dtype))
+        F.cross_entropy(out.float(), y).backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def convbn_golden(tmp_path_factory):
+    return _step(_ConvBN, tmp_path_factory.mktemp("cb") / "g.h5", torch.float32)
+
+
+@pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, False)])
+def test_bn_fed_conv_bias_gradient_is_not_blamed(convbn_golden, tmp_path, dtype, autocast):
+    # the old code: FAIL at aten.convolution_backward's grad_bias, ~1e5 u, "caused here"
+    t = _compare(_step(_ConvBN, tmp_path / "t.h5", dtype, autocast=autocast), convbn_golden)
+    _no_caused_here(t)
+    gb = t[(t["NPUDump"] == "aten.convolution_backward.default") & (t["TensorName"] == "result2")]
+    assert len(gb) and (gb["Result"] != "fail").all()
+
+
+def test_clean_run_passes_on_the_command_line_and_says_what_is_inherited(convbn_golden, tmp_path):
+    t = _step(_ConvBN, tmp_path / "t.h5", torch.bfloat16, autocast=True)
+    res = CliRunner().invoke(app, ["compare", "-m", str(t), "-g", str(convbn_golden), "-out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    head = res.output.splitlines()[0]
+    assert head.startswith("PASS") and "differ from the golden by inherited rounding" in head, head
+
+
+def _deep():
+    return _ConvBN(layers=40, ch=2)
+
+
+@pytest.fixture(scope="module")
+def deep_golden(tmp_path_factory):
+    return _step(_deep, tmp_path_factory.mktemp("deep") / "g.h5", torch.float32)
+
+
+def test_40_layer_bn_net_clean_bf16_has_no_caused_here_row(deep_golden, tmp_path):
+    # inherited error over 40 layers plus BN's mean subtraction marked BN rows "caused here"
+    _no_caused_here(_compare(_step(_deep, tmp_path / "t.h5", torch.bfloat16), deep_golden))
+
+
+@pytest.mark.parametrize("op,call", [("aten.native_batch_norm.default", 20)])
+def test_40_layer_bn_net_planted_fault_is_caused_here_first(deep_golden, tmp_path, op, call):
+    t = _compare(_step(_deep, tmp_path / "f.h5", torch.bfloat16, fault=inject_fault(op, rel=0.05, call=call)),
+                 deep_golden)
+    ff = first_failure(t)
+    from tests._real_models import Fault, planted_seqid
+    assert ff is not None and ff["NPUDump"] == op and ff["Origin"] == "caused here", \
+        None if ff is None else (ff["NPUDump"], ff["Origin"], ff["FailReason"])
+    assert int(ff["GoldenSeqId"]) == planted_seqid(str(deep_golden), Fault(op, call))
+
+
+class _SigmoidGelu(TorchDispatchMode):
+    """A GELU kernel computed as x * sigmoid(1.702 x) instead of erf: ~1.1% off, 2.8 u of bf16."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.gelu.default:
+            x = args[0]
+            return (x.float() * torch.sigmoid(1.702 * x.float())).to(x.dtype)
+        return func(*args, **(kwargs or {}))
+
+
+class _Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 5)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x.flatten(1)[:, :16])))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_sigmoid_gelu_in_bf16_is_named(tmp_path, replay):
+    g = _step(_Mlp, tmp_path / "g.h5", torch.float32)
+    torch.manual_seed(0)
+    m = _Mlp().to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 5, (4,), generator=gen)
+    kw = dict(use_load=True, load_file_path=str(g)) if replay else dict(use_dump=True)
+    with _SigmoidGelu(), torch.utils.dumper(dump_path=str(tmp_path / "t.h5"), **kw):
+        F.cross_entropy(m(x.to(torch.bfloat16)).float(), y).backward()
+    ff = first_failure(_compare(tmp_path / "t.h5", g))
+    assert ff is not None and ff["NPUDump"] == "aten.gelu.default", None if ff is None else ff["FailReason"]
+    assert ff["DecidedBy"] == "PointwiseUlps" and 2 <= ff["ErrorUlps"] <= 4, (ff["ErrorUlps"], ff["FailReason"])
+
+
+def test_a_leaf_cast_to_float16_is_its_rounding_not_a_difference():
+    # ConvNeXt's layer scale 1e-6 in a model cast to float16 is subnormal there: 27 u of relative
+    # error, every element within half a spacing (2**-25) of the golden's value
+    import pandas as pd
+    kw = dict(NPUDump="aten.mul.Tensor", SeqId=3, IO="input", TensorName="self", MadeBy="leaf",
+              DataType="float16", PrecisionDtype="float16", GoldenAbsMax=1e-6,
+              RelativeEuclideanDistance=27 * FP16_U)
+    t = apply_verdict(pd.DataFrame([_row(MaxAbsoluteError=2.9e-8, **kw)]))
+    assert t["Result"].iat[0] == "pass" and "rounded to float16" in t["FailReason"].iat[0]
+    t = apply_verdict(pd.DataFrame([_row(MaxAbsoluteError=5e-8, **kw)]))      # more than half a spacing
+    assert t["Result"].iat[0] == "fail" and t["Origin"].iat[0] == "caused here"
+
+
+class _LNHead(nn.Module):
+    """A LayerNorm whose output gradient's columns nearly cancel: sum|dY| / |sum dY| ~ 10^3 per
+    column, as in Segformer's LayerNorm backward (grad_bias = sum dY)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        g = torch.Generator().manual_seed(5)
+        w = torch.randn(256, 16, generator=g)
+        self.register_buffer("w", w - w.mean(0) + 0.001)
+
+    def forward(self, x):
+        return (self.ln(x).float() * self.w).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layernorm_grad_bias_at_kappa_500_is_not_blamed(tmp_path, dtype):
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(6))
+
+    def run(path, dt):
+        torch.manual_seed(0)
+        m = _LNHead().to(dt)
+        with torch.utils.dumper(use_dump=True, dump_path=str(path)):
+            m(x.to(dt)).backward()
+        return path
+
+    t = _compare(run(tmp_path / "t.h5", dtype), run(tmp_path / "g.h5", torch.float32))
+    _no_caused_here(t)
+    gb = t[(t["NPUDump"] == "aten.native_layer_norm_backward.default") & (t["TensorName"] == "result2")]
+    assert len(gb) == 1 and gb["OwnCancellation"].iat[0] >= 500, gb[["OwnCancellation", "FailReason"]]
+
+
+class _Block(nn.Module):
+    """A conv + BatchNorm + LayerNorm + GELU-MLP model and the user bugs of issue 31."""
+
+    def __init__(self, bug=""):
+        super().__init__()
+        self.bug = bug
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.proj, self.ln = nn.Linear(8, 16), nn.LayerNorm(16, eps=1e-1 if bug == "eps" else 1e-5)
+        self.fc1, self.fc2, self.head = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        t = self.proj(torch.relu(self.bn(self.conv(x))).flatten(2).transpose(1, 2))
+        a = self.fc1(self.ln(t))
+        a = F.silu(a) if self.bug == "silu" else F.gelu(a)
+        if self.bug == "scale":
+            a = a * 1.05
+        m = self.fc2(a)
+        return self.head((m if self.bug == "residual" else t + m).mean(1))
+
+
+def test_user_bugs_fail_and_the_clean_autocast_run_passes(tmp_path):
+    """fp32 golden vs bf16 autocast, plain dumps: the clean run passes (it failed at a conv
+    backward); every bug fails, the changed argument, the swapped activation and the weight 5%
+    off at the op that has them (the weight was blamed on a conv backward)."""
+    torch.manual_seed(0)
+    state = _Block().state_dict()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)
+
+    def run(path, bug, autocast):
+        m = _Block(bug)
+        m.load_state_dict(state)
+        if bug == "weight":
+            with torch.no_grad():
+                m.fc2.weight.mul_(1.05)
+        with torch.utils.dumper(use_dump=True, dump_path=str(path)):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                out = m(x)
+            F.cross_entropy(out.float(), y).backward()
+        return path
+
+    golden = run(tmp_path / "g.h5", "", False)
+    named = {"eps": ("aten.native_layer_norm.default", "argument eps 0.1, golden 1e-05"),
+             "silu": ("aten.silu", "aligned region"), "weight": ("aten.addmm.default", "input mat2 differs")}
+    for bug in ("", "scale", "eps", "silu", "residual", "weight"):
+        t = _compare(run(tmp_path / f"t{bug}.h5", bug, True), golden)
+        fails = t[t["Result"] == "fail"]
+        if not bug:
+            assert fails.empty, fails[["NPUDump", "TensorName", "FailReason"]].to_string()
+            continue
+        assert not fails.empty, bug
+        if bug in named:
+            ff = first_failure(t)
+            op, why = named[bug]
+            assert ff["NPUDump"].startswith(op) and ff["Origin"] == "caused here", (bug, ff["NPUDump"], ff["FailReason"])
+            assert why in ff["FailReason"] + str(ff.get("CompareFailReason")), (bug, ff["FailReason"])
