@@ -212,7 +212,7 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             # an input no op of either run made (a parameter, buffer or the batch) differs:
             # the run's own data departs here (independent runs; load-replay records these)
             origin[i] = ORIGIN_DEPARTURE
-            reasons[i] = with_measure(leaf_sentence(table.iloc[i]), reasons[i])
+            reasons[i] = _leaf_departure(table, i, reasons[i])
         if status[i] in (STATUS_DEPARTURE, STATUS_UNPAIRED_OP):
             # a way the run left its recording, or an op only one run has (compare/
             # departures.py): where the run departs, not an op's tensor; never grouped
@@ -293,9 +293,16 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             # departs from the golden one (named as such, module first: departures.leaf_sentence)
             if io[i] == "input" and made_by[i] == "leaf" and origin[i] != ORIGIN_DEPARTURE:
                 origin[i] = ORIGIN_DEPARTURE
-                reasons[i] = with_measure(leaf_sentence(table.iloc[i]), reasons[i])
+                reasons[i] = _leaf_departure(table, i, reasons[i])
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
+
+
+def _leaf_departure(table: pd.DataFrame, i: int, reason: str) -> str:
+    """A failing leaf input's FailReason: the departure's sentence, module first, with what
+    was measured (the verdict's own leaf wording, verdict.py, replaced by it)."""
+    measured = reason.split("made it (a parameter, a buffer or the data fed in): ", 1)[-1]
+    return with_measure(leaf_sentence(table.iloc[i]), measured)
 
 
 def _own_judged(table: pd.DataFrame, i: int) -> bool:
