@@ -74,6 +74,7 @@ ROOT_CREATED = "created"              # ISO-8601 local time
 ROOT_NUM_OPS = "num_ops"              # ops written (kept current at every flush)
 ROOT_LOAD_FILE = "load_file"          # load/golden modes: the dump that was replayed
 ROOT_COMPUTE_DTYPE = "compute_dtype"  # golden replay: the dtype ops were recomputed in
+ROOT_COMPILED = "compiled"            # 1.8: a torch.compile step; how its graphs were split ("node")
 ROOT_OP_FILTER = "op_filter"          # JSON {include, exclude, modules, phases}: only when the dump was filtered
 
 MODE_DUMP = "dump"
@@ -108,6 +109,10 @@ OP_RANDOM_OUTPUTS_REPLAYED = "random_outputs_replayed"
 # op re-run in float64 on the same inputs it got, written when the replay rounded its inputs
 # to a less precise live dtype (npu_dumper/replay/own_error.py)
 OP_OWN_ERROR = "own_error"
+# compiled dumps (torch.compile, npu_dumper/compiled/): the FX node of the compiled graph
+# whose output the op's record holds, and that graph ("forward 0", "backward 0")
+OP_FX_NODE = "fx_node"
+OP_COMPILED_GRAPH = "compiled_graph"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
