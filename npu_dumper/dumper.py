@@ -127,9 +127,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if compiled not in (False, None, "node", "module"):
             raise DumperError(f"compiled must be True, False, 'node' or 'module', got {compiled!r}")
         self.compiled = compiled or None
-        if self.compiled and (check_overflow or load_file_path is not None or load_with_acl_dump):
-            raise DumperError("compiled=True records a compiled step's values; it does not combine "
-                              "with load_file_path, check_overflow or load_with_acl_dump")
+        if self.compiled and (check_overflow or load_with_acl_dump):
+            raise DumperError("compiled=True records a compiled step's values (or replays a load "
+                              "file through it); it does not combine with check_overflow or "
+                              "load_with_acl_dump")
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
                 or not flush_interval >= 0:
             raise DumperError(f"flush_interval must be a number of seconds >= 0, got {flush_interval!r}")

@@ -15,6 +15,7 @@ lowerings and fusions, its C++ (CPU) or Triton (GPU) code.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 from typing import Callable
@@ -34,10 +35,12 @@ def _inductor() -> Callable:
     return session.original_compile_fx() or cfx.compile_fx
 
 
-def backend(split: str = "node", inductor: Callable | None = None) -> Callable:
+def backend(split: str = "node", inductor: Callable | None = None,
+            config_patches: dict | None = None) -> Callable:
     """A torch.compile backend (a callable of (GraphModule, example inputs)).
     `split`: "node" (every ATen op its own compiled piece) or "module" (docs/COMPILED.md);
-    `inductor`: what compiles a piece (default torch._inductor.compile_fx.compile_fx)."""
+    `inductor`: what compiles a piece (default torch._inductor.compile_fx.compile_fx);
+    `config_patches`: Inductor config for every piece (torch.compile's mode=/options=)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
     from .pieces import SPLITS
@@ -51,15 +54,23 @@ def backend(split: str = "node", inductor: Callable | None = None) -> Callable:
         # piece must not inherit ("Attempting to use FunctionalTensor on its own"); a new
         # thread starts from the defaults (grad mode on, autocast off: the graph holds
         # its casts explicitly; the inputs are detached, so the piece compiles for inference).
+        # Inductor's config patches are per thread (ContextVars): the caller's context is
+        # copied into the thread, so `inductor_config.patch(...)` around the step applies.
+        ctx = contextvars.copy_context()
         inputs = [t.detach() if isinstance(t, torch.Tensor) else t for t in example_inputs]
         box: dict = {}
 
         def work():
             try:
-                box["fn"] = compile_fx(gm, inputs)
+                if config_patches:
+                    import torch._inductor.config as icfg
+                    with icfg.patch(config_patches):
+                        box["fn"] = compile_fx(gm, inputs)
+                else:
+                    box["fn"] = compile_fx(gm, inputs)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = e
-        t = threading.Thread(target=work, name="npu_dumper-compile-piece")
+        t = threading.Thread(target=ctx.run, args=(work,), name="npu_dumper-compile-piece")
         t.start()
         t.join()
         if "error" in box:

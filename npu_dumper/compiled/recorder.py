@@ -57,11 +57,9 @@ class NodeRecorder:
             for t in self.mode.walk.write_targets(plan, args, kwargs):
                 self.mode.registry.before_write(t)
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, *, phase: str,
-               module: str, source: str, node_name: str, graph: str, escapes: bool) -> None:
-        """Record one node: `args`/`kwargs` the values it was given, `out` what the
-        compiled code computed for it. `escapes`: the value leaves the graph (returned
-        to autograd or the user, who may later write it in place): copied now."""
+    def event(self, func: Any, args: tuple, kwargs: dict, *, phase: str, module: str,
+              source: str, node_name: str, graph: str) -> OpEvent:
+        """The node as the policies see an op (a new seqid in the block's stream)."""
         mode = self.mode
         plan = op_plan(func)
         mode.seqid += 1
@@ -71,11 +69,43 @@ class NodeRecorder:
         ev.group_attrs[S.OP_COMPILED_GRAPH] = graph
         if source:
             ev.stack = source
+        return ev
+
+    @property
+    def replays(self) -> bool:
+        """A load file is replayed (graph-level load-replay): nodes take its inputs."""
+        return bool(self.mode._before)
+
+    def before(self, ev: OpEvent) -> None:
+        """The policies' before_op: load-replay puts the recorded inputs in ev.args."""
+        for p in self.mode._before:
+            p.before_op(ev)
+
+    def record(self, ev: OpEvent, out: Any, escapes: bool) -> None:
+        """Record one node: `ev.args`/`ev.kwargs` the values it was given, `out` what the
+        compiled code computed for it. `escapes`: the value leaves the graph (returned
+        to autograd or the user, who may later write it in place): copied now."""
+        mode = self.mode
+        ev.outputs = out
+        deciders = mode._deciders
+        if deciders and not all(p.should_record(ev) for p in deciders):
+            for p in mode._after:
+                p.after_op(ev, recorded=False)
+            return
+        plan = op_plan(ev.func)
         caps: list = []
-        walk = mode.walk
-        inputs = walk.inputs(plan, args, kwargs, caps) if mode.record_inputs else []
+        if mode.record_inputs:
+            inputs = mode.walk.inputs(plan, ev.args, ev.kwargs, caps)
+        else:
+            inputs = []
+            from ..capture.walk import tensor_dtypes
+            dtypes = tensor_dtypes(ev.args, ev.kwargs)
+            if dtypes:
+                ev.group_attrs[S.OP_INPUT_DTYPES] = dtypes
         outputs = self._outputs(plan, out, caps, escapes) if mode.record_outputs else []
         mode._submit(ev, inputs, outputs, caps)
+        for p in mode._after:
+            p.after_op(ev, recorded=True)
 
     def _outputs(self, plan, out: Any, caps: list, clone: bool) -> list:
         """(name, record) of the node's results, named by the op's schema (walk.outputs,

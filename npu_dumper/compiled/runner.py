@@ -85,12 +85,19 @@ class GraphRunner:
             rec.before_write(node.target, args, kwargs)
         out = env[node] = node.target(*args, **kwargs)
         if record:
-            rec.record(node.target, args, kwargs, out, phase=self.phase, module=module,
-                       source=source, node_name=node.name, graph=self.label,
-                       escapes=node in self.escaping)
+            ev = rec.event(node.target, args, kwargs, phase=self.phase, module=module,
+                           source=source, node_name=node.name, graph=self.label)
+            rec.record(ev, out, node in self.escaping)
 
     def _run_piece(self, i: int, p: Piece, env: dict, rec) -> None:
         ins = [env[a] for a in p.inputs]
+        ev = None
+        if rec is not None and not rec.stopped and rec.replays and len(p.nodes) == 1:
+            # graph-level load-replay: the node runs, compiled, on the load file's inputs
+            # of the op it matches (its own error), and hands its result on
+            ev = self._replay_event(p.nodes[0], env, rec)
+            if ev is not None:
+                ins = _piece_inputs(p.nodes[0], p.inputs, ev.args, ev.kwargs, ins)
         fn = self._compiled[i]
         if fn is None:
             sub, self._shapes[i] = piece_module(p)
@@ -106,6 +113,10 @@ class GraphRunner:
                 k += count
         if rec is None or rec.stopped:
             return
+        if rec.replays:
+            if ev is not None:
+                rec.record(ev, env[p.nodes[0]], p.nodes[0] in self.escaping)
+            return
         for n in p.outputs:     # (split="node": the node itself; "module": what leaves it)
             module, source = self._names[n]
             if not rec.wants(n.target, self.phase, module):
@@ -113,12 +124,35 @@ class GraphRunner:
             try:
                 args, kwargs = _value(env, n.args), _value(env, n.kwargs)
             except KeyError:        # an input computed inside the piece: never materialised
-                args, kwargs = None, None
-            if args is None:
                 continue
-            rec.record(n.target, args, kwargs, env[n], phase=self.phase, module=module,
-                       source=source, node_name=n.name, graph=self.label,
-                       escapes=n in self.escaping)
+            ev = rec.event(n.target, args, kwargs, phase=self.phase, module=module,
+                           source=source, node_name=n.name, graph=self.label)
+            rec.record(ev, env[n], n in self.escaping)
+
+    def _replay_event(self, node: fx.Node, env: dict, rec):
+        module, source = self._names[node]
+        if not rec.wants(node.target, self.phase, module):
+            return None
+        ev = rec.event(node.target, _value(env, node.args), _value(env, node.kwargs),
+                       phase=self.phase, module=module, source=source, node_name=node.name,
+                       graph=self.label)
+        rec.before(ev)
+        return ev
+
+
+def _piece_inputs(node: fx.Node, inputs: list, args: tuple, kwargs: dict, live: list) -> list:
+    """The piece's inputs taken from the op's (replaced) arguments: each input node's
+    value where it sits in node.args/kwargs."""
+    from torch.utils._pytree import tree_flatten
+    where, _ = tree_flatten((node.args, node.kwargs))
+    values, _ = tree_flatten((args, kwargs))
+    if len(where) != len(values):
+        return live
+    found = {}
+    for w, v in zip(where, values):
+        if isinstance(w, fx.Node) and w not in found:
+            found[w] = v
+    return [found.get(a, x) for a, x in zip(inputs, live)]
 
 
 PHASES = {"forward": S.PHASE_FORWARD, "backward": S.PHASE_BACKWARD}

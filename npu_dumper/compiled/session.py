@@ -48,9 +48,8 @@ class CompiledSession:
         if self.reroute:
             import torch._dynamo
             import torch._inductor.compile_fx as cfx
-            from .backend import backend
             self._saved = _original = cfx.compile_fx
-            cfx.compile_fx = _reroute(backend(split=self.split, inductor=self._saved))
+            cfx.compile_fx = _reroute(self.split, self._saved)
             torch._dynamo.reset()
         return self
 
@@ -67,14 +66,12 @@ class CompiledSession:
         return False
 
 
-def _reroute(backend):
+def _reroute(split: str, inductor):
     """compile_fx's signature (Dynamo passes config_patches=, compile_region_name=): the
     recording backend takes the graph and its example inputs; the user's config patches
-    (mode="max-autotune"...) apply to every piece."""
+    (torch.compile's mode= and options=) apply to every piece."""
+    from .backend import backend
+
     def compile_fx(model_, example_inputs_, *, config_patches=None, **_ignored):
-        if config_patches:
-            import torch._inductor.config as icfg
-            with icfg.patch(config_patches):
-                return backend(model_, example_inputs_)
-        return backend(model_, example_inputs_)
+        return backend(split=split, inductor=inductor, config_patches=config_patches)(model_, example_inputs_)
     return compile_fx
