@@ -131,6 +131,8 @@ def test_compiled_dump_records_nodes_with_names(tmp_path):
     assert back[S.OP_MODULE] == "act" and back[S.OP_PHASE] == S.PHASE_BACKWARD
     code, out = compare(tmp_path, comp, eager)
     assert code == 0, out
+    # the loss after the model ran outside the compiled graphs: said so, not "no data match"
+    assert "not in the compiled graphs of" in out and "No data match" not in out, out
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
@@ -207,3 +209,23 @@ def test_graph_level_load_replay_separates_own_error(tmp_path):
         failing[name] = set(zip(bad["NPUDump"], bad["SeqId"]))
     assert len(failing["replay"]) == 1, failing
     assert len(failing["compiled"]) > 1, failing
+
+
+def test_narrow_names_the_decomposition(tmp_path):
+    """The failing op rebuilt alone from the eager dump's inputs, bisected by PyTorch's
+    compiler bisector: the planted decomposition is named; a clean op narrows to None."""
+    from dumpfile.read.reader import DumpFile
+    from npu_dumper.compiled import narrow_recorded_op
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    eager = tmp_path / "eager.h5"
+    with dumper(dump_path=str(eager), writer="thread"):
+        _step(model, x, False)
+    with DumpFile(str(eager)) as f:
+        seq = {o.op: o.seqid for o in f.ops()}
+    with planted_decomposition(aten.silu.default, _silu_off(1.02)):
+        found = narrow_recorded_op(eager, "aten.silu.default", seq["aten.silu.default"])
+        clean = narrow_recorded_op(eager, "aten.addmm.default", seq["aten.addmm.default"])
+    assert found is not None and found.subsystem == "decomposition", found
+    assert "aten.silu" in str(found.debug_info), found
+    assert clean is None

@@ -7,5 +7,6 @@ eager dump (so `accucmp compare -m compiled.h5 -g eager.h5` pairs them op by op)
 """
 
 from .backend import backend
+from .narrow import narrow, narrow_recorded_op
 
-__all__ = ["backend"]
+__all__ = ["backend", "narrow", "narrow_recorded_op"]

@@ -57,6 +57,12 @@ class CompiledSession:
         global _recorder, _original
         with _lock:
             _recorder = None
+        if exc[0] is None and self.recorder.mode.num_recorded == 0:
+            import warnings
+            warnings.warn("torch.utils.dumper(compiled=True) recorded no op: nothing ran through "
+                          "torch.compile's default (inductor) backend in the block; a model compiled "
+                          "with another backend records with backend=npu_dumper.compiled.backend()",
+                          stacklevel=3)
         if self._saved is not None:
             import torch._dynamo
             import torch._inductor.compile_fx as cfx
@@ -72,6 +78,11 @@ def _reroute(split: str, inductor):
     (torch.compile's mode= and options=) apply to every piece."""
     from .backend import backend
 
-    def compile_fx(model_, example_inputs_, *, config_patches=None, **_ignored):
+    def compile_fx(model_, example_inputs_, *, config_patches=None, compile_region_name=None, **other):
+        if other:
+            # a caller of compile_fx's other options (inner_compile=, decompositions=: its
+            # own recursion, AOT export): not torch.compile's backend call, left to Inductor
+            return inductor(model_, example_inputs_, config_patches=config_patches,
+                            compile_region_name=compile_region_name, **other)
         return backend(split=split, inductor=inductor, config_patches=config_patches)(model_, example_inputs_)
     return compile_fx
