@@ -229,3 +229,58 @@ def test_narrow_names_the_decomposition(tmp_path):
     assert found is not None and found.subsystem == "decomposition", found
     assert "aten.silu" in str(found.debug_info), found
     assert clean is None
+
+
+class _Swish(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class SwishMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.swish, self.fc2 = nn.Linear(8, 16), _Swish(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.swish(self.fc1(x)))
+
+
+class _SwishPatternOff:
+    """A post-grad pattern pass rewriting mul(x, sigmoid(x)) as 1.02 x sigmoid(x): a
+    pattern over two ops, visible only when both are in one compiled piece."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for n in list(graph.nodes):
+            if n.op == "call_function" and n.target is aten.mul.Tensor and len(n.args) == 2:
+                a, b = n.args
+                if isinstance(b, torch.fx.Node) and b.target is aten.sigmoid.default and b.args[0] is a:
+                    with graph.inserting_after(n):
+                        off = graph.call_function(aten.mul.Tensor, (n, 1.02))
+                    n.replace_all_uses_with(off, delete_user_cb=lambda u: u is not off)
+
+    def uuid(self):
+        return "npu_dumper-test-swish-pattern-off"
+
+
+def test_pattern_over_two_ops_needs_module_split(tmp_path):
+    """What a cut hides: split per op, the two ops of the pattern are compiled apart and
+    the fault is not reproduced (PASS); split per module, they compile together and the
+    headline names the op and module."""
+    import torch._inductor.config as icfg
+    torch.manual_seed(0)
+    model, x = SwishMLP(), torch.randn(3, 8)
+    verdicts = {}
+    with icfg.patch(post_grad_custom_pre_pass=_SwishPatternOff()):
+        for split in ("node", "module"):
+            d = tmp_path / split
+            d.mkdir()
+            eager, comp = d / "eager.h5", d / "compiled.h5"
+            with dumper(dump_path=str(eager), writer="thread"):
+                _step(model, x, False)
+            with dumper(dump_path=str(comp), compiled=split, writer="thread"):
+                _step(torch.compile(model), x, False)
+            verdicts[split] = compare(d, comp, eager)
+    assert verdicts["node"][0] == 0, verdicts["node"][1]
+    code, out = verdicts["module"]
+    head = out.splitlines()[0]
+    assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out

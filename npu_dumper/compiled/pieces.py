@@ -14,8 +14,8 @@ Granularity (`split=`):
   "node"    every ATen op is its own piece (views and tuple indexing run as they are:
             they compute nothing). Each op's output as Inductor computes that op.
   "module"  consecutive ops of one nn.Module path form a piece: fusion inside a module
-            kept; only the values leaving the piece are recorded, the rest are named in
-            the record as fused into it.
+            kept; the ops whose values leave the piece are recorded (their inputs are
+            materialised for that), the values inside it are not.
 """
 
 from __future__ import annotations
@@ -85,8 +85,21 @@ def split_graph(graph: fx.Graph, split: str = "node") -> list[Piece]:
                 if a not in members and a not in seen:
                     seen.add(a)
                     p.inputs.append(a)
-        p.outputs = [n for n in p.nodes if any(u not in members for u in n.users)]
+        leaving = {n for n in p.nodes if any(u not in members for u in n.users)}
+        # the op computing each leaving value (through views: a weight's gradient leaves
+        # as the transpose of an mm) is recorded; it and its inputs are materialised, so
+        # that its record holds them (one more store each, the values computed as fused)
+        computing = {_through_views(n, members) for n in leaving}
+        needed = {a for n in computing for a in n.all_input_nodes if a in members}
+        p.outputs = [n for n in p.nodes if n in leaving or n in computing or n in needed]
     return pieces
+
+
+def _through_views(n: fx.Node, members: set) -> fx.Node:
+    while runs_eagerly(n) and not writes_input(n) and n.args and isinstance(n.args[0], fx.Node) \
+            and n.args[0] in members:
+        n = n.args[0]
+    return n
 
 
 def _flat_count(val) -> int | None:
