@@ -127,6 +127,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if compiled not in (False, None, "node", "module"):
             raise DumperError(f"compiled must be True, False, 'node' or 'module', got {compiled!r}")
         self.compiled = compiled or None
+        if self.compiled == "module" and load_file_path is not None:
+            raise DumperError("compiled='module' does not replay a load file: graph-level "
+                              "load-replay runs each op on its recorded inputs (compiled=True)")
         if self.compiled and (check_overflow or load_with_acl_dump):
             raise DumperError("compiled=True records a compiled step's values (or replays a load "
                               "file through it); it does not combine with check_overflow or "

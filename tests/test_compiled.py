@@ -184,6 +184,8 @@ def test_compiled_option_checked():
         dumper(dump_path="x.h5", compiled="kernel")
     with pytest.raises(DumperError, match="does not combine"):
         dumper(dump_path="x.h5", check_overflow=True, compiled=True)
+    with pytest.raises(DumperError, match="does not replay"):
+        dumper(dump_path="x.h5", load_file_path="y.h5", compiled="module")
 
 
 def test_graph_level_load_replay_separates_own_error(tmp_path):

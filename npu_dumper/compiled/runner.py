@@ -15,8 +15,6 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from dumpfile import schema as S
-
 from . import session
 from .naming import node_module, node_source
 from .pieces import Piece, piece_module, split_graph
@@ -50,10 +48,6 @@ class GraphRunner:
         # per node: (module, source) read once
         self._names = {n: (node_module(n.meta), node_source(n.meta))
                        for p in self.pieces for n in p.nodes}
-
-    @property
-    def num_compiled_pieces(self) -> int:
-        return sum(1 for p in self.pieces if not p.eager)
 
     def __call__(self, *call_args) -> Any:
         # boxed (one list, which is emptied so that it no longer keeps the inputs alive)
@@ -154,5 +148,3 @@ def _piece_inputs(node: fx.Node, inputs: list, args: tuple, kwargs: dict, live: 
             found[w] = v
     return [found.get(a, x) for a, x in zip(inputs, live)]
 
-
-PHASES = {"forward": S.PHASE_FORWARD, "backward": S.PHASE_BACKWARD}
