@@ -286,3 +286,22 @@ def test_pattern_over_two_ops_needs_module_split(tmp_path):
     code, out = verdicts["module"]
     head = out.splitlines()[0]
     assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
+
+
+class _WithConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        # a tensor made in forward: the trace lifts it into the graph module as a constant
+        # (get_attr _tensor_constant0, as transformers' causal masks)
+        return self.fc(x) * torch.tensor([0.5, 1.0, 2.0, 4.0])
+
+
+def test_graph_constants(tmp_path):
+    torch.manual_seed(0)
+    model, x = _WithConstant(), torch.randn(2, 4)
+    eager, comp = dump_pair(tmp_path, model, x)
+    code, out = compare(tmp_path, comp, eager)
+    assert code == 0, out

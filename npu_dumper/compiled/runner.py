@@ -20,6 +20,13 @@ from .naming import node_module, node_source
 from .pieces import Piece, piece_module, split_graph
 
 
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _value(env: dict, a: Any) -> Any:
     return fx.node.map_arg(a, lambda n: env[n])
 
@@ -36,6 +43,8 @@ class GraphRunner:
         self._compile_piece = compile_piece
         g = gm.graph
         self.placeholders = [n for n in g.nodes if n.op == "placeholder"]
+        # constants the trace lifted into the graph module (_tensor_constant0: a causal mask)
+        self.constants = {n: _fetch_attr(gm, n.target) for n in g.nodes if n.op == "get_attr"}
         out = next(n for n in g.nodes if n.op == "output")
         self.returns = out.args[0]
         # nodes returned by the graph: they leave the dumper's sight (autograd, the user)
@@ -54,7 +63,7 @@ class GraphRunner:
         # or, where AOTAutograd wraps the backward, the inputs as arguments
         boxed = len(call_args) == 1 and isinstance(call_args[0], list)
         args = call_args[0] if boxed else list(call_args)
-        env: dict = {}
+        env: dict = dict(self.constants)
         for ph, v in zip(self.placeholders, args):
             env[ph] = v
         if boxed:
