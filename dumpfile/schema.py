@@ -80,6 +80,7 @@ ROOT_NUM_OPS = "num_ops"              # ops written (kept current at every flush
 ROOT_LOAD_FILE = "load_file"          # load/golden modes: the dump that was replayed
 ROOT_COMPUTE_DTYPE = "compute_dtype"  # golden replay: the dtype ops were recomputed in
 ROOT_DEDUP = "dedup"                  # 1.8: True when data seen again is a link to where it was first stored
+ROOT_COMPILED = "compiled"            # 1.8: a torch.compile step; how its graphs were split ("node")
 ROOT_OP_FILTER = "op_filter"          # JSON {include, exclude, modules, phases}: only when the dump was filtered
 
 MODE_DUMP = "dump"
@@ -126,6 +127,10 @@ OP_MADE_INPUTS = "made_inputs"
 # string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
 # independent runs whose op got different arguments
 OP_SCALAR_ARGS = "scalar_args"
+# compiled dumps (torch.compile, npu_dumper/compiled/): the FX node of the compiled graph
+# whose output the op's record holds, and that graph ("forward 0", "backward 0")
+OP_FX_NODE = "fx_node"
+OP_COMPILED_GRAPH = "compiled_graph"
 
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

@@ -96,7 +96,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
                  dedup: bool = True, writer: str = "auto", step: int | None = None,
-                 stats_histogram: bool = False, own_error: bool = True, **unknown: Any):
+                 stats_histogram: bool = False, own_error: bool = True,
+                 compiled: bool | str = False, **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
             name = sorted(unknown)[0]
@@ -119,6 +120,20 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         self.overflow_limit = overflow_limit
         self.overflow_raise = overflow_raise
         self.op_map = op_map
+        # torch.compile'd steps as compiled (npu_dumper/compiled/, docs/COMPILED.md):
+        # True or "node" (every ATen op its own compiled piece), or "module"
+        if compiled is True:
+            compiled = "node"
+        if compiled not in (False, None, "node", "module"):
+            raise DumperError(f"compiled must be True, False, 'node' or 'module', got {compiled!r}")
+        self.compiled = compiled or None
+        if self.compiled == "module" and load_file_path is not None:
+            raise DumperError("compiled='module' does not replay a load file: graph-level "
+                              "load-replay runs each op on its recorded inputs (compiled=True)")
+        if self.compiled and (check_overflow or load_with_acl_dump):
+            raise DumperError("compiled=True records a compiled step's values (or replays a load "
+                              "file through it); it does not combine with check_overflow or "
+                              "load_with_acl_dump")
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
                 or not flush_interval >= 0:
             raise DumperError(f"flush_interval must be a number of seconds >= 0, got {flush_interval!r}")
@@ -263,6 +278,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             S.ROOT_DEDUP: bool(self.dedup) and not self.stats_only,
             # what was selected, so compare can pass the other dump's ops through it too
             S.ROOT_OP_FILTER: None if self.filter.trivial else self.filter.to_json(),
+            S.ROOT_COMPILED: self.compiled,
         }
         # statistics-only dumps are tables, not op groups (docs/FORMAT.md: why)
         # (the writer thread creates a statistics file, overlapping the model's first ops:
@@ -281,12 +297,20 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         extra = {"histograms": True} if self.stats_histogram else {}
         self._writer = thread_cls(w, registry, max_pending_bytes=self.max_pending_bytes,
                                   flush_interval=self.flush_interval, dedup=self.dedup, **extra)
-        self._tracker = ModuleTracker().__enter__()
+        self._tracker = ModuleTracker()
+        if not self.compiled:   # (compiled graphs carry their module paths themselves)
+            self._tracker.__enter__()
         self._mode = DumpMode(writer=self._writer, registry=registry, policies=self.policies,
                               op_filter=self.filter, tracker=self._tracker,
                               dump_mode=self.dump_mode, record_views=self.record_views,
                               record_stack=self.record_stack)
-        self._mode.__enter__()
+        if self.compiled:
+            # no dispatch mode: under one TorchDynamo would run the model eagerly; the
+            # compiled graphs hand their nodes to this mode's recording path instead
+            from .compiled.session import CompiledSession
+            self._compiled_session = CompiledSession(self._mode, split=self.compiled).__enter__()
+        else:
+            self._mode.__enter__()
 
     def _begin_policies(self) -> None:
         """begin() each policy; when one refuses, end the ones already begun (files and
@@ -348,7 +372,10 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             return False
         with SignalsNoted() as noted:
             try:
-                self._mode.__exit__(exc_type, exc, tb)
+                if self.compiled:
+                    self._compiled_session.__exit__(exc_type, exc, tb)
+                else:
+                    self._mode.__exit__(exc_type, exc, tb)
             finally:
                 try:
                     self._tracker.__exit__(exc_type, exc, tb)

@@ -117,19 +117,20 @@ def pair_by_seqid(target: list[OpRecord], golden: list[OpRecord],
     return pairs
 
 
-def _pair_kth(ts: list[OpRecord], gs: list[OpRecord]) -> list[OpPair]:
+def _pair_kth(ts: list[OpRecord], gs: list[OpRecord], key=None) -> list[OpPair]:
     """k-th call of each canonical name pairs with the k-th; the rest unmatched.
 
     Output follows the target's order, golden-only ops placed after the pair that
     precedes them in the golden stream.
     """
-    queues: dict[str, list[int]] = {}
+    key = key or (lambda o: canonical_op(o.op))
+    queues: dict = {}
     for j, g in enumerate(gs):
-        queues.setdefault(canonical_op(g.op), []).append(j)
-    heads: dict[str, int] = {}
+        queues.setdefault(key(g), []).append(j)
+    heads: dict = {}
     g_to_t: dict[int, int] = {}
     for i, t in enumerate(ts):
-        c = canonical_op(t.op)
+        c = key(t)
         k = heads.get(c, 0)
         q = queues.get(c, ())
         if k < len(q):
@@ -163,10 +164,12 @@ def _pair_kth(ts: list[OpRecord], gs: list[OpRecord]) -> list[OpPair]:
     return out
 
 
-def pair_by_stream(target: list[OpRecord], golden: list[OpRecord]) -> list[OpPair]:
-    """Independent runs: align the canonical op-name streams."""
-    tn = [canonical_op(t.op) for t in target]
-    gn = [canonical_op(g.op) for g in golden]
+def pair_by_stream(target: list[OpRecord], golden: list[OpRecord], key=None) -> list[OpPair]:
+    """Independent runs: align the canonical op-name streams (`key`: what is aligned
+    per op instead of its canonical name, e.g. compiled_signature)."""
+    key = key or (lambda o: canonical_op(o.op))
+    tn = [key(t) for t in target]
+    gn = [key(g) for g in golden]
     if tn == gn:
         return [OpPair(t, g, _how(t, g)) for t, g in zip(target, golden)]
     pre = 0
@@ -179,16 +182,31 @@ def pair_by_stream(target: list[OpRecord], golden: list[OpRecord]) -> list[OpPai
     tm, gm = target[pre:len(target) - suf], golden[pre:len(golden) - suf]
     tmn, gmn = tn[pre:len(tn) - suf], gn[pre:len(gn) - suf]
     if len(tm) > MAX_ALIGN_OPS or len(gm) > MAX_ALIGN_OPS:
-        out += _pair_kth(tm, gm)
+        out += _pair_kth(tm, gm, key)
     else:
         sm = difflib.SequenceMatcher(None, tmn, gmn, autojunk=False)
         for tag, i1, i2, j1, j2 in sm.get_opcodes():
             if tag == "equal":
                 out += [OpPair(t, g, _how(t, g)) for t, g in zip(tm[i1:i2], gm[j1:j2])]
             else:
-                out += _pair_kth(tm[i1:i2], gm[j1:j2])
+                out += _pair_kth(tm[i1:i2], gm[j1:j2], key)
     out += [OpPair(t, g, _how(t, g)) for t, g in zip(target[len(target) - suf:], golden[len(golden) - suf:])]
     return out
+
+
+def compiled_signature(io: str):
+    """A key for aligning a compiled dump (docs/COMPILED.md) with an eager one: canonical
+    name, phase and the shapes of the op's `io` tensors. The compiled dump lacks the ops
+    run outside its graphs (the loss and its backward), whose names recur inside them (a
+    loss's backward `mul` against the model's): the shapes keep them apart."""
+    def key(o: OpRecord):
+        try:
+            values = o.inputs() if io == S.INPUT_GROUP else o.outputs()
+            shapes = tuple(sorted((n, tuple(v.shape)) for n, v in values.items() if v.is_tensor))
+        except Exception:  # noqa: BLE001 - unreadable metadata: the name alone
+            shapes = ()
+        return (canonical_op(o.op), o.phase, shapes)
+    return key
 
 
 # A replayed file pairs by seqid only if its seqids are the other file's. When more than

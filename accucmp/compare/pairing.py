@@ -42,6 +42,33 @@ def _attr_text(v) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
+def _compiled_vs_eager(tf: DumpFile, gf: DumpFile) -> bool:
+    with h5_errors(tf.path):
+        t = _attr_text(tf.attrs.get(S.ROOT_COMPILED))
+    with h5_errors(gf.path):
+        g = _attr_text(gf.attrs.get(S.ROOT_COMPILED))
+    return bool(t) != bool(g)
+
+
+def _note_outside_compiled(pairs: list, tf: DumpFile, gf: DumpFile) -> None:
+    """A compiled dump (docs/COMPILED.md) records the ops of the compiled graphs only: an
+    eager op it lacks ran outside them, or (split "module") inside a fused piece. Said so
+    in the unmatched op's reason instead of "no data match"."""
+    with h5_errors(tf.path):
+        split = _attr_text(tf.attrs.get(S.ROOT_COMPILED))
+    with h5_errors(gf.path):
+        other = _attr_text(gf.attrs.get(S.ROOT_COMPILED))
+    if not split or other:
+        return
+    why = ("not in the compiled graphs of {path}: run outside torch.compile (the loss after the "
+           "model, the backward seed, code at a graph break)")
+    if split != "node":
+        why += f", or computed inside a fused piece (split {split!r}: never materialised)"
+    for p in pairs:
+        if p.target is None and p.golden is not None:
+            p.reason = f"{p.golden.op} " + why.format(path=tf.path)
+
+
 def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
     execution order); `pattern`: --select, `amap`: the --align-map overrides."""
@@ -73,8 +100,13 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
         t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
     with h5_errors(gf.path):
         not_replayed = read_not_replayed(gf.h5)
-    pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
-                              golden_missing_reasons=not_replayed)
+    if _compiled_vs_eager(tf, gf) and not matching.is_replay_pairing(tf.mode, gf.mode):
+        io = S.INPUT_GROUP if all(S.INPUT_GROUP in f.recorded_io for f in (tf, gf)) else S.OUTPUT_GROUP
+        pairs = matching.pair_by_stream(t_ops, g_ops, key=matching.compiled_signature(io))
+    else:
+        pairs = matching.pair_ops(t_ops, g_ops, target_mode=tf.mode, golden_mode=gf.mode,
+                                  golden_missing_reasons=not_replayed)
+    _note_outside_compiled(pairs, tf, gf)
     replay = matching.is_replay_pairing(tf.mode, gf.mode)
     warnings = []
     # An extracted file (accucmp extract: a few ops of a run, under their seqids) against

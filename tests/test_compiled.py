@@ -1,0 +1,307 @@
+"""torch.compile'd steps dumped as compiled (npu_dumper/compiled/, docs/COMPILED.md).
+
+Faults are planted in Inductor only (its decomposition table, a post-grad pattern pass),
+so the eager run is right and the compiled one is not; the compiled step's dump,
+compared with the eager step's, must name the op and module of the fault in its
+headline. Tiny graphs: each compiled dump compiles a few ATen ops one by one
+(Inductor's C++ code, cached per test module in a temporary directory). The FX graph
+cache and AOTAutograd's cache are off: their keys do not cover a patched decomposition
+table or pass, and a clean compile cached by an earlier test would hide the planted fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import h5py
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+import sample_models
+from accucmp.cli.main import app
+from dumpfile import schema as S
+from npu_dumper import dumper
+from npu_dumper.errors import DumperError
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(scope="module", autouse=True)
+def inductor_sandbox(tmp_path_factory):
+    import torch._dynamo
+    import torch._functorch.config as fcfg
+    import torch._inductor.config as icfg
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+    with icfg.patch(fx_graph_cache=False), fcfg.patch(enable_autograd_cache=False):
+        yield
+    mp.undo()
+    torch._dynamo.reset()
+
+
+class SiluMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _step(model, x, bf16: bool):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        out = model(x)
+    # (against a fixed target: the gradient of out.square().mean() through a LayerNorm
+    # is zero up to rounding, which no comparison can judge)
+    target = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    (out.float() - target).square().mean().backward()
+
+
+def dump_pair(tmp_path, model, x, bf16=False, **kw):
+    """(eager dump, compiled dump) of one step of `model` on `x`."""
+    eager, comp = tmp_path / "eager.h5", tmp_path / "compiled.h5"
+    with dumper(dump_path=str(eager), writer="thread"):
+        _step(model, x, bf16)
+    compiled = torch.compile(model)
+    with dumper(dump_path=str(comp), compiled=True, writer="thread", **kw) as d:
+        _step(compiled, x, bf16)
+    assert d.num_ops > 0
+    return eager, comp
+
+
+def compare(tmp_path, comp, eager):
+    r = CliRunner().invoke(app, ["compare", "-m", str(comp), "-g", str(eager), "-out", str(tmp_path / "out")])
+    return r.exit_code, r.output
+
+
+@contextlib.contextmanager
+def planted_decomposition(op, fn):
+    """Inductor decomposes `op` with `fn` (eager untouched)."""
+    from torch._inductor import decomposition as D
+    saved = D.decompositions.get(op)
+    D.decompositions[op] = fn
+    D.fast_random_decomps.cache_clear()
+    try:
+        yield
+    finally:
+        D.decompositions[op] = saved
+        D.fast_random_decomps.cache_clear()
+
+
+def _silu_off(scale):
+    return lambda x: x * torch.sigmoid(x) * scale
+
+
+@pytest.mark.parametrize("bf16,scale", [(False, 1.02), (True, 1.05)], ids=["fp32", "bf16"])
+def test_wrong_decomposition_named_by_op_and_module(tmp_path, bf16, scale):
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    with planted_decomposition(aten.silu.default, _silu_off(scale)):
+        eager, comp = dump_pair(tmp_path, model, x, bf16)
+    code, out = compare(tmp_path, comp, eager)
+    head = out.splitlines()[0]
+    assert code == 1, out
+    assert head.startswith("FAIL") and "aten.silu.default" in head and " in act" in head, head
+
+
+def test_compiled_dump_records_nodes_with_names(tmp_path):
+    """Each recorded op: the aten op of its FX node, the module path the eager dump
+    writes, the node's source line, its node and graph; forward and backward graphs."""
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    eager, comp = dump_pair(tmp_path, model, x)
+    with h5py.File(comp, "r") as f:
+        assert f.attrs[S.ROOT_COMPILED] == "node"
+        ops = {}
+        for name in f:
+            if name.startswith("aten."):
+                for seq, g in f[name].items():
+                    ops[int(seq)] = (name, dict(g.attrs))
+    names = [ops[k][0] for k in sorted(ops)]
+    assert names[:3] == ["aten.addmm.default", "aten.silu.default", "aten.addmm.default"]
+    assert "aten.silu_backward.default" in names
+    silu = next(a for n, a in ops.values() if n == "aten.silu.default")
+    assert silu[S.OP_MODULE] == "act" and silu[S.OP_PHASE] == S.PHASE_FORWARD
+    assert silu[S.OP_FX_NODE] == "silu" and silu[S.OP_COMPILED_GRAPH].startswith("forward")
+    assert "test_compiled.py" in silu[S.OP_STACK] and "self.act" in silu[S.OP_STACK]
+    back = next(a for n, a in ops.values() if n == "aten.silu_backward.default")
+    assert back[S.OP_MODULE] == "act" and back[S.OP_PHASE] == S.PHASE_BACKWARD
+    code, out = compare(tmp_path, comp, eager)
+    assert code == 0, out
+    # the loss after the model ran outside the compiled graphs: said so, not "no data match"
+    assert "not in the compiled graphs of" in out and "No data match" not in out, out
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_clean_sample_model_passes(tmp_path, bf16):
+    spec = sample_models.get("mlp")
+    model = spec.build(seed=0, size=sample_models.TINY)
+    x, _ = spec.make_inputs(seed=0, size=sample_models.TINY)
+    eager, comp = dump_pair(tmp_path, model, x, bf16)
+    code, out = compare(tmp_path, comp, eager)
+    assert code == 0, out
+    assert out.startswith("PASS"), out
+
+
+class _ErfOff:
+    """A post-grad pattern pass of Inductor rewriting erf(y) as erf(s y): a wrong
+    replacement that only a compiled GELU (x/2 (1 + erf(x/sqrt 2))) goes through."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for n in list(graph.nodes):
+            if n.op == "call_function" and n.target is aten.erf.default:
+                with graph.inserting_before(n):
+                    scaled = graph.call_function(aten.mul.Tensor, (n.args[0], self.scale))
+                n.args = (scaled,)
+
+    def uuid(self):
+        return f"npu_dumper-test-erf-off-{self.scale}"
+
+
+# (1% in fp32; in bf16, where 1% is within rounding of a GELU output, 10%)
+@pytest.mark.parametrize("bf16,scale", [(False, 1.01), (True, 1.1)], ids=["fp32", "bf16"])
+def test_wrong_pattern_replacement_named(tmp_path, bf16, scale):
+    import torch._inductor.config as icfg
+    spec = sample_models.get("mlp")
+    model = spec.build(seed=0, size=sample_models.TINY)
+    x, _ = spec.make_inputs(seed=0, size=sample_models.TINY)
+    with icfg.patch(post_grad_custom_pre_pass=_ErfOff(scale)):
+        eager, comp = dump_pair(tmp_path, model, x, bf16)
+    code, out = compare(tmp_path, comp, eager)
+    head = out.splitlines()[0]
+    assert code == 1, out
+    assert "aten.gelu.default" in head and " in act" in head, head
+
+
+def test_compiled_option_checked():
+    with pytest.raises(DumperError, match="compiled must be"):
+        dumper(dump_path="x.h5", compiled="kernel")
+    with pytest.raises(DumperError, match="does not combine"):
+        dumper(dump_path="x.h5", check_overflow=True, compiled=True)
+    with pytest.raises(DumperError, match="does not replay"):
+        dumper(dump_path="x.h5", load_file_path="y.h5", compiled="module")
+
+
+def test_graph_level_load_replay_separates_own_error(tmp_path):
+    """compiled=True with load_file_path: each compiled node runs on the eager run's
+    recorded inputs, so only the faulty node fails; in the compiled run itself the
+    error it makes is inherited by the next module's input too."""
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    with planted_decomposition(aten.silu.default, _silu_off(1.02)):
+        eager, comp = dump_pair(tmp_path, model, x)
+        replay = tmp_path / "replay.h5"
+        with dumper(load_file_path=str(eager), dump_path=str(replay), compiled=True, writer="thread") as d:
+            _step(torch.compile(model), x, False)
+    assert d.summary["replay"].matched == d.num_ops > 0
+    import pandas as pd
+    failing = {}
+    for name, path in (("compiled", comp), ("replay", replay)):
+        code, out = compare(tmp_path / name, path, eager)
+        assert code == 1 and "aten.silu.default" in out.splitlines()[0], out
+        csv = next((tmp_path / name / "out").glob("result_*.csv"))
+        df = pd.read_csv(csv)
+        bad = df[df["Result"].astype(str).str.lower() == "fail"]
+        failing[name] = set(zip(bad["NPUDump"], bad["SeqId"]))
+    assert len(failing["replay"]) == 1, failing
+    assert len(failing["compiled"]) > 1, failing
+
+
+def test_narrow_names_the_decomposition(tmp_path):
+    """The failing op rebuilt alone from the eager dump's inputs, bisected by PyTorch's
+    compiler bisector: the planted decomposition is named; a clean op narrows to None."""
+    from dumpfile.read.reader import DumpFile
+    from npu_dumper.compiled import narrow_recorded_op
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    eager = tmp_path / "eager.h5"
+    with dumper(dump_path=str(eager), writer="thread"):
+        _step(model, x, False)
+    with DumpFile(str(eager)) as f:
+        seq = {o.op: o.seqid for o in f.ops()}
+    with planted_decomposition(aten.silu.default, _silu_off(1.02)):
+        found = narrow_recorded_op(eager, "aten.silu.default", seq["aten.silu.default"])
+        clean = narrow_recorded_op(eager, "aten.addmm.default", seq["aten.addmm.default"])
+    assert found is not None and found.subsystem == "decomposition", found
+    assert "aten.silu" in str(found.debug_info), found
+    assert clean is None
+
+
+class _Swish(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class SwishMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.swish, self.fc2 = nn.Linear(8, 16), _Swish(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.swish(self.fc1(x)))
+
+
+class _SwishPatternOff:
+    """A post-grad pattern pass rewriting mul(x, sigmoid(x)) as 1.02 x sigmoid(x): a
+    pattern over two ops, visible only when both are in one compiled piece."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for n in list(graph.nodes):
+            if n.op == "call_function" and n.target is aten.mul.Tensor and len(n.args) == 2:
+                a, b = n.args
+                if isinstance(b, torch.fx.Node) and b.target is aten.sigmoid.default and b.args[0] is a:
+                    with graph.inserting_after(n):
+                        off = graph.call_function(aten.mul.Tensor, (n, 1.02))
+                    n.replace_all_uses_with(off, delete_user_cb=lambda u: u is not off)
+
+    def uuid(self):
+        return "npu_dumper-test-swish-pattern-off"
+
+
+def test_pattern_over_two_ops_needs_module_split(tmp_path):
+    """What a cut hides: split per op, the two ops of the pattern are compiled apart and
+    the fault is not reproduced (PASS); split per module, they compile together and the
+    headline names the op and module."""
+    import torch._inductor.config as icfg
+    torch.manual_seed(0)
+    model, x = SwishMLP(), torch.randn(3, 8)
+    verdicts = {}
+    with icfg.patch(post_grad_custom_pre_pass=_SwishPatternOff()):
+        for split in ("node", "module"):
+            d = tmp_path / split
+            d.mkdir()
+            eager, comp = d / "eager.h5", d / "compiled.h5"
+            with dumper(dump_path=str(eager), writer="thread"):
+                _step(model, x, False)
+            with dumper(dump_path=str(comp), compiled=split, writer="thread"):
+                _step(torch.compile(model), x, False)
+            verdicts[split] = compare(d, comp, eager)
+    assert verdicts["node"][0] == 0, verdicts["node"][1]
+    code, out = verdicts["module"]
+    head = out.splitlines()[0]
+    assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
+
+
+class _WithConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        # a tensor made in forward: the trace lifts it into the graph module as a constant
+        # (get_attr _tensor_constant0, as transformers' causal masks)
+        return self.fc(x) * torch.tensor([0.5, 1.0, 2.0, 4.0])
+
+
+def test_graph_constants(tmp_path):
+    torch.manual_seed(0)
+    model, x = _WithConstant(), torch.randn(2, 4)
+    eager, comp = dump_pair(tmp_path, model, x)
+    code, out = compare(tmp_path, comp, eager)
+    assert code == 0, out
