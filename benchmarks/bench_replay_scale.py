@@ -138,6 +138,20 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
         summary = f"{d.num_ops} ops"
     else:
         buf = io.StringIO()
+        rises = []
+        if os.environ.get("BENCH_TRACE_PEAK"):
+            # which ops raise the high-water mark (VmHWM before and after each replayed op)
+            from npu_dumper.capture.mode import DumpMode
+            dispatch = DumpMode.__torch_dispatch__
+
+            def traced(self, func, types, args=(), kwargs=None):
+                before = _vm_kb("VmHWM")
+                out = dispatch(self, func, types, args, kwargs)
+                after = _vm_kb("VmHWM")
+                if after > before:
+                    rises.append((after - before, after, str(func), 0))
+                return out
+            DumpMode.__torch_dispatch__ = traced
         if profile:
             import cProfile
             prof = cProfile.Profile()
@@ -145,13 +159,22 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
         with contextlib.redirect_stdout(buf), amp():
             with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=out, **options) as d:
                 loss = step()
+                if rises:
+                    rises.append((0, _vm_kb("VmHWM"), "end of step", 0))
+        if rises:
+            rises.append((0, _vm_kb("VmHWM"), "after exit", 0))
         writer_kb = _writer_peak_kb()
+        summary = buf.getvalue().strip()
+        if rises:
+            ends = rises[-2:]
+            rises = sorted(rises[:-2], reverse=True)
+            summary += " [HWM rises: " + ", ".join(f"{n}: +{r // 1024}M to {a // 1024}M"
+                                                    for r, a, n, q in rises[:8] + ends) + "]"
         tensors = getattr(d.policies[0], "_tensors", None)
         if tensors is not None and hasattr(tensors, "peak_held_bytes"):
             summary += f" [recorded tensors held: peak {tensors.peak_held_bytes / 2**20:.0f} MiB]"
         if prof is not None:
             prof.disable()
-        summary = buf.getvalue().strip()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     stop.set()

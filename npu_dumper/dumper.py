@@ -96,7 +96,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
                  dedup: bool = True, writer: str = "auto", step: int | None = None,
-                 stats_histogram: bool = False, own_error: bool = True, max_load_bytes: int = 512 << 20,
+                 stats_histogram: bool = False, own_error: bool = True, max_load_bytes: int = 128 << 20,
                  **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]

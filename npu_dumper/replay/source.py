@@ -35,7 +35,7 @@ from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .recorded import NotReplayable, _base_storage, non_overlapping, tensor_from_record
 
-DEFAULT_BUDGET = 512 << 20
+DEFAULT_BUDGET = 128 << 20
 
 
 def _nbytes(t: torch.Tensor) -> int:
