@@ -26,7 +26,12 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
 --profile: the replay step also under cProfile (its top functions by cumulative and own time).
 --old-code DIR: one more kind, `replay-old`: the same replay with PYTHONPATH=DIR (e.g. an
   export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run.
---replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal).
+--replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal),
+  e.g. max_load_bytes=67108864 or own_error=False.
+BENCH_TRACE_PEAK=1 (environment): the replay step also lists the ops that raised its
+  high-water mark (VmHWM before and after each dispatched op) and by how much.
+"peak at" is where a 20 ms RSS sampler saw the highest RSS (and its anonymous / file-backed
+parts: recorded tensors mapped from the load file are file-backed); "peak RSS" is VmHWM.
 
 The files (the golden dump is ~2.5 GB at GPT-2 small) go into a temporary directory under
 --tmp (default: the system's), removed at the end. On a machine shared with other work the
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import csv
 import json
 import os
 import shutil
@@ -281,6 +287,19 @@ def main() -> None:
                 for kind in kinds:
                     if kind.startswith("replay"):
                         print(f"  compare {kind}: {_compare(tmp, kind, golden)}")
+                if "replay" in kinds and "replay-old" in kinds:
+                    from check_replay_verdicts import diff_rows
+                    rows = {}
+                    for kind in ("replay", "replay-old"):
+                        d = os.path.join(tmp, f"{kind}_compare")
+                        with open(os.path.join(d, next(f for f in os.listdir(d) if f.endswith(".csv"))),
+                                  newline="") as f:
+                            rows[kind] = list(csv.DictReader(f))
+                    problems, cols = diff_rows(rows["replay-old"], rows["replay"])
+                    print(f"  replay vs replay-old CSV: {len(rows['replay'])} rows, "
+                          f"{'SAME rows and results' if not problems else 'DIFFER: ' + '; '.join(problems[:5])}; "
+                          "other columns that differ: "
+                          + (", ".join(f"{c} (max rel {v:.1e})" for c, v in sorted(cols.items())) or "none"))
             for kind in kinds:                     # each round's replay files go; the golden stays
                 if kind.startswith("replay"):
                     p = os.path.join(tmp, f"{kind}.h5")
