@@ -14,7 +14,10 @@ max |target - ref|, max |ref|]}, ref being the float64
 result rounded to the target's output dtype (the rounding any correct kernel must do); `accucmp compare` reads them into the columns
 OwnErrorVsFp64 / OwnMaxErrorVsFp64 and the verdict judges the op by them (docs/COMPARE.md).
 
-The float64 copies of the arguments are taken before the live op runs (an in-place op, or
+Matrix products and pointwise ops, which write no input, compute the float64 reference after
+the live op in blocks (_BLOCKED, _BlockedPointwise, below), so no float64 copy of a large
+operand or result exists at once. For other ops, the float64 copies of the arguments are
+taken before the live op runs (an in-place op, or
 batch norm's running statistics, change them). Ops left out (no attribute; the verdict then
 judges the error against the golden as before): views (their result is their input), ops
 that draw random numbers, collectives, and ops without a float64 kernel.
