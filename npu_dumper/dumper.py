@@ -96,7 +96,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
                  overflow_limit=None, overflow_raise: bool = False, op_map=None,
                  flush_interval: float = 1.0, max_pending_bytes: int = 512 << 20,
                  dedup: bool = True, writer: str = "auto", step: int | None = None,
-                 stats_histogram: bool = False, own_error: bool = True,
+                 stats_histogram: bool = False, own_error: bool = True, max_load_bytes: int = 128 << 20,
                  compiled: bool | str = False, **unknown: Any):
         if unknown:      # a misspelt option must not silently give another dump than asked
             known = [n for n in inspect.signature(dumper.__init__).parameters if n not in ("self", "unknown")]
@@ -142,6 +142,11 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
             raise DumperError(f"max_pending_bytes must be a positive int, got {max_pending_bytes!r}")
         self.flush_interval = float(flush_interval)
         self.max_pending_bytes = max_pending_bytes
+        # load-replay: bytes of recorded tensors held at once (read ahead of the model, or
+        # kept for a later op that reads them again); docs/REPLAY.md "Memory"
+        if isinstance(max_load_bytes, bool) or not isinstance(max_load_bytes, int) or max_load_bytes <= 0:
+            raise DumperError(f"max_load_bytes must be a positive int, got {max_load_bytes!r}")
+        self.max_load_bytes = max_load_bytes
         self.dedup = dedup
         # load-replay: measure ops whose inputs were rounded against float64 on those inputs;
         # plain dumps: every op of a run in reduced precision against float64 on its inputs
@@ -200,7 +205,8 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if self.load_file_path:
             from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
-            policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map, own_error=self.own_error))
+            policies.append(ReplayPolicy(self.load_file_path, op_map=self.op_map, own_error=self.own_error,
+                                         max_load_bytes=self.max_load_bytes))
         if self.mode == S.MODE_DUMP and self.own_error and not self.stats_only:
             from .replay.own_error import PlainOwnError
             # a run in reduced precision: each op's own error on the inputs it got, so an

@@ -89,7 +89,7 @@ def test_mapped_recorded_tensors_are_bit_exact_and_leave_the_load_file_untouched
     policy = ReplayPolicy(ref, verbose=False, prefetch_ops=0)
     policy.begin()
     try:
-        assert policy._tensors._map is not None
+        assert policy._tensors._mapping
         w = next(r for e in policy._order for r in e.inputs.values()
                  if r.is_tensor and r.numel == 300 * 300 and r.type == S.TYPE_TENSOR
                  and getattr(r, "file_offset", None) is not None)

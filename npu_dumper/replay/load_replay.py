@@ -53,7 +53,7 @@ from .index import read_catalog
 from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
 from .departures import DepartureLog
-from .source import RecordedTensors
+from .source import DEFAULT_BUDGET, RecordedTensors
 from . import own_error
 
 _SUMMARY_NAMES = 5
@@ -108,8 +108,8 @@ class ReplayPolicy(Policy):
 
     def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
                  dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
-                 verbose: bool = True, prefetch_ops: int = 256, prefetch_bytes: int = 256 << 20,
-                 own_error: bool = True):
+                 verbose: bool = True, prefetch_ops: int = 256, prefetch_bytes: int | None = None,
+                 own_error: bool = True, max_load_bytes: int = DEFAULT_BUDGET):
         self.load_file_path = os.fspath(load_file_path) if load_file_path is not None else ""
         self.dump_path = os.fspath(dump_path) if dump_path is not None else None
         self.op_map = op_map if isinstance(op_map, OpMap) else get_op_map(op_map)
@@ -126,9 +126,11 @@ class ReplayPolicy(Policy):
         self._by_packet: dict[str, list[Candidate]] = defaultdict(list)
         self._calls: Counter = Counter()
         self._before_write = None
-        self._tensors = RecordedTensors()    # the recorded tensors, read once and cached
+        # the recorded tensors: read when needed, held while a later recorded op reads them,
+        # at most max_load_bytes at once (source.py); half of it may be read ahead
+        self._tensors = RecordedTensors(max_load_bytes)
         self.prefetch_ops = prefetch_ops        # how far ahead of the live stream, in ops ...
-        self.prefetch_bytes = prefetch_bytes    # ... and in bytes read ahead
+        self.prefetch_bytes = max_load_bytes // 2 if prefetch_bytes is None else prefetch_bytes  # ... and bytes
         self._ahead: list[tuple[int, int]] = []   # (entry index, bytes) read ahead, prefetch thread only
         self._order: list[Candidate] = []
         self._cv = threading.Condition()
@@ -197,6 +199,7 @@ class ReplayPolicy(Policy):
         registry = getattr(session, "registry", None)
         self._before_write = getattr(registry, "before_write", None)
         self._tensors.open(self._file, path)
+        self._tensors.plan((e.index, e.inputs) for e in self._order)
         if self.prefetch_ops > 0:
             self._prefetcher = threading.Thread(target=self._prefetch_loop, name="npu_dumper-replay-prefetch",
                                                 daemon=True)
@@ -273,6 +276,7 @@ class ReplayPolicy(Policy):
             # live inputs instead would pass off the live values as the reference's
             raise ReplayError(str(corrupt_dump_error(self.load_file_path, e, entry.record.path))) from None
         entry.used = True
+        self._tensors.release(entry.index, entry.inputs)   # (the op's arguments hold them now)
         if entry.index > self._consumed:
             with self._cv:
                 self._consumed = entry.index
@@ -452,7 +456,12 @@ class ReplayPolicy(Policy):
                 # the recording's own run): it is what the op would get, without the copy, and
                 # the replay's dump can link it to the output that made it.
                 return live
-            return like_live(live, src, self.keep_live_strides)
+            cast = like_live(live, src, self.keep_live_strides)
+            if cast is not src and bitwise_equal(live, cast):
+                # the same after the cast (a bf16 model's weight: the rounded recorded one):
+                # the copy goes now instead of living on in a view the backward keeps
+                return live
+            return cast
         if isinstance(live, (list, tuple)):
             if len(rec.children) != len(live):
                 raise NotReplayable(f"input '{arg}': recorded list has {len(rec.children)} items, "

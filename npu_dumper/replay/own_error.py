@@ -14,7 +14,10 @@ max |target - ref|, max |ref|(, kappa)]} (kappa: how much a sum cancels, dumpfil
 result rounded to the target's output dtype (the rounding any correct kernel must do); `accucmp compare` reads them into the columns
 OwnErrorVsFp64 / OwnMaxErrorVsFp64 and the verdict judges the op by them (docs/COMPARE.md).
 
-The float64 copies of the arguments are taken before the live op runs (an in-place op, or
+Matrix products and pointwise ops, which write no input, compute the float64 reference after
+the live op in blocks (_BLOCKED, _BlockedPointwise, below), so no float64 copy of a large
+operand or result exists at once. For other ops, the float64 copies of the arguments are
+taken before the live op runs (an in-place op, or
 batch norm's running statistics, change them). Ops left out (no attribute; the verdict then
 judges the error against the golden as before): views (their result is their input), ops
 that draw random numbers, collectives, and ops without a float64 kernel.
@@ -65,13 +68,57 @@ def prepare(func: Any, args: tuple, kwargs: dict, named_args: dict[str, Any]) ->
         return None
     if draws_random(func, named_args):
         return None
+    blocked = _BLOCKED.get(func)
+    if blocked is not None:
+        ref = blocked(args, kwargs)
+        if ref is not None:
+            return ref
+    if torch.Tag.pointwise in info.tags and not info.written and len(info.return_names) == 1:
+        return _BlockedPointwise(func, args, kwargs)
     with torch.no_grad(), _disable_current_modes():
         return tree_map(_upcast, args), tree_map(_upcast, kwargs)
 
 
 def measure(func: Any, prepared: tuple, out: Any) -> str | None:
     """JSON of {output name: [RED, max abs error, max |ref|]} against float64, or None."""
+    try:
+        return _measure(func, prepared, out)
+    finally:
+        _trim_after(out)
+
+
+# The float64 temporaries of a measurement (a few MB to tens of MB each, freed at once) raise
+# glibc's dynamic mmap threshold, after which blocks of their size come from the heap and stay
+# there, fragmented: measured on GPT-2 (bf16 replay) the peak RSS grew by ~36 MB a layer with
+# own error and ~10 without; with the heap's free pages given back after each large
+# measurements (malloc_trim) it stays flat. A trim gives pages back that the next
+# temporaries fault in again, so it runs once per _TRIM_BYTES of float64 results measured,
+# not after each. Only on glibc; elsewhere nothing.
+_TRIM_BYTES = 256 << 20
+_since_trim = 0
+try:
+    import ctypes
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+    _malloc_trim.argtypes = [ctypes.c_size_t]
+except (OSError, AttributeError):
+    _malloc_trim = None
+
+
+def _trim_after(out: Any) -> None:
+    global _since_trim
+    if _malloc_trim is None:
+        return
+    flat, _ = tree_flatten(out)
+    _since_trim += sum(t.numel() for t in flat if isinstance(t, torch.Tensor)) * 8
+    if _since_trim >= _TRIM_BYTES:
+        _since_trim = 0
+        _malloc_trim(0)
+
+
+def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     info = op_info(func)
+    if isinstance(prepared, (_BlockedProduct, _BlockedPointwise)):
+        return prepared.measure(info, out)
     ref_args, ref_kwargs = prepared
     try:
         with torch.no_grad(), _disable_current_modes():
@@ -89,13 +136,21 @@ def measure(func: Any, prepared: tuple, out: Any) -> str | None:
             # underflow, a float16 result below 6e-5) is what any correct kernel must do; the
             # error measured is what the op adds beyond it
             rr = r.to(live.dtype).to(_REF_DTYPE[r.is_complex()])
-            d = (live.detach().to(rr.dtype) - rr).abs()
-            if not bool(torch.isfinite(d).all()):
+            d = live.detach().to(rr.dtype, copy=True)
+            d -= rr
+            if d.is_complex():
+                d = d.abs()
+            # |d| is not formed (real d): the 2-norm of d is that of |d| (the same squares) and
+            # max |d| is max(-min d, max d) (one aminmax pass, ~4x quicker than abs + max or
+            # the inf-norm). A NaN/Inf in d makes its 2-norm NaN/Inf, and no finite d
+            # overflows it in float64 (|d| < 2^129, n < 2^63): the check that needed a pass of
+            # its own (isfinite) is read off the norm
+            err_norm = float(torch.linalg.vector_norm(d))
+            if not math.isfinite(err_norm):
                 continue                # NaN/Inf: compare's own NaN/Inf handling says it
             ref_norm = float(torch.linalg.vector_norm(rr))
-            err_norm = float(torch.linalg.vector_norm(d))
             red = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-            errors[name] = [red, float(d.max()), float(rr.abs().max())]
+            errors[name] = [red, _max_abs(d), _max_abs(rr)]
     sums = [n for n in sum_outputs(str(func)) if n in errors]
     if sums:
         # a sum whose terms cancel: kappa = ||the same sum of |terms| || / ||sum|| (the op run
@@ -111,6 +166,204 @@ def measure(func: Any, prepared: tuple, out: Any) -> str | None:
         except Exception:  # noqa: BLE001 - no kappa: the row is judged without it
             pass
     return json.dumps(errors) if errors else None
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    """max |t| of a real tensor (as float(t.abs().max())), from one aminmax pass."""
+    if t.is_complex():
+        return float(t.abs().max())
+    lo, hi = torch.aminmax(t)
+    return max(-float(lo), float(hi)) + 0.0     # (+ 0.0: never -0.0, as abs gives)
+
+
+# ---- matrix products in blocks ---------------------------------------------------------
+# A float64 copy of a large operand (GPT-2's 50257 x 768 output embedding: 309 MB) and a
+# float64 result, with the temporaries of the comparison, made each large product's
+# measurement cost several times the memory of the op itself, at the moments the step's
+# memory peaks. mm / addmm / bmm write none of their inputs (so nothing need be copied before
+# the live op runs) and split exactly: the reference is computed in blocks of rows or columns
+# of the result (the same float64 dot products as one call; only the order of the float64
+# sums of the two norms differs, by ~1e-16 relative), or, when the result is the smallest
+# full-size operand, over the inner dimension into one float64 result (float64 partial sums:
+# the reference moves by float64 rounding, ~K 2^-53 relative, far below what rounding it to
+# the target's 2^-8 / 2^-11 can resolve). The largest float64 block is _BLOCK_ELEMENTS.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+class _BlockedProduct:
+    """beta * C + alpha * (A @ B) (C None: A @ B), A [..., M, K], B [..., K, N], measured in blocks."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, beta: Any, alpha: Any):
+        self.a, self.b, self.c, self.beta, self.alpha = a, b, c, beta, alpha
+
+    def _ref(self, a, b, c) -> torch.Tensor:
+        a, b = a.to(torch.float64), b.to(torch.float64)
+        if self.c is None:
+            return torch.matmul(a, b) if self.alpha == 1 else torch.matmul(a, b).mul_(self.alpha)
+        return torch.addmm(c.to(torch.float64), a, b, beta=self.beta, alpha=self.alpha)
+
+    def measure(self, info: Any, out: Any) -> str | None:
+        rets = list(named_returns(info, out))
+        if len(rets) != 1 or not isinstance(rets[0][2], torch.Tensor):
+            return None
+        name, _, live = rets[0]
+        a, b = self.a, self.b
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = a.numel() // max(m * k, 1)
+        if not live.is_floating_point() or tuple(live.shape[-2:]) != (m, n) or live.numel() == 0:
+            return None
+        c = None if self.c is None else self.c.expand(m, n)
+        try:
+            with torch.no_grad(), _disable_current_modes():
+                # the full-size float64 operand left: A (blocks of columns), B (of rows), the
+                # result (over K): the smallest
+                whole = {"cols": m * k, "rows": k * n, "inner": m * n}
+                how = min(whole, key=whole.get)
+                if how == "inner":
+                    step = max(1, _BLOCK_ELEMENTS // max(batch * (m + n), 1))
+                    ref = None
+                    for k0 in range(0, k, step):
+                        ak, bk = a[..., k0:k0 + step], b[..., k0:k0 + step, :]
+                        if ref is None:
+                            ref = self._ref(ak, bk, c)
+                        elif self.c is None:
+                            ref.add_(torch.matmul(ak.to(torch.float64), bk.to(torch.float64)), alpha=self.alpha)
+                        else:
+                            ref.addmm_(ak.to(torch.float64), bk.to(torch.float64), alpha=self.alpha)
+                    if ref is None:
+                        return None
+                    acc = _Errors()
+                    acc.add(live, ref)
+                elif how == "cols":
+                    step = max(1, _BLOCK_ELEMENTS // max(batch * (k + m), 1))
+                    acc = _Errors()
+                    for j in range(0, n, step):
+                        acc.add(live[..., j:j + step], self._ref(a, b[..., j:j + step], None if c is None else c[:, j:j + step]))
+                else:
+                    step = max(1, _BLOCK_ELEMENTS // max(batch * (k + n), 1))
+                    acc = _Errors()
+                    for i in range(0, m, step):
+                        acc.add(live[..., i:i + step, :], self._ref(a[..., i:i + step, :], b, None if c is None else c[i:i + step]))
+        except Exception:  # noqa: BLE001 - no float64 kernel for it: nothing to say, as measure
+            return None
+        got = acc.result()
+        return None if got is None else json.dumps({name: got})
+
+
+class _Errors:
+    """measure's numbers accumulated over blocks of one output (the same definitions)."""
+
+    def __init__(self):
+        self.errs: list[float] = []         # each block's 2-norms (math.hypot joins them: one
+        self.refs: list[float] = []         # block gives exactly its norm)
+        self.max_err = self.max_ref = 0.0
+        self.finite = True
+
+    def add(self, live: torch.Tensor, r: torch.Tensor) -> None:
+        if not self.finite:
+            return
+        rr = r.to(live.dtype).to(torch.float64)
+        d = live.detach().to(torch.float64, copy=True)
+        d -= rr
+        err = float(torch.linalg.vector_norm(d))
+        if not math.isfinite(err):
+            self.finite = False
+            return
+        self.errs.append(err)
+        self.refs.append(float(torch.linalg.vector_norm(rr)))
+        self.max_err = max(self.max_err, _max_abs(d))
+        self.max_ref = max(self.max_ref, _max_abs(rr))
+
+    def result(self) -> list[float] | None:
+        if not self.finite:
+            return None
+        err, ref = math.hypot(*self.errs), math.hypot(*self.refs)
+        red = err / ref if ref > 0 else (0.0 if err == 0 else math.inf)
+        return [red, self.max_err, self.max_ref]
+
+
+def _real_float(*ts: Any) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.layout == torch.strided
+               and not t.is_conj() and not t.is_neg() for t in ts)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _mm(args: tuple, kwargs: dict) -> _BlockedProduct | None:
+    if len(args) != 2 or kwargs or not _real_float(*args) or args[0].dim() != 2 or args[1].dim() != 2:
+        return None
+    return _BlockedProduct(args[0], args[1], None, 0, 1)
+
+
+def _bmm(args: tuple, kwargs: dict) -> _BlockedProduct | None:
+    if len(args) != 2 or kwargs or not _real_float(*args) or args[0].dim() != 3 or args[1].dim() != 3:
+        return None
+    return _BlockedProduct(args[0], args[1], None, 0, 1)
+
+
+def _addmm(args: tuple, kwargs: dict) -> _BlockedProduct | None:
+    named = dict(zip(("self", "mat1", "mat2"), args))
+    named.update(kwargs)
+    c, a, b = named.get("self"), named.get("mat1"), named.get("mat2")
+    beta, alpha = named.get("beta", 1), named.get("alpha", 1)
+    if len(args) > 3 or set(named) - {"self", "mat1", "mat2", "beta", "alpha"} or not _real_float(c, a, b) \
+            or a.dim() != 2 or b.dim() != 2 or not (_number(beta) and _number(alpha)):
+        return None
+    try:
+        c.expand(a.shape[0], b.shape[1])
+    except RuntimeError:
+        return None
+    return _BlockedProduct(a, b, c, beta, alpha)
+
+
+_BLOCKED = {torch.ops.aten.mm.default: _mm, torch.ops.aten.bmm.default: _bmm,
+            torch.ops.aten.addmm.default: _addmm}
+
+
+class _BlockedPointwise:
+    """A pointwise op (tag `pointwise`: each result element from the same-place elements of
+    its inputs, broadcast) that writes none of its inputs: its float64 reference is computed
+    after the live op, in blocks of the result's first dimension (inputs sliced alike, or
+    taken whole where they broadcast over it): the same float64 elements as one call, without
+    a float64 copy of every input and of the result at once (an fp32 gradient sum of GPT-2's
+    50257 x 768 embedding: 3 x 309 MB). Not blockable (a single row, an input that is neither
+    sliced nor broadcast): one block, as measure does it."""
+
+    def __init__(self, func: Any, args: tuple, kwargs: dict):
+        self.func, self.args, self.kwargs = func, args, kwargs
+
+    def measure(self, info: Any, out: Any) -> str | None:
+        (name, _, live), = named_returns(info, out)
+        if not isinstance(live, torch.Tensor) or not (live.is_floating_point() or live.is_complex()) \
+                or live.numel() == 0:
+            return None
+        rows = live.shape[0] if live.dim() else 1
+        flat, _ = tree_flatten((self.args, self.kwargs))
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        cut = live.dim() > 0 and all(t.dim() < live.dim() or t.shape[0] in (1, rows) for t in tensors)
+        per_row = max(live.numel() // max(rows, 1), 1)
+        step = max(1, _BLOCK_ELEMENTS // per_row) if cut else rows
+
+        def block(v: Any, i: int) -> Any:
+            if isinstance(v, torch.Tensor) and cut and v.dim() == live.dim() and v.shape[0] == rows and rows > 1:
+                v = v[i:i + step]
+            return _upcast(v)
+        acc = _Errors()
+        try:
+            with torch.no_grad(), _disable_current_modes():
+                for i in range(0, rows, step):
+                    r = self.func(*tree_map(lambda v: block(v, i), self.args),
+                                  **tree_map(lambda v: block(v, i), self.kwargs))
+                    part = live[i:i + step] if cut and step < rows else live
+                    if not isinstance(r, torch.Tensor) or r.shape != part.shape:
+                        return None
+                    acc.add(part, r)
+        except Exception:  # noqa: BLE001 - no float64 kernel (or no such call in fp64): nothing to say
+            return None
+        got = acc.result()
+        return None if got is None else json.dumps({name: got})
 
 
 def _abs(v: Any) -> Any:

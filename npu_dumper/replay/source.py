@@ -1,20 +1,29 @@
-"""Recorded tensors as torch tensors for load-replay: read once, fast, shared.
+"""Recorded tensors as torch tensors for load-replay: read when needed, shared, let go.
 
 A tensor the dump stores once (hard links, views of one base) is handed to every op that
 recorded it as the same torch tensor, so the replay's own dump stores it once too.
-Contiguous datasets are read without h5py: viewed zero-copy in the file mapped
-copy-on-write, or read with os.preadv (h5py holds the GIL and its own lock, which the
-dump's writer thread wants, for a whole dataset read). A prefetch thread may read ahead
-of the model (`prefetch`); the model's thread then finds the tensor by a dict lookup or
-waits for the read in flight.
+Contiguous datasets are read without h5py: each one viewed zero-copy in its own
+copy-on-write mapping of its bytes in the load file (unmapped when the last tensor viewing
+it goes), or read with os.preadv (h5py holds the GIL and its own lock, which the dump's
+writer thread wants, for a whole dataset read). A prefetch thread may read ahead of the
+model (`prefetch`); the model's thread then finds the tensor by a dict lookup or waits for
+the read in flight.
+
+Memory is bounded by the ops in flight, not by the recording: `plan` counts, from the
+index, which recorded ops read each stored tensor; the cache keeps a tensor only while a
+recorded op still to come reads it (`release` after each matched op), and holds at most
+`budget` bytes (read ahead, and kept for a later op: a weight read in the forward and
+again in the backward). Over the budget, the tensor whose next reader is farthest away goes
+first (it is read again from the file, the page cache, if that op comes).
 """
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -26,49 +35,163 @@ from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .recorded import NotReplayable, _base_storage, non_overlapping, tensor_from_record
 
+DEFAULT_BUDGET = 128 << 20
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def tensor_leaves(inputs: dict[str, ValueRecord]) -> Iterable[ValueRecord]:
+    """The tensor records of an op's inputs (lists one level deep)."""
+    for rec in inputs.values():
+        for leaf in (rec.children if rec.is_list else (rec,)):
+            if leaf.is_tensor:
+                yield leaf
+
 
 class RecordedTensors:
-    """The recorded tensors of one load file, cached up to `cache_bytes` (the oldest
-    evicted first)."""
+    """The recorded tensors of one load file: read on demand (or ahead), kept while a
+    recorded op still to come reads them, at most `budget` bytes at once (module doc)."""
 
-    def __init__(self, cache_bytes: int = 1 << 30):
-        self.cache_bytes = cache_bytes
+    def __init__(self, budget: int = DEFAULT_BUDGET):
+        self.budget = budget
         self._file: DumpFile | None = None
         self._cache: dict[Any, torch.Tensor] = {}
-        self._by_path: dict[str, torch.Tensor] = {}              # dataset path -> cached tensor
-        self._cache_bytes = 0
-        self._cache_lock = threading.Lock()
+        self._by_path: dict[str, Any] = {}              # dataset path -> its key (records without ident)
+        self._held = 0                                   # bytes in _cache
+        self._peak_held = 0
+        self._cache_lock = threading.RLock()
         self._bases: dict[Any, tuple[torch.Tensor, int]] = {}   # view bases: one storage each
+        self._base_bytes = 0
+        self._uses: dict[Any, list[int]] = {}   # ident -> indices of the recorded ops still to read it
+        self._base_users: dict[Any, int] = {}   # dataset identity (ident[0]) -> idents in _uses
+        self._planned = False
+        self._frontier = 0                      # the index of the last recorded op matched
         self._inflight: dict[Any, threading.Event] = {}   # idents the prefetch thread is reading
         self._reader_thread: threading.Thread | None = None
-        self._fd = -1                       # raw reads of contiguous datasets (GIL-free pread)
-        self._map: mmap.mmap | None = None  # the load file mapped copy-on-write (zero-copy reads)
+        self._fd = -1                           # raw reads of contiguous datasets (GIL-free pread)
+        self._size = 0
+        self._mapping = False                   # contiguous datasets are mapped (zero-copy)
 
     def open(self, file: DumpFile, path: str) -> None:
         self._file = file
         try:
             self._fd = os.open(path, os.O_RDONLY)
-            size = os.fstat(self._fd).st_size
-            # ACCESS_COPY: private pages, so a write into a handed-on tensor never reaches the file
-            self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_COPY) if size else None
+            self._size = os.fstat(self._fd).st_size
+            self._mapping = self._size > 0 and hasattr(mmap, "ACCESS_COPY")
         except (OSError, ValueError):
-            self._map = None
+            self._mapping = False
             if self._fd >= 0:
                 os.close(self._fd)
             self._fd = -1
 
     def close(self) -> None:
-        self._cache.clear()
-        self._by_path.clear()
-        self._bases.clear()
-        self._cache_bytes = 0
+        with self._cache_lock:
+            self._cache.clear()
+            self._by_path.clear()
+            self._bases.clear()
+            self._uses.clear()
+            self._base_users.clear()
+            self._held = self._base_bytes = 0
         self._file = None
         if self._fd >= 0:
+            # tensors handed to the model (and kept by autograd) keep their own mappings
             os.close(self._fd)
             self._fd = -1
-        # not closed: tensors handed to the model (and kept by autograd) may still view it;
-        # the mapping goes when the last of them does
-        self._map = None
+        self._mapping = False
+
+    # ---- lifetimes -----------------------------------------------------------------
+    def plan(self, entries: Iterable[tuple[int, dict[str, ValueRecord]]]) -> None:
+        """Which recorded ops read each stored tensor: (op index, its input records), in
+        index order. Without a plan every tensor read is cached (up to the budget)."""
+        uses: dict[Any, list[int]] = {}
+        for index, inputs in entries:
+            for leaf in tensor_leaves(inputs):
+                ident = getattr(leaf, "ident", None)
+                if ident is not None:
+                    lst = uses.setdefault(ident, [])
+                    if not lst or lst[-1] != index:
+                        lst.append(index)
+        base_users: dict[Any, int] = {}
+        for ident in uses:
+            base_users[ident[0]] = base_users.get(ident[0], 0) + 1
+        with self._cache_lock:
+            self._uses = uses
+            self._base_users = base_users
+            self._planned = True
+
+    def release(self, index: int, inputs: dict[str, ValueRecord]) -> None:
+        """Recorded op `index` has taken its inputs: a tensor no later recorded op reads is
+        dropped (the op's arguments hold it while it runs)."""
+        with self._cache_lock:
+            self._frontier = max(self._frontier, index)
+            for leaf in tensor_leaves(inputs):
+                ident = getattr(leaf, "ident", None)
+                lst = self._uses.get(ident)
+                if lst is None:
+                    continue
+                i = bisect.bisect_left(lst, index)
+                if i < len(lst) and lst[i] == index:
+                    del lst[i]
+                if not lst:
+                    del self._uses[ident]
+                    self._drop(ident)
+                    n = self._base_users.get(ident[0], 1) - 1
+                    self._base_users[ident[0]] = n
+                    if n <= 0:
+                        self._drop_base(ident[0])
+
+    def _next_use(self, key: Any) -> float:
+        """The index of the next recorded op (at or after the frontier) that reads `key`;
+        inf when none does (an op the live run skipped, or none at all)."""
+        lst = self._uses.get(key)
+        if not lst:
+            return float("inf")
+        i = bisect.bisect_left(lst, self._frontier)
+        return lst[i] if i < len(lst) else float("inf")
+
+    def _drop(self, key: Any) -> None:
+        t = self._cache.pop(key, None)
+        if t is not None:
+            self._held -= _nbytes(t)
+
+    def _drop_base(self, base_key: Any) -> None:
+        """A view base no recorded tensor still to come shares (its dataset's identity)."""
+        got = self._bases.pop(base_key, None)
+        if got is not None:
+            self._base_bytes -= _nbytes(got[0])
+
+    def _keep(self, key: Any, t: torch.Tensor) -> torch.Tensor:
+        """Cache `t` under `key` when a recorded op still to come reads it, within the
+        budget (the farthest next reader's tensor goes first, possibly `t` itself)."""
+        with self._cache_lock:
+            old = self._cache.get(key)
+            if old is not None:
+                return old
+            if self._planned and key not in self._uses:
+                return t                                 # no later op reads it
+            nbytes = _nbytes(t)
+            if nbytes > self.budget:
+                return t
+            mine = self._next_use(key)
+            while self._held + nbytes > self.budget and self._cache:
+                victim = max(self._cache, key=self._next_use)
+                if self._next_use(victim) <= mine:
+                    return t                             # everything held is needed sooner
+                self._drop(victim)
+            self._cache[key] = t
+            self._held += nbytes
+            self._peak_held = max(self._peak_held, self._held)
+            return t
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    @property
+    def peak_held_bytes(self) -> int:
+        return self._peak_held
 
     def prefetch(self, rec: ValueRecord) -> int:
         """Read one recorded tensor into the cache (from the prefetch thread); the bytes read."""
@@ -76,18 +199,21 @@ class RecordedTensors:
         ident = getattr(rec, "ident", None)
         if ident is None or ident in self._cache:
             return 0
+        if self._planned and ident not in self._uses:
+            return 0
         done = self._inflight[ident] = threading.Event()
         try:
             t = self.load(rec)
-            return t.numel() * t.element_size()
+            return _nbytes(t)
         finally:
             done.set()
             self._inflight.pop(ident, None)
 
     def load(self, rec: ValueRecord) -> torch.Tensor:
-        """A recorded tensor (recorded dtype, CPU), cached by its identity: the dump stores a
-        tensor used by several ops once (hard links, views of one base), and handing the same
-        tensor to each lets the dump of the replay store it once too.
+        """A recorded tensor (recorded dtype, CPU), cached by its identity while a later
+        recorded op reads it: the dump stores a tensor used by several ops once (hard links,
+        views of one base), and handing the same tensor to each lets the dump of the replay
+        store it once too.
 
         The prefetch thread calls this ahead of the live stream with records of the index
         (replay_index), which carry the identity and the dataset's place in the file: the
@@ -96,7 +222,8 @@ class RecordedTensors:
         the dump's writer thread holds much of the time)."""
         key = getattr(rec, "ident", None)
         if key is None:
-            t = self._by_path.get(rec.path)
+            key = self._by_path.get(rec.path)
+            t = self._cache.get(key) if key is not None else None
             if t is not None:
                 return t
             try:
@@ -123,21 +250,23 @@ class RecordedTensors:
             if t is not None and tuple(t.shape) != tuple(rec.shape):
                 t = None
         if t is None:
-            t = tensor_from_record(rec, base_cache=self._bases)
-        nbytes = t.numel() * t.element_size()
+            t = self._from_h5py(rec)
+        kept = self._keep(key, t)
+        if kept is t and obj is not None and key in self._cache:
+            self._by_path[rec.path] = key
+        return kept
+
+    def _from_h5py(self, rec: ValueRecord) -> torch.Tensor:
+        """Through h5py (small datasets, views, chunked or converted storage); view bases
+        are shared while their dataset has readers to come, at most `budget` bytes."""
         with self._cache_lock:
-            if key in self._cache:
-                return self._cache[key]
-            while self._cache and self._cache_bytes + nbytes > self.cache_bytes:
-                old_key, old = next(iter(self._cache.items()))
-                del self._cache[old_key]
-                self._cache_bytes -= old.numel() * old.element_size()
-                self._by_path = {p: v for p, v in self._by_path.items() if v is not old}
-            if nbytes <= self.cache_bytes:
-                self._cache[key] = t
-                self._cache_bytes += nbytes
-                if obj is not None:
-                    self._by_path[rec.path] = t
+            n_before = len(self._bases)
+        t = tensor_from_record(rec, base_cache=self._bases)
+        with self._cache_lock:
+            if len(self._bases) != n_before:
+                self._base_bytes = sum(_nbytes(s) for s, _ in self._bases.values())
+                while self._base_bytes > self.budget and self._bases:
+                    self._drop_base(next(iter(self._bases)))
         return t
 
     def _raw_read(self, rec: ValueRecord, obj: Any = None) -> torch.Tensor | None:
@@ -173,18 +302,23 @@ class RecordedTensors:
         stored = _RAW_READ_DTYPES[rec.dtype]
         if dt != stored[0] or not dt.isnative or nbytes < _RAW_READ_MIN_BYTES:
             return None
-        mapped = self._map
-        if mapped is not None and offset % min(dt.itemsize, 8) == 0 and offset + nbytes <= len(mapped):
-            # Zero-copy: the tensor views the page cache (copy-on-write); the bytes are
-            # only touched by the op that reads them, GIL-free. WILLNEED starts readahead
-            # of a file that is not cached yet, without waiting for it.
+        if self._mapping and offset % min(dt.itemsize, 8) == 0 and offset + nbytes <= self._size:
+            # Zero-copy: the tensor views its own mapping of the page cache (copy-on-write, so
+            # a write into it never reaches the file); the bytes are only touched by the op that
+            # reads them, GIL-free, and the mapping (its resident pages) goes with the last
+            # tensor viewing it. WILLNEED starts readahead of a file not cached yet.
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
             try:
-                start = offset - offset % mmap.PAGESIZE
-                mapped.madvise(mmap.MADV_WILLNEED, start, offset + nbytes - start)
-            except (AttributeError, OSError, ValueError):
-                pass
-            return torch.frombuffer(mapped, dtype=stored[1], count=nbytes // dt.itemsize,
-                                    offset=offset).view(shape)
+                mapped = mmap.mmap(self._fd, offset + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+            except (OSError, ValueError):
+                mapped = None
+            if mapped is not None:
+                try:
+                    mapped.madvise(mmap.MADV_WILLNEED)
+                except (AttributeError, OSError, ValueError):
+                    pass
+                return torch.frombuffer(mapped, dtype=stored[1], count=nbytes // dt.itemsize,
+                                        offset=offset - start).view(shape)
         buf = torch.empty(nbytes, dtype=torch.uint8)
         view = memoryview(buf.numpy())
         got = 0
@@ -220,7 +354,15 @@ class RecordedTensors:
                     base = _AttrsOnly(rec.attrs)      # _base_storage reads only its attributes
                 else:
                     base = obj if obj is not None else self._file.h5[rec.path]
-                cached = self._bases[base_key] = _base_storage(rec, base, raw)
+                cached = _base_storage(rec, base, raw)
+                with self._cache_lock:
+                    if self._planned and self._base_users.get(base_key, 0) < 2:
+                        pass                       # no other recorded tensor to come shares it
+                    elif _nbytes(cached[0]) <= self.budget:
+                        self._bases[base_key] = cached
+                        self._base_bytes += _nbytes(cached[0])
+                        while self._base_bytes > self.budget:
+                            self._drop_base(next(iter(self._bases)))
             storage, boff = cached
             return storage.as_strided(shape, stride, int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff)
         except (NotReplayable, RuntimeError, ValueError, KeyError):

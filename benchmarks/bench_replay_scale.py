@@ -1,0 +1,344 @@
+"""Load-replay at the size of a real model: time and peak memory against the plain steps.
+
+Workload: Hugging Face GPT-2 small built from its config (12 layers, 768 wide, 12 heads,
+vocab 50257: 124M parameters; random weights from a fixed seed, no download), one LM
+training step (forward, loss, backward) on 2 x 128 tokens, torch.set_num_threads(1).
+Four kinds of step, each in its own Python process so that each one's peak RSS is its own:
+
+  plain-fp32   the step                              (the dump's 1x)
+  dump         the step under a full dump            -> the golden file replayed below
+  plain-bf16   the step under bf16 autocast          (the replay's 1x)
+  replay       the bf16-autocast step load-replaying the golden file
+
+Each process builds the model, runs one warm-up step of its kind's precision (plain), then
+the measured step; it reports the step's wall time, its own peak RSS (VmHWM, which includes
+the warm-up's), and for dump/replay the dump writer process's peak too. The kinds run one
+after the other, `--rounds` times interleaved, and the ratios are printed side by side.
+
+    python benchmarks/bench_replay_scale.py [--rounds N] [--layers L | --double]
+           [--embd E --heads H --vocab V --batch B --seq S] [--tmp DIR] [--compare]
+           [--profile] [--old-code DIR] [--replay-option NAME=VALUE ...]
+
+--double: 24 layers (how the costs grow with the recording: goal memory flat, time linear).
+--embd/--heads/--vocab/--layers: a smaller model for quick runs (e.g. --layers 2 --embd 256
+  --heads 4 --vocab 8192).
+--compare: `accucmp compare -m replay.h5 -g golden.h5` of the last round: rows, failing rows.
+--profile: the replay step also under cProfile (its top functions by cumulative and own time).
+--old-code DIR: one more kind, `replay-old`: the same replay with PYTHONPATH=DIR (e.g. an
+  export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run.
+--replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal),
+  e.g. max_load_bytes=67108864 or own_error=False.
+BENCH_TRACE_PEAK=1 (environment): the replay step also lists the ops that raised its
+  high-water mark (VmHWM before and after each dispatched op) and by how much.
+"peak at" is where a 20 ms RSS sampler saw the highest RSS (and its anonymous / file-backed
+parts: recorded tensors mapped from the load file are file-backed); "peak RSS" is VmHWM.
+
+The files (the golden dump is ~2.5 GB at GPT-2 small) go into a temporary directory under
+--tmp (default: the system's), removed at the end. On a machine shared with other work the
+seconds move; the ratios of kinds measured in the same round move less. The load average
+(`os.getloadavg`) is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+KINDS = ("plain-fp32", "dump", "plain-bf16", "replay")
+
+
+# ---- the child: one kind of step ------------------------------------------------------
+def _vm_kb(field: str, pid: str = "self") -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _build(cfg: dict):
+    import torch
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=cfg["vocab"], n_positions=max(1024, cfg["seq"]), n_embd=cfg["embd"],
+                        n_layer=cfg["layers"], n_head=cfg["heads"], bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).train()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=gen)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)                 # the same dropout masks in every step
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return float(out.loss)
+    n_params = sum(p.numel() for p in model.parameters())
+    return step, n_params
+
+
+def _writer_peak_kb() -> int:
+    """The pooled dump writer process's peak RSS (0 when there is none)."""
+    try:
+        from dumpfile.write import remote
+        child = remote._pooled
+        if child is not None and child.proc.poll() is None:
+            return _vm_kb("VmHWM", str(child.proc.pid))
+    except Exception:  # noqa: BLE001 - a measurement aid only
+        pass
+    return 0
+
+
+def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: bool) -> dict:
+    import contextlib
+    import io
+    import torch
+    import npu_dumper
+    torch.set_num_threads(1)
+    step, n_params = _build(cfg)
+    bf16 = kind in ("plain-bf16", "replay", "replay-old")
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    with amp():
+        step()                                       # warm-up, plain
+    rss_before = _vm_kb("VmRSS")
+    peak_sampled = [0, 0.0, 0, 0]          # RSS, when, its anonymous and file-backed parts
+    stop = threading.Event()
+
+    def sample():                                    # when in the step the peak falls
+        t0 = time.perf_counter()
+        while not stop.wait(0.02):
+            r = _vm_kb("VmRSS")
+            if r > peak_sampled[0]:
+                peak_sampled[:] = [r, time.perf_counter() - t0, _vm_kb("RssAnon"), _vm_kb("RssFile")]
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    summary = ""
+    writer_kb = 0
+    prof = None
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    if kind.startswith("plain"):
+        with amp():
+            loss = step()
+    elif kind == "dump":
+        with npu_dumper.dumper(use_dump=True, dump_path=golden) as d:
+            loss = step()
+        writer_kb = _writer_peak_kb()          # (back in the pool after the block)
+        summary = f"{d.num_ops} ops"
+    else:
+        buf = io.StringIO()
+        rises = []
+        if os.environ.get("BENCH_TRACE_PEAK"):
+            # which ops raise the high-water mark (VmHWM before and after each replayed op)
+            from npu_dumper.capture.mode import DumpMode
+            dispatch = DumpMode.__torch_dispatch__
+
+            def traced(self, func, types, args=(), kwargs=None):
+                before = _vm_kb("VmHWM")
+                out = dispatch(self, func, types, args, kwargs)
+                after = _vm_kb("VmHWM")
+                if after > before:
+                    rises.append((after - before, after, str(func), 0))
+                return out
+            DumpMode.__torch_dispatch__ = traced
+        if profile:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+        with contextlib.redirect_stdout(buf), amp():
+            with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=out, **options) as d:
+                loss = step()
+                if rises:
+                    rises.append((0, _vm_kb("VmHWM"), "end of step", 0))
+        if rises:
+            rises.append((0, _vm_kb("VmHWM"), "after exit", 0))
+        writer_kb = _writer_peak_kb()
+        summary = buf.getvalue().strip()
+        if rises:
+            ends = rises[-2:]
+            rises = sorted(rises[:-2], reverse=True)
+            summary += " [HWM rises: " + ", ".join(f"{n}: +{r // 1024}M to {a // 1024}M"
+                                                    for r, a, n, q in rises[:8] + ends) + "]"
+        tensors = getattr(d.policies[0], "_tensors", None)
+        if tensors is not None and hasattr(tensors, "peak_held_bytes"):
+            summary += f" [recorded tensors held: peak {tensors.peak_held_bytes / 2**20:.0f} MiB]"
+        if prof is not None:
+            prof.disable()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    stop.set()
+    sampler.join()
+    res = {"kind": kind, "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
+           "rss_before_kb": rss_before, "peak_at_s": peak_sampled[1],
+           "peak_anon_kb": peak_sampled[2], "peak_file_kb": peak_sampled[3], "writer_peak_kb": writer_kb,
+           "loss": loss, "params": n_params, "summary": summary}
+    for path in (golden if kind == "dump" else out,):
+        if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
+            res["file_bytes"] = os.path.getsize(path)
+    if prof is not None:
+        import pstats
+        s = io.StringIO()
+        st = pstats.Stats(prof, stream=s)
+        st.sort_stats("cumulative").print_stats(30)
+        st.sort_stats("tottime").print_stats(25)
+        res["profile"] = s.getvalue()
+    return res
+
+
+# ---- the parent ---------------------------------------------------------------------
+def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pythonpath: str,
+               golden: str) -> dict:
+    out = os.path.join(tmp, f"{kind}.h5")
+    if os.path.exists(out):
+        os.remove(out)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, HERE]), HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS="1")
+    spec = json.dumps({"kind": "replay" if kind == "replay-old" else kind, "cfg": cfg, "golden": golden,
+                       "out": out, "options": options, "profile": profile})
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind}: child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["kind"] = kind
+    return res
+
+
+def _compare(tmp: str, kind: str, golden: str) -> str:
+    out = os.path.join(tmp, f"{kind}_compare")
+    os.makedirs(out, exist_ok=True)
+    code = "import sys; from accucmp.cli.main import main; sys.argv[0] = 'accucmp'; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", code, "compare", "-m", os.path.join(tmp, f"{kind}.h5"),
+                           "-g", golden, "-o", out],
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    return f"exit {proc.returncode}: " + (tail[-1] if tail else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--double", action="store_true", help="twice the layers")
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--tmp", default=None)
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--old-code", default=None)
+    ap.add_argument("--replay-option", action="append", default=[])
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--golden", default=None, help="keep the golden dump here; an existing one is "
+                    "replayed as it is (the dump kind is then not run unless --kinds names it)")
+    a = ap.parse_args()
+    if a.child:
+        spec = json.loads(a.child)
+        res = child(spec["kind"], spec["cfg"], spec["golden"], spec["out"], spec["options"], spec["profile"])
+        print(json.dumps(res))
+        return
+    cfg = {"layers": a.layers * (2 if a.double else 1), "embd": a.embd, "heads": a.heads,
+           "vocab": a.vocab, "batch": a.batch, "seq": a.seq}
+    options = {}
+    for o in a.replay_option:
+        k, _, v = o.partition("=")
+        options[k] = ast.literal_eval(v)
+    kinds = [k for k in a.kinds.split(",") if k]
+    if a.old_code:
+        kinds.insert(kinds.index("replay") + 1 if "replay" in kinds else len(kinds), "replay-old")
+    if a.golden and os.path.exists(a.golden) and a.kinds == ",".join(KINDS):
+        kinds.remove("dump")
+    if "dump" not in kinds and any(k.startswith("replay") for k in kinds) and not (
+            a.golden and os.path.exists(a.golden)):
+        raise SystemExit("the replay kinds need the dump kind (it writes the golden file) or --golden")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    tmp = tempfile.mkdtemp(prefix="bench_replay_scale_", dir=a.tmp)
+    golden = os.path.abspath(a.golden) if a.golden else os.path.join(tmp, "golden.h5")
+    try:
+        for r in range(a.rounds):
+            for kind in kinds:
+                path = a.old_code if kind == "replay-old" else ROOT
+                res = _run_child(kind, cfg, tmp, options if kind == "replay" else {}, a.profile, path, golden)
+                runs[kind].append(res)
+                print(f"  round {r + 1} {kind:11s} {res['wall_s']:7.2f} s  {res['peak_kb'] / 1024:7.0f} MB",
+                      flush=True)
+            if a.compare:
+                for kind in kinds:
+                    if kind.startswith("replay"):
+                        print(f"  compare {kind}: {_compare(tmp, kind, golden)}")
+                if "replay" in kinds and "replay-old" in kinds:
+                    from check_replay_verdicts import diff_rows
+                    rows = {}
+                    for kind in ("replay", "replay-old"):
+                        d = os.path.join(tmp, f"{kind}_compare")
+                        with open(os.path.join(d, next(f for f in os.listdir(d) if f.endswith(".csv"))),
+                                  newline="") as f:
+                            rows[kind] = list(csv.DictReader(f))
+                    problems, cols = diff_rows(rows["replay-old"], rows["replay"])
+                    print(f"  replay vs replay-old CSV: {len(rows['replay'])} rows, "
+                          f"{'SAME rows and results' if not problems else 'DIFFER: ' + '; '.join(problems[:5])}; "
+                          "other columns that differ: "
+                          + (", ".join(f"{c} (max rel {v:.1e})" for c, v in sorted(cols.items())) or "none"))
+            for kind in kinds:                     # each round's replay files go; the golden stays
+                if kind.startswith("replay"):
+                    p = os.path.join(tmp, f"{kind}.h5")
+                    if os.path.exists(p):
+                        os.remove(p)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    first = runs[kinds[0]][0]
+    print(f"\nGPT-2 from its config: {cfg['layers']} layers, {cfg['embd']} wide, {cfg['heads']} heads, "
+          f"vocab {cfg['vocab']} ({first['params'] / 1e6:.0f}M parameters), batch {cfg['batch']} x "
+          f"{cfg['seq']} tokens, one training step, 1 thread; median of {a.rounds} round(s)")
+    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "plain-bf16": "plain-bf16",
+            "replay": "plain-bf16", "replay-old": "plain-bf16"}
+    kinds = [k for k in kinds if runs[k]]
+    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
+          f"{'writer RSS':>10s} {'file':>9s}  peak at")
+    for kind in kinds:
+        rs = runs[kind]
+        ref = runs.get(base[kind])
+        wall = statistics.median(x["wall_s"] for x in rs)
+        peak = statistics.median(x["peak_kb"] for x in rs) / 1024
+        if ref:
+            tr = statistics.median(x["wall_s"] / y["wall_s"] for x, y in zip(rs, ref))
+            mr = statistics.median(x["peak_kb"] / y["peak_kb"] for x, y in zip(rs, ref))
+        else:
+            tr = mr = float("nan")
+        wk = rs[-1].get("writer_peak_kb", 0) / 1024
+        fb = rs[-1].get("file_bytes", 0) / 1e9
+        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
+              f"{(f'{wk:.0f}M' if wk else '-'):>10s} {(f'{fb:.2f}GB' if fb else '-'):>9s}  "
+              f"{rs[-1]['peak_at_s']:.1f}s of the step (anon {rs[-1]['peak_anon_kb'] / 1024:.0f}M, "
+              f"file {rs[-1]['peak_file_kb'] / 1024:.0f}M)")
+    for kind in kinds:
+        if runs[kind][-1].get("summary"):
+            print(f"  {kind}: {runs[kind][-1]['summary']}")
+        if runs[kind][-1].get("profile"):
+            print(f"--- cProfile of {kind} ---\n{runs[kind][-1]['profile']}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
