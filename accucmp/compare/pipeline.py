@@ -180,7 +180,9 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     metric_cols = list(algs)
     work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios,
                  structure="" if m.replay else structure_differs(m.pairs),
-                 structural=frozenset() if m.replay else structural_pairs(m.pairs))
+                 # (a compiled step against an eager one: ops outside the compiled graphs and
+                 # values a fused kernel never materialises have no partner by design)
+                 structural=frozenset() if m.replay or _compiled(tf, gf) else structural_pairs(m.pairs))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
@@ -208,6 +210,10 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     if departures:
         meta["departures"] = len(departures)
     return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit, departures)
+
+
+def _compiled(*files: DumpFile) -> bool:
+    return any(f.attrs.get(S.ROOT_COMPILED) for f in files)
 
 
 def structure_differs(pairs) -> str:

@@ -61,8 +61,9 @@ def _live_text(v: Any) -> Any:
 
 
 class DepartureLog:
-    def __init__(self, check_inputs: bool = True):
+    def __init__(self, check_inputs: bool = True, structure: bool = True):
         self.check_inputs = check_inputs
+        self.structure = structure          # record inserted and missing ops
         self.rows: list[dict[str, Any]] = []
         self.counts: Counter = Counter()
         self._made: dict[int, str] = {}          # storage address -> _REPLAYED / _INSERTED / a leaf's made_by
@@ -103,6 +104,9 @@ class DepartureLog:
             # a cast: its output is what its input was (a cast of a parameter is still a
             # parameter, a cast of an activation an activation)
             ev.notes["replay_made"] = self._made_of(live or {})
+            return
+        if not self.structure:
+            ev.notes["replay_made"] = _REPLAYED
             return
         row = self._add(ev, D.INSERTED, reason=why)
         # a departure once a replayed op reads what it made (check_input marks it): an op
@@ -276,7 +280,7 @@ class DepartureLog:
                 return True
             return D.is_by_design_op(name) or _holds_dtensor(entry)
 
-        unused = [e for e in order if not e.used and not by_design(e)]
+        unused = [e for e in order if not e.used and not by_design(e)] if self.structure else []
         rows = []
         tail = [e for e in unused if e.index > last]
         for entry in unused:
