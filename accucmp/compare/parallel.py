@@ -42,10 +42,14 @@ def _safe_to_fork() -> bool:
     outlives a folder compare's client (distributed keeps it for the process); without a
     client (whose event-loop thread would be listed) nothing hands it work, and it never
     touches HDF5."""
+    return threading.current_thread() is threading.main_thread() and not blocking_threads()
+
+
+def blocking_threads() -> list[threading.Thread]:
+    """The threads (other than this one) that make forking unsafe (see _safe_to_fork)."""
     me = threading.current_thread()
-    return me is threading.main_thread() and all(
-        t is me or (t.daemon and (t.name == IDLE_DUMPER_THREAD_NAME or t.name.startswith(_DASK_OFFLOAD)))
-        for t in threading.enumerate())
+    return [t for t in threading.enumerate()
+            if not (t is me or (t.daemon and (t.name == IDLE_DUMPER_THREAD_NAME or t.name.startswith(_DASK_OFFLOAD))))]
 
 
 _DASK_OFFLOAD = "Dask-Offload"
