@@ -303,3 +303,13 @@ def device_type_code(device: str) -> int:
 
 def op_group_path(op: str, seqid: int) -> str:
     return f"/{op}/{int(seqid)}"
+
+
+# a seqid group's name: ASCII digits, an int64 (str.isdigit() also takes "²" and "１２",
+# which int() refuses, and a 23-digit name overflowed numpy's int64 deep in a reader)
+MAX_SEQID_DIGITS = 18
+
+
+def is_seqid_name(name: str | bytes) -> bool:
+    """True when `name` is the name of a seqid group (/{op}/{seqid}): 1-18 ASCII digits."""
+    return 0 < len(name) <= MAX_SEQID_DIGITS and name.isascii() and name.isdigit()

@@ -24,6 +24,7 @@ import numpy as np
 from h5py import h5s, h5t
 
 from . import schema as S
+from . import jsontext
 from dumpfile.read.recovery import readable_rows
 from .write.writer import new_table
 
@@ -131,7 +132,7 @@ def _s(v: Any) -> str:
 
 
 def decode_value(type_code: int, text: str) -> Any:
-    v = json.loads(text) if text else None
+    v = jsontext.loads(text) if text else None
     if type_code == S.TYPE_COMPLEX and isinstance(v, list) and len(v) == 2:
         return complex(v[0], v[1])
     return v
@@ -155,7 +156,7 @@ class StatsTable:
         if S.OP_ATTRS_PATH in h5:
             for r in h5[S.OP_ATTRS_PATH][()]:
                 try:
-                    val = json.loads(_s(r["value"]))
+                    val = jsontext.loads(_s(r["value"]))
                 except ValueError:
                     val = _s(r["value"])
                 self.op_attrs.setdefault(int(r["seqid"]), {})[_s(r["name"])] = val

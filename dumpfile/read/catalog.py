@@ -19,7 +19,6 @@ file's (a tool rewrote it: h5repack) is not used for offsets (`offsets_hold`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -30,6 +29,7 @@ from h5py import h5l, h5o
 
 from dumpfile import schema as S
 from dumpfile import h5direct
+from dumpfile import jsontext
 from dumpfile.read import objheader
 from dumpfile.read.lowlevel import contiguous_offset
 from dumpfile.read.reader import DumpFile, ValueRecord
@@ -130,7 +130,7 @@ def read_catalog(f: DumpFile, group: str = S.INPUT_GROUP) -> dict[str, dict[str,
     out: dict[str, dict[str, ValueRecord] | None] = {}
     for path, raw in rows.items():
         try:
-            out[path] = (_group_records(f, f"{path}/{group}", json.loads(raw)[key], hashed, placed)
+            out[path] = (_group_records(f, f"{path}/{group}", jsontext.loads(raw)[key], hashed, placed)
                          if raw else None)
         except _CAT_ERRORS:
             out[path] = None        # not described, or malformed: walk this op
@@ -246,7 +246,7 @@ def op_values(f: DumpFile, op, eager: int = 0, op_id=None) -> tuple[dict, dict] 
     if not raw:
         return None
     try:
-        d = json.loads(raw)
+        d = jsontext.loads(raw)
         st = _state(f)
         base = op.path
         with _SideGroup(f, op_id, base, S.INPUT_GROUP) as ins, _SideGroup(f, op_id, base, S.OUTPUT_GROUP) as outs:
@@ -377,7 +377,7 @@ def described_rows(f: DumpFile) -> DescribedRows | None:
 def parse_row(text) -> dict | None:
     """One row parsed: its dict, None when it is not a JSON object."""
     try:
-        d = json.loads(text)
+        d = jsontext.loads(text)
     except (ValueError, RecursionError):
         return None
     return d if isinstance(d, dict) else None

@@ -32,9 +32,9 @@ from dumpfile.read.values import (  # noqa: F401  (public here too: DumpFile's h
     DECODED_NUMPY_DTYPE, _WIDE_OK, _strides_are_dense, chunk_slabs, decode_raw, view_of)
 from dumpfile.read.h5util import (  # noqa: F401
     H5_ERRORS, READ_ERRORS, _attr_str, corrupt_dump_error, existing, h5_errors, h5_message, members,
-    ordered_names, suffix_index)
+    ordered_names, suffix_index, view_base)
 from dumpfile.read.records import (  # noqa: F401  (public here too)
-    OpRecord, TableValueRecord, ValueRecord, _LazyOpRecord, _TableOpRecord, _guarded, type_code)
+    OpRecord, TableValueRecord, ValueRecord, _LazyOpRecord, _TableOpRecord, _guarded, check_kind, type_code)
 
 
 class DumpFile:
@@ -181,7 +181,7 @@ class DumpFile:
             if op_name == S.META_GROUP or not isinstance(link, h5py.Group):
                 continue
             for seq in link.keys():
-                if seq.isdigit():
+                if S.is_seqid_name(seq):
                     return True
         return False
 
@@ -242,7 +242,7 @@ class DumpFile:
             if not isinstance(grp, h5py.Group):
                 continue
             for seq in grp.keys():
-                if seq.isdigit():
+                if S.is_seqid_name(seq):
                     found.append((op_name, int(seq)))
         return opindex.from_walk(self, found, _LazyOpRecord)
 
@@ -295,22 +295,32 @@ class DumpFile:
         grp = existing(self.h5, group_path)
         if grp is None:
             return {}
-        names = ordered_names(list(grp.keys()), grp.attrs.get("order"))
+        if not isinstance(grp, h5py.Group):
+            raise DumpFormatError(f"{self.path}: {group_path} is a dataset where an op's input/output group "
+                                  "belongs; refused")
+        names = list(grp.keys())
+        safety.check_members(self.path, len(names), group_path)
+        names = ordered_names(names, grp.attrs.get("order"))
         return {name: self._record(f"{group_path}/{name}", name) for name in names}
 
     @_guarded
     def _record(self, path: str, name: str) -> ValueRecord:
+        safety.check_levels(self.path, path.count("/"), path)
         obj = self.h5[path]
+        safety.check_attributes(self.path, len(obj.attrs), path)
         attrs = dict(obj.attrs)
+        is_group = isinstance(obj, h5py.Group)
         code = attrs.get(S.ATTR_TYPE)
         if code is None:
-            code = S.TYPE_LIST if isinstance(obj, h5py.Group) else S.TYPE_TENSOR
+            code = S.TYPE_LIST if is_group else S.TYPE_TENSOR
         else:
             code = type_code(code, f"{self.path}: {path}")
+        check_kind(self.path, path, code, is_group)
         rec = ValueRecord(self, path, name, code, attrs)
-        if isinstance(obj, h5py.Group):
-            kids = sorted(obj.keys(), key=suffix_index)
-            rec.children = [self._record(f"{path}/{k}", k) for k in kids]
+        if is_group:
+            kids = list(obj.keys())
+            safety.check_members(self.path, len(kids), path)
+            rec.children = [self._record(f"{path}/{k}", k) for k in sorted(kids, key=suffix_index)]
         return rec
 
     def read_value(self, rec: ValueRecord) -> Any:
@@ -349,23 +359,7 @@ class DumpFile:
 
     @_guarded
     def _resolve_base(self, rec: ValueRecord) -> h5py.Dataset:
-        obj = self.h5[rec.path]
-        ref = obj[()]
-        if isinstance(ref, h5py.Reference) and ref:
-            try:
-                base = self.h5[ref]
-            except (ValueError, KeyError):
-                base = None
-            if isinstance(base, h5py.Dataset):
-                # a reference may reach a dataset no link names: check_file did not see it
-                safety.check_dataset(base.id, self.path, f"{rec.path} (its base)")
-                return base
-        base_path = _attr_str(rec.attrs.get(S.ATTR_BASE, ""))
-        if base_path and base_path in self.h5:
-            return self.h5[base_path]
-        raise DumpFormatError(
-            f"{self.path}: {rec.path} is a view of {base_path or 'a dataset'} that is not in this file "
-            "(copy with `accucmp extract` or `h5copy -f ref`)")
+        return view_base(self.h5, self.path, self.h5[rec.path], rec.attrs.get(S.ATTR_BASE))
 
     @_guarded
     def _read_view(self, rec: ValueRecord) -> np.ndarray:

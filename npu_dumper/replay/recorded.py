@@ -18,9 +18,9 @@ import h5py
 import numpy as np
 import torch
 
-from dumpfile.read import safety
 from dumpfile import schema as S
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, DumpFormatError
+from dumpfile.read.h5util import view_base
 from dumpfile.read.reader import OpRecord, ValueRecord
 
 from ..capture.opschema import op_info
@@ -133,21 +133,10 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     reasons, not crashes. (dumpfile.view_of does the same in numpy, far slower on
     large bases: it proves density with np.unique.)"""
     h5 = rec.file.h5
-    ref = h5[rec.path][()]
-    base = None
     try:
-        base = h5[ref] if ref else None
-    except (ValueError, KeyError, TypeError):
-        base = None
-    if isinstance(base, h5py.Dataset):
-        # a reference may reach a dataset no link names (DumpFile's check did not see it)
-        safety.check_dataset(base.id, rec.file.path, f"{rec.path} (its base)")
-    if base is None:
-        bpath = rec.attrs.get(S.ATTR_BASE, "")
-        bpath = bpath.decode() if isinstance(bpath, bytes) else str(bpath)
-        if not bpath or bpath not in h5:
-            raise NotReplayable(f"{rec.name}: view of {bpath or 'a dataset'} that is not in this file")
-        base = h5[bpath]
+        base = view_base(h5, rec.file.path, h5[rec.path], rec.attrs.get(S.ATTR_BASE))
+    except DumpFormatError as e:
+        raise NotReplayable(f"{rec.name}: {e}") from None
     key = hash(base.id)
     cached = base_cache.get(key) if base_cache is not None else None
     if cached is None:
