@@ -189,7 +189,9 @@ class DumpFile:
     @cached_property
     def _table(self) -> T.StatsTable:
         try:
-            return T.StatsTable(self.h5, complete=self.complete)
+            return T.StatsTable(self.h5, complete=self.complete, path=self.path)
+        except DumpFormatError:
+            raise
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             if raised_by_h5py(e):
                 raise corrupt_dump_error(self.path, e, "the statistics table") from e

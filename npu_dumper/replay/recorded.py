@@ -21,6 +21,7 @@ import torch
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.h5util import view_base
+from dumpfile.read.values import check_stored_dtype
 from dumpfile.read.reader import OpRecord, ValueRecord
 
 from ..capture.opschema import op_info
@@ -117,6 +118,10 @@ def _stored_tensor(ds: Any) -> torch.Tensor:
     name = ds.attrs.get(S.ATTR_DTYPE, "")
     name = name.decode() if isinstance(name, bytes) else str(name)
     data = ds[()]
+    try:
+        check_stored_dtype(data.dtype, ds.name)
+    except DumpFormatError as e:
+        raise NotReplayable(str(e)) from None
     if name in S.RAW_BIT_DTYPES:
         return _raw_bits_tensor(data, torch_dtype(name))
     if name == "complex32":
