@@ -105,8 +105,10 @@ def _index_blocks(ds: h5py.Dataset, complete: bool):
 def _check_index_type(path: str, ds) -> None:
     """The index must be a 1-d table with the index's fields, seqid and phase integers (a
     damaged or hostile file's other type surfaced as numpy's IndexError, an internal error)."""
+    if not isinstance(ds, h5py.Dataset):
+        raise DumpFormatError(f"{path}: {S.INDEX_PATH}: a group where the op index (a table) belongs; refused")
     fields = ds.dtype.names or ()
-    if not isinstance(ds, h5py.Dataset) or len(ds.shape or ()) != 1 or not set(S.INDEX_FIELDS) <= set(fields) \
+    if len(ds.shape or ()) != 1 or not set(S.INDEX_FIELDS) <= set(fields) \
             or ds.dtype["seqid"].kind not in "iu" or ds.dtype["phase"].kind not in "iu":
         raise DumpFormatError(f"{path}: {S.INDEX_PATH}: not an op index (a table of "
                               f"{', '.join(S.INDEX_FIELDS)}; found {printable(str(ds.dtype))[:80]}); refused")
