@@ -35,7 +35,7 @@ from dumpfile import DumpFile, DumpWriter, view_of
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError, raised_by_h5py
 from dumpfile.printable import printable
-from dumpfile.safe_output import OutputBudget
+from dumpfile.safe_output import IN_PROGRESS, WRITTEN, OutputBudget
 from dumpfile.read.h5util import view_base
 from dumpfile.read.reader import (H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members,
                                   type_code)
@@ -302,6 +302,7 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
                 raise DumpWriteError(f"{output_path}: cannot write in {os.path.dirname(output_path) or '.'} "
                                      f"({e.strerror or e})") from e
             os.close(fd)
+            IN_PROGRESS.add(tmp)          # (a Ctrl-C removes it: dumpfile.interrupts)
             try:
                 with DumpWriter(tmp, mode=mode, root_attrs=root) as w:
                     if old:
@@ -328,6 +329,9 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
     except OSError as e:
         os.unlink(tmp)
         raise DumpWriteError(f"{output_path}: cannot replace it ({e.strerror or e})") from e
+    finally:
+        IN_PROGRESS.discard(tmp)
+    WRITTEN.append(os.fspath(output_path))
     return written
 
 
