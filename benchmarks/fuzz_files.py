@@ -774,7 +774,7 @@ def make_mutant(kind: str, seeds: dict, dst: str, rng: random.Random) -> str:
 
 
 def fuzz(seeds: dict, work: str, pairs: int, seed: int, timeout: float, commands: list[str] | None,
-         use_exec: bool, log=print) -> dict:
+         use_exec: bool, log=lambda m: print(m, flush=True)) -> dict:
     rng = random.Random(seed)
     with open(seeds["acl"]) as f:
         acl = f.read().replace("kd", "kd_fuzz")
@@ -818,6 +818,7 @@ def fuzz(seeds: dict, work: str, pairs: int, seed: int, timeout: float, commands
             if outcome in BAD and len(examples[outcome]) < 200:
                 tail = " | ".join(ln for ln in err.strip().splitlines()[-2:])[:300]
                 examples[outcome].append(f"{c} on {kind} [{desc}] (m{mutant_no}): {tail}")
+                log(f"[{outcome}] {examples[outcome][-1]}")
             if n % 100 == 0:
                 log(f"  {n} pairs: {dict(counts)}")
         if not any(o in BAD for o in by_cmd_outcomes(examples, mutant_no)):

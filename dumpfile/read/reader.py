@@ -25,6 +25,7 @@ import numpy as np
 from dumpfile import schema as S
 from dumpfile.read import opindex, recovery
 from dumpfile.read import safety
+from dumpfile import watchdog
 from dumpfile import stats_table as T
 from dumpfile.errors import DumpFormatError, raised_by_h5py
 
@@ -45,6 +46,7 @@ class DumpFile:
         (safety.check_listing); call check_all() before reading anything else."""
         self.path = os.fspath(path)
         self._checked = False
+        watchdog.reading(self.path)            # named if HDF5 stalls on it (dumpfile.watchdog)
         # before anything opens it (h5py.is_hdf5 too): a FIFO would block forever
         safety.check_regular(self.path)
         try:
