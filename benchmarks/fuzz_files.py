@@ -651,6 +651,11 @@ def _run_in_child(argv: list[str], out: str) -> int:
     """In the forked child: run one command; the exit code as the CLI would give it."""
     import traceback
     try:
+        if argv[0] in ("accucmp", "ir2tbe"):
+            # as the accucmp program runs (accucmp/cli/entry.py): a loop inside HDF5 is cut
+            # by the watchdog (dumpfile.watchdog), here at half the pair's time limit
+            from dumpfile import watchdog
+            watchdog.supervise(argv[0], seconds=float(os.environ.get("FUZZ_STALL_SECONDS", "30")))
         if argv[0] == "accucmp":
             from accucmp.cli.main import main
             main(argv[1:])
@@ -842,9 +847,18 @@ def main() -> None:
     ap.add_argument("--commands", help="comma-separated subset of: " + ",".join(COMMANDS))
     ap.add_argument("--exec", action="store_true", help="real processes instead of forks of this one")
     ap.add_argument("--show", default=",".join(BAD), help="outcomes whose examples to print")
+    ap.add_argument("--json", help="also write the counts and examples here")
     a = ap.parse_args()
     work = a.keep or tempfile.mkdtemp(prefix="fuzz_files_")
     os.environ.setdefault("XDG_STATE_HOME", os.path.join(work, "state"))
+    os.environ["FUZZ_STALL_SECONDS"] = str(max(1.0, a.timeout / 2))
+    # the seeds are made in a child: torch's thread pools must not be running in the
+    # process every pair is forked from
+    import subprocess
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {ROOT!r}); "
+                    f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+                    f"import fuzz_files; fuzz_files.build_seeds({os.path.join(work, 'seeds')!r})"],
+                   check=True, stdout=subprocess.DEVNULL)
     seeds = build_seeds(os.path.join(work, "seeds"))
     # everything a child runs, imported once before the forks
     import torch  # noqa: F401
@@ -865,6 +879,9 @@ def main() -> None:
         for e in res["examples"].get(o, [])[:40]:
             print(f"[{o}] {e}")
     print(f"files: {work}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
