@@ -139,8 +139,7 @@ def from_index(file, h5: h5py.File, record_cls, complete: bool, is_table: bool) 
     row = np.arange(len(cols["seqid"]), dtype=np.int64)
     if not is_table and len(row):
         keep, unindexed = _present(h5, names, cols["op"], cols["seqid"], complete)
-        if complete:
-            _check_agreement(file.path, names, cols, unindexed)
+        _check_agreement(file.path, names, cols, unindexed)     # (unindexed: complete files only)
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
             row = row[keep]
