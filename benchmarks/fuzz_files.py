@@ -517,6 +517,12 @@ H5_MUTATIONS = [m_type_array, m_type_other, m_shape, m_stride, m_dtype_attr, m_d
                 m_op_group_gone, m_json_attr, m_stats_table, m_links, m_order_attr]
 
 
+# the share of h5 mutants made by byte edits (the rest: h5py edits), and the kinds drawn
+BYTE_EDITS = 0.3
+MUTANT_KINDS = [*(k for k in ("target", "reference", "stats", "stats_ref", "replay", "legacy", "golden",
+                              "extract") for _ in range(3)), "kernels", "csv"]
+
+
 def byte_mutation(path: str, rng: random.Random) -> str:
     size = os.path.getsize(path)
     what = rng.choice(["flip", "flip", "truncate", "zero_page", "zero_page"])
@@ -763,7 +769,7 @@ def make_mutant(kind: str, seeds: dict, dst: str, rng: random.Random) -> str:
         return kernel_mutation(dst, rng)
     if kind == "csv":
         return csv_mutation(dst, rng)
-    if rng.random() < 0.3:
+    if rng.random() < BYTE_EDITS:
         return byte_mutation(dst, rng)
     for _ in range(8):
         m = rng.choice(H5_MUTATIONS)
@@ -794,7 +800,7 @@ def fuzz(seeds: dict, work: str, pairs: int, seed: int, timeout: float, commands
     n = 0
     mutant_no = 0
     while n < pairs:
-        kind = rng.choice(list(H5_KINDS) * 3 + ["kernels", "csv"])
+        kind = rng.choice(MUTANT_KINDS)
         cmds = [c for c in names if kind in COMMANDS[c][0]]
         if not cmds:
             continue
@@ -848,7 +854,16 @@ def main() -> None:
     ap.add_argument("--exec", action="store_true", help="real processes instead of forks of this one")
     ap.add_argument("--show", default=",".join(BAD), help="outcomes whose examples to print")
     ap.add_argument("--json", help="also write the counts and examples here")
+    ap.add_argument("--mutations", help="only these h5py edits (comma-separated m_* names); no byte edits")
+    ap.add_argument("--kinds", help="only mutants of these seed kinds (comma-separated)")
     a = ap.parse_args()
+    if a.mutations:
+        global H5_MUTATIONS, BYTE_EDITS
+        H5_MUTATIONS = [m for m in H5_MUTATIONS if m.__name__ in a.mutations.split(",")]
+        BYTE_EDITS = 0.0
+    if a.kinds:
+        global MUTANT_KINDS
+        MUTANT_KINDS = [k for k in MUTANT_KINDS if k in a.kinds.split(",")]
     work = a.keep or tempfile.mkdtemp(prefix="fuzz_files_")
     os.environ.setdefault("XDG_STATE_HOME", os.path.join(work, "state"))
     os.environ["FUZZ_STALL_SECONDS"] = str(max(1.0, a.timeout / 2))
