@@ -885,8 +885,12 @@ def main() -> None:
     t0 = time.time()
     res = fuzz(seeds, os.path.join(work, "runs"), a.pairs, a.seed, a.timeout,
                a.commands.split(",") if a.commands else None, a.exec)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    res["cpu_seconds"] = round(kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime, 1)
     print(f"{res['pairs']} (mutant, command) pairs over {res['mutants']} mutants, seed {a.seed}, "
-          f"{time.time() - t0:.0f} s wall, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+          f"{res['cpu_seconds']:.0f} s CPU (seeds included), {time.time() - t0:.0f} s wall, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}")
     print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(res["counts"].items())))
     for c, v in sorted(res["by_command"].items()):
         print(f"  {c:15s} " + ", ".join(f"{k} {n}" for k, n in sorted(v.items())))
