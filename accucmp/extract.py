@@ -185,9 +185,9 @@ class _Copier:
             raw = decode_raw(raw, dtype)
         shape = tuple(int(x) for x in np.asarray(attrs.get(S.ATTR_SHAPE, ())).reshape(-1))
         data = view_of(raw, np.asarray(S.live_stride(base.attrs), dtype=np.int64),
-                       int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), shape,
+                       S.storage_offset(base.attrs, f"{self.src_path}: {base.name}"), shape,
                        np.asarray(S.live_stride(attrs), dtype=np.int64),
-                       int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=where)
+                       S.storage_offset(attrs, where), where=where)
         if dtype == "complex32":
             data = np.stack([data.real, data.imag], axis=-1).astype(np.float16)
         ds = parent.create_dataset(name, data=np.ascontiguousarray(data))

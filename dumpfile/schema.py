@@ -293,6 +293,23 @@ def live_stride(attrs) -> tuple[int, ...]:
         return tuple(int(x) for x in _np.asarray(v).reshape(-1))
 
 
+def storage_offset(attrs, where: str = "") -> int:
+    """A value's `storage_offset` attribute (0 when absent) as one integer; a file's other
+    value (an array, a string, a float) raised TypeError/ValueError deep in the readers
+    and in load-replay's step. Refused (DumpFormatError) naming `where`."""
+    v = attrs.get(ATTR_STORAGE_OFFSET, 0)
+    try:
+        import numpy as _np
+        a = _np.asarray(v)
+        if a.dtype.kind in "iu" and a.size == 1 and a.ndim <= 1:
+            return int(a.reshape(()))
+    except (TypeError, ValueError):
+        pass
+    from .errors import DumpFormatError
+    raise DumpFormatError(f"{where + ': ' if where else ''}its {ATTR_STORAGE_OFFSET} attribute "
+                          f"{str(v)[:40]!r} is not one integer; refused")
+
+
 def data_type_code(dtype_name: str) -> int:
     return DATA_TYPE_CODES.get(dtype_name, DATA_TYPE_UNKNOWN)
 

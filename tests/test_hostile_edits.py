@@ -323,3 +323,30 @@ def test_convert_refuses_a_tensor_in_the_holes_of_a_sparse_file(tmp_path):
     r = runner.invoke(app, ["convert", "-d", str(folder), "-out", str(tmp_path / "npy"), "-q"])
     assert r.exit_code == 2 and "holes of a sparse file" in r.output, r.output
     assert not any(f.endswith(".npy") for _, _, fs in os.walk(tmp_path / "npy") for f in fs)
+
+
+@pytest.mark.parametrize("value", ["abc", "float32", "1.5"])
+def test_report_refuses_a_result_csv_whose_seqid_is_not_a_number(dumps, tmp_path, value):
+    import glob
+
+    import pandas as pd
+
+    golden, target = dumps
+    assert runner.invoke(app, ["compare", "-m", target, "-g", golden, "-out", str(tmp_path / "c"), "-q"]).exit_code == 1
+    csv = glob.glob(str(tmp_path / "c" / "*.csv"))[0]
+    table = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    table.loc[len(table) // 2, "SeqId"] = value
+    table.to_csv(csv, index=False)
+    line = _refused(["report", csv, "-out", str(tmp_path / "r"), "-q", "--format", "html"], csv)
+    assert "SeqId" in line
+
+
+def test_a_storage_offset_that_is_not_one_integer_is_refused(dumps, tmp_path):
+    golden, _ = dumps
+    path = _copy(golden, tmp_path)
+    victim = _make_view(path, "string")
+    with h5py.File(path, "a") as h5:          # a view of a real tensor, with a bad offset
+        base = _first(path, lambda n, o: isinstance(o, h5py.Dataset) and n.endswith("input/self"))
+        h5[victim][()] = h5[base].ref
+        h5[victim].attrs[S.ATTR_STORAGE_OFFSET] = [1 << 40]
+    assert "storage_offset" in _refused(["ls", path, "--stats", "--plain"], path)

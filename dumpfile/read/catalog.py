@@ -30,6 +30,7 @@ from h5py import h5l, h5o
 from dumpfile import schema as S
 from dumpfile import h5direct
 from dumpfile import jsontext
+from dumpfile.errors import DumpFormatError
 from dumpfile.read import objheader
 from dumpfile.read.lowlevel import contiguous_offset
 from dumpfile.read.reader import DumpFile, ValueRecord
@@ -38,7 +39,7 @@ from dumpfile.read.light import LightValue, suffix_index
 _OFFSET_SAMPLES = 8
 # a malformed row: the op is walked instead (RecursionError: a row of deeply nested
 # brackets, which json.loads cannot parse without recursing past the interpreter's limit)
-_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, DumpFormatError)
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -96,7 +97,7 @@ def _group_records(f: DumpFile, group_path: str, entries: list, hashed: dict,
                     ident0 = hashed[canonical] = hash(h5o.open(f.h5.id, canonical.encode("utf-8", "surrogateescape")))
             else:
                 ident0 = ("obj", canonical)
-            rec.ident = (ident0, int(e.get(S.ATTR_STORAGE_OFFSET, 0)), shape, stride)
+            rec.ident = (ident0, S.storage_offset(e), shape, stride)
             if code == S.TYPE_TENSOR and S.CAT_OFFSET in e:
                 rec.file_offset = int(e[S.CAT_OFFSET])
                 rec.stored_nbytes = int(e[S.CAT_NBYTES])

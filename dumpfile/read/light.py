@@ -269,7 +269,7 @@ def member(f: DumpFile, parent_id, link: str, path: str, *, eager: int = 0, layo
         rec = LightValue(f, path, link, code, attrs)
         # hash(ObjectID) is h5py's (file number, object address): hard links share it, and
         # it equals hash(h5[path].id), the key of view bases in replay's recorded tensors
-        rec.ident = (hash(oid), int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), _layout_shape(attrs, oid),
+        rec.ident = (hash(oid), S.storage_offset(attrs, f"{f.path}: {path}"), _layout_shape(attrs, oid),
                      S.live_stride(attrs))
         if code == S.TYPE_TENSOR and not is_group:
             try:

@@ -378,9 +378,9 @@ class DumpFile:
         early = dtype_name == "complex32" or raw.dtype.kind == "f" and dtype_name in _WIDE_OK
         data = view_of(decode_raw(raw, dtype_name, f"{self.path}: {base.name}") if early else raw,
                        np.asarray(S.live_stride(battrs), dtype=np.int64),
-                       int(battrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape,
+                       S.storage_offset(battrs, f"{self.path}: {base.name}"), rec.shape,
                        np.asarray(S.live_stride(rec.attrs), dtype=np.int64),
-                       int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=f"{self.path}: {rec.path}")
+                       S.storage_offset(rec.attrs, f"{self.path}: {rec.path}"), where=f"{self.path}: {rec.path}")
         return data if early else decode_raw(data, dtype_name, f"{self.path}: {base.name}")
 
     def iter_chunks(self, rec: ValueRecord, chunk_elements: int) -> Iterator[np.ndarray]:

@@ -82,7 +82,10 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
     name = rec.dtype
     tdtype = torch_dtype(name) if name else None
     if rec.type == S.TYPE_TENSOR_VIEW:
-        t = _view_tensor(rec, base_cache)
+        try:
+            t = _view_tensor(rec, base_cache)
+        except DumpFormatError as e:          # its layout attributes do not hold (a damaged file)
+            raise NotReplayable(f"{rec.name}: {e}") from None
     elif rec.type == S.TYPE_TENSOR and name in S.RAW_BIT_DTYPES:
         t = _raw_bits_tensor(rec.file.h5[rec.path][()], tdtype)
     elif name == "complex32":
@@ -152,7 +155,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     n = storage.numel()
     shape = rec.shape
     stride = S.live_stride(rec.attrs)
-    rel = int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff
+    rel = S.storage_offset(rec.attrs, rec.path) - boff
     if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
         raise NotReplayable(f"{rec.name}: bad view shape/stride")
     if int(np.prod(shape, dtype=np.int64)) == 0:
@@ -169,7 +172,7 @@ def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = Non
     `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
     bt = _stored_tensor(base) if stored is None else stored
     bstride = S.live_stride(base.attrs)
-    boff = int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0))
+    boff = S.storage_offset(base.attrs, base.name)
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())
     n = bt.numel()

@@ -102,7 +102,7 @@ class RecordedTensors:
             try:
                 obj = self._file.h5[rec.path]
                 stride = S.live_stride(rec.attrs)
-                key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape, stride)
+                key = (hash(obj.id), S.storage_offset(rec.attrs, rec.path), rec.shape, stride)
             except (KeyError, ValueError, TypeError):
                 return tensor_from_record(rec)
         else:
@@ -222,7 +222,7 @@ class RecordedTensors:
                     base = obj if obj is not None else self._file.h5[rec.path]
                 cached = self._bases[base_key] = _base_storage(rec, base, raw)
             storage, boff = cached
-            return storage.as_strided(shape, stride, int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff)
+            return storage.as_strided(shape, stride, S.storage_offset(rec.attrs, rec.path) - boff)
         except (NotReplayable, RuntimeError, ValueError, KeyError):
             return None
 
