@@ -121,6 +121,14 @@ def _parent(prog: str, pid: int, note: mmap.mmap, seconds: float) -> None:
         except OSError:
             pass
         os._exit(BAD_INPUT)
+    if sig == signal.SIGINT:
+        # a Ctrl-C that came while the child was shutting down, its command done: Python
+        # restores the default action for its finalization, so it died of it silently
+        try:
+            os.write(2, f"{prog}: interrupted\n".encode())
+        except OSError:
+            pass
+        os._exit(128 + signal.SIGINT)
     # any other signal: end the same way, so that the shell sees what the child met
     signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
