@@ -350,3 +350,22 @@ def test_a_storage_offset_that_is_not_one_integer_is_refused(dumps, tmp_path):
         h5[victim][()] = h5[base].ref
         h5[victim].attrs[S.ATTR_STORAGE_OFFSET] = [1 << 40]
     assert "storage_offset" in _refused(["ls", path, "--stats", "--plain"], path)
+
+
+@pytest.mark.parametrize("dtype", ["longdouble", "int64"])
+def test_a_dtype_attribute_that_is_not_the_stored_data_is_refused_by_torch_readers(dumps, tmp_path, dtype):
+    """Fuzzer findings: `npu_dumper.load(as_torch=True)` raised KeyError for a dtype no torch
+    has; replay (ir2tbe map) cast float data to int64 and the kernel failed (exit 3)."""
+    pytest.importorskip("torch")
+    import npu_dumper
+    from npu_dumper.replay.recorded import NotReplayable, tensor_from_record
+
+    golden, _ = dumps
+    path = _copy(golden, tmp_path)
+    with h5py.File(path, "a") as h5:
+        victim = _first(path, lambda n, o: isinstance(o, h5py.Dataset) and n.endswith("output/result"))
+        h5[victim].attrs[S.ATTR_DTYPE] = dtype
+    with npu_dumper.load(path, as_torch=True) as f:
+        rec = next(r for op in f.ops() for r in op.outputs().values() if r.path == "/" + victim)
+        with pytest.raises((DumpFormatError, NotReplayable)):
+            rec.read() if dtype == "longdouble" else tensor_from_record(rec)

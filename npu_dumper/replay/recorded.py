@@ -97,6 +97,11 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
             raise NotReplayable(f"{rec.name}: cannot read tensor data")
         t = torch.from_numpy(np.ascontiguousarray(vals))
         if tdtype is not None and t.dtype != tdtype:
+            if name not in S.RAW_BIT_DTYPES:
+                # only raw-bit dtypes come back decoded to another dtype; any other
+                # disagreement is a dtype attribute that is not what was stored (a
+                # float tensor replayed as int64 failed inside the kernel: exit 3)
+                raise NotReplayable(f"{rec.name}: stored as {vals.dtype}, but its dtype attribute says {name}")
             t = t.to(tdtype)                          # decoded float32 -> bf16/float8: exact
     shape = rec.shape
     if tuple(t.shape) != tuple(shape) and t.numel() == int(np.prod(shape, dtype=np.int64)):
@@ -172,7 +177,7 @@ def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = Non
     `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
     bt = _stored_tensor(base) if stored is None else stored
     bstride = S.live_stride(base.attrs)
-    boff = S.storage_offset(base.attrs, base.name)
+    boff = S.storage_offset(base.attrs, getattr(base, "name", rec.path))
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())
     n = bt.numel()
