@@ -365,7 +365,8 @@ def test_a_dtype_attribute_that_is_not_the_stored_data_is_refused_by_torch_reade
     with h5py.File(path, "a") as h5:
         victim = _first(path, lambda n, o: isinstance(o, h5py.Dataset) and n.endswith("output/result"))
         h5[victim].attrs[S.ATTR_DTYPE] = dtype
-    with npu_dumper.load(path, as_torch=True) as f:
+    # load's torch tensors; replay's reads go through the plain reader (DumpFile)
+    with (npu_dumper.load(path, as_torch=True) if dtype == "longdouble" else DumpFile(path)) as f:
         rec = next(r for op in f.ops() for r in op.outputs().values() if r.path == "/" + victim)
-        with pytest.raises((DumpFormatError, NotReplayable)):
+        with pytest.raises(DumpFormatError if dtype == "longdouble" else NotReplayable, match=dtype):
             rec.read() if dtype == "longdouble" else tensor_from_record(rec)
