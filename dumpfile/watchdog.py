@@ -6,6 +6,9 @@ C and holds the interpreter lock (h5py releases it for dataset reads, not for at
 reads: measured, a thread made 11 steps during a 2.2 s attribute read and 2,476 during a
 3.7 s dataset read), so no Python signal handler or thread can run while it spins.
 
+(A loop inside a call that released the lock, such as h5py's dataset reads, is caught by
+the watchdog thread sampling the main thread's position: see _push_deadline.)
+
 What does run: the kernel. `supervise(prog)`, the first thing the `accucmp` entry point
 does (accucmp/cli/entry.py), forks. The parent (only the standard library imported, a
 few MB) waits for the child and leaves with its exit status. The child runs the command
@@ -82,11 +85,34 @@ def supervise(prog: str, seconds: float | None = None) -> None:
     _parent(prog, pid, note, seconds)
 
 
+# modules whose frames wait for others (a pool's results, a child, a queue): a main
+# thread blocked there for long is waiting, not stuck
+_WAITING = ("threading", "multiprocessing", "concurrent", "queue", "selectors", "subprocess", "asyncio")
+
+
 def _push_deadline(seconds: float) -> None:
+    """Two stalls end the child by SIGALRM: one C call holding the interpreter lock (this
+    thread cannot run: the timer it pushes ahead fires), and one C call that released it
+    but never returns (h5py releases the lock for dataset reads: a zeroed page looped
+    inside the read of the catalog's strings, this thread ran on and the timer never
+    fired). For the second, the main thread's position (its top frame and instruction)
+    is sampled each step: unchanged for `seconds` outside a module that waits for others,
+    the main thread is inside one call that long."""
     step = min(1.0, seconds / 4)
+    main = threading.main_thread().ident
+    last, since = None, time.monotonic()
     while True:
         signal.setitimer(signal.ITIMER_REAL, seconds)
         time.sleep(step)
+        frame = sys._current_frames().get(main)
+        if frame is None:
+            continue
+        where = (id(frame), frame.f_lasti)
+        now = time.monotonic()
+        if where != last:
+            last, since = where, now
+        elif now - since >= seconds and not str(frame.f_globals.get("__name__", "")).startswith(_WAITING):
+            os.kill(os.getpid(), signal.SIGALRM)
 
 
 def _parent(prog: str, pid: int, note: mmap.mmap, seconds: float) -> None:

@@ -27,8 +27,17 @@ def test_a_call_holding_the_interpreter_in_c_is_cut_with_one_line_naming_the_fil
     assert len(lines) == 1 and lines[0].startswith("accucmp: error: /data/damaged.h5: reading it made no progress")
 
 
-def test_a_slow_command_that_lets_the_interpreter_run_is_not_cut_and_keeps_its_exit_code():
-    r = _run("import time\ntime.sleep(5)\nprint('done')\nraise SystemExit(1)\n")
+def test_a_call_that_released_the_interpreter_but_never_returns_is_cut_too():
+    """h5py releases the lock for dataset reads: a zeroed page looped inside the read of
+    the catalog's strings while the watchdog thread ran on (the fuzzer's seed 8)."""
+    r = _run("watchdog.reading('/data/damaged.h5')\nimport ctypes\nctypes.CDLL(None).sleep(3600)\n")
+    assert r.returncode == 2, r
+    assert r.stderr.startswith("accucmp: error: /data/damaged.h5: reading it made no progress")
+
+
+def test_a_slow_command_that_keeps_running_is_not_cut_and_keeps_its_exit_code():
+    r = _run("import time\nt = time.monotonic()\nwhile time.monotonic() - t < 5:\n    sum(range(1000))\n"
+             "print('done')\nraise SystemExit(1)\n")
     assert (r.returncode, r.stdout, r.stderr) == (1, "done\n", "")
 
 
