@@ -32,11 +32,11 @@ import h5py
 import numpy as np
 
 from dumpfile import DumpFile, DumpWriter, view_of
-from dumpfile.read import safety
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError, DumpWriteError, raised_by_h5py
 from dumpfile.printable import printable
-from dumpfile.safe_output import OutputBudget
+from dumpfile.safe_output import IN_PROGRESS, WRITTEN, OutputBudget
+from dumpfile.read.h5util import view_base
 from dumpfile.read.reader import (H5_ERRORS, corrupt_dump_error, decode_raw, h5_errors, h5_message, members,
                                   type_code)
 
@@ -61,7 +61,7 @@ def parse_op_path(path: str) -> tuple[str, int | None]:
         raise ExtractError(f"{path!r}: expected /op/seqid/")
     if len(parts) == 1:
         return parts[0], None
-    if not parts[1].isdigit():
+    if not S.is_seqid_name(parts[1]):
         raise ExtractError(f"{path!r}: seqid {parts[1]!r} is not a number (expected /op/seqid/)")
     if len(parts) > 2 and parts[2] not in (S.INPUT_GROUP, S.OUTPUT_GROUP):
         raise ExtractError(f"{path!r}: expected /op/seqid/ (copying a part of an op is not supported)")
@@ -74,7 +74,7 @@ def list_op_groups(h5: h5py.File) -> list[tuple[str, int]]:
     for name, obj in members(h5):     # (an op skipped here would be dropped from OUT)
         if name == S.META_GROUP or not isinstance(obj, h5py.Group):
             continue
-        found += [(name, int(k)) for k in obj.keys() if k.isdigit()]
+        found += [(name, int(k)) for k in obj.keys() if S.is_seqid_name(k)]
     return sorted(found, key=lambda t: (t[1], t[0]))
 
 
@@ -89,11 +89,11 @@ def _resolve(src_h5: h5py.File, in_path: str, pairs: Iterable[tuple[str, str]]) 
         if sseq is None:
             if dseq is not None:
                 raise ExtractError(f"-s {src!r} names every call of {sop}; -d must name an op too, not a seqid")
-            seqs = sorted(int(k) for k in src_h5[sop].keys() if k.isdigit())
+            seqs = sorted(int(k) for k in src_h5[sop].keys() if S.is_seqid_name(k))
             jobs += [(sop, q, dop, q) for q in seqs]
             continue
         if str(sseq) not in src_h5[sop]:
-            have = sorted(int(k) for k in src_h5[sop].keys() if k.isdigit())
+            have = sorted(int(k) for k in src_h5[sop].keys() if S.is_seqid_name(k))
             hint = f" (it has seqids {', '.join(map(str, have[:8]))}{', ...' if len(have) > 8 else ''})" if have else ""
             raise ExtractError(f"{in_path}: no op group /{sop}/{sseq}/{hint}")
         jobs.append((sop, sseq, dop, sseq if dseq is None else dseq))
@@ -177,30 +177,17 @@ class _Copier:
     def _materialise(self, obj: h5py.Dataset, parent: h5py.Group, name: str) -> None:
         where = f"{self.src_path}: {obj.name}"
         attrs = {k: obj.attrs[k] for k in obj.attrs.keys()}
-        base = None
-        ref = obj[()]
-        if isinstance(ref, h5py.Reference) and ref:
-            try:
-                base = self.src[ref]
-            except (ValueError, KeyError):
-                base = None
-            if isinstance(base, h5py.Dataset):
-                # a reference may reach a dataset no link names (DumpFile's check did not see it)
-                safety.check_dataset(base.id, self.src_path, f"{obj.name} (its base)")
+        base = view_base(self.src, self.src_path, obj, attrs.get(S.ATTR_BASE))
         base_path = _s(attrs.get(S.ATTR_BASE, ""))
-        if base is None and base_path and base_path in self.src:
-            base = self.src[base_path]
-        if base is None:
-            raise DumpFormatError(f"{where}: view of {base_path or 'a dataset'} that is not in this file")
         dtype = _s(base.attrs.get(S.ATTR_DTYPE, "")) or str(base.dtype)
         raw = base[()]
         if dtype == "complex32":  # stored as (..., 2) float16 pairs: rebuild on complex values
             raw = decode_raw(raw, dtype)
         shape = tuple(int(x) for x in np.asarray(attrs.get(S.ATTR_SHAPE, ())).reshape(-1))
         data = view_of(raw, np.asarray(S.live_stride(base.attrs), dtype=np.int64),
-                       int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), shape,
+                       S.storage_offset(base.attrs, f"{self.src_path}: {base.name}"), shape,
                        np.asarray(S.live_stride(attrs), dtype=np.int64),
-                       int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), where=where)
+                       S.storage_offset(attrs, where), where=where)
         if dtype == "complex32":
             data = np.stack([data.real, data.imag], axis=-1).astype(np.float16)
         ds = parent.create_dataset(name, data=np.ascontiguousarray(data))
@@ -315,6 +302,7 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
                 raise DumpWriteError(f"{output_path}: cannot write in {os.path.dirname(output_path) or '.'} "
                                      f"({e.strerror or e})") from e
             os.close(fd)
+            IN_PROGRESS.add(tmp)          # (a Ctrl-C removes it: dumpfile.interrupts)
             try:
                 with DumpWriter(tmp, mode=mode, root_attrs=root) as w:
                     if old:
@@ -341,6 +329,9 @@ def extract_ops(input_path: str | os.PathLike, output_path: str | os.PathLike,
     except OSError as e:
         os.unlink(tmp)
         raise DumpWriteError(f"{output_path}: cannot replace it ({e.strerror or e})") from e
+    finally:
+        IN_PROGRESS.discard(tmp)
+    WRITTEN.append(os.fspath(output_path))
     return written
 
 

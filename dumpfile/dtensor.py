@@ -12,17 +12,18 @@ coordinate 0 of that mesh dimension; Partial(sum) sums the ranks' shares.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable
 
 import numpy as np
+
+from dumpfile import jsontext
 
 
 def layout(attr: Any) -> dict:
     """The `dtensor` attribute (str or bytes) as a dict."""
     if isinstance(attr, bytes):
         attr = attr.decode()
-    return json.loads(attr) if isinstance(attr, str) else dict(attr)
+    return jsontext.loads(attr) if isinstance(attr, str) else dict(attr)
 
 
 def assemble(parts: Iterable[tuple[Any, np.ndarray]]) -> np.ndarray:

@@ -13,6 +13,81 @@ import json
 import re
 from typing import Any
 
+from dumpfile import jsontext
+
+# A pattern read from a file (the root attribute op_filter) is run against every op name of
+# both dumps: a regex with nested quantifiers (`(.|.)*Z`) backtracks exponentially and hung
+# `compare`. Python's re has no time limit, so a file's pattern is checked before it is
+# compiled (file_pattern_problem): no quantifier over a group holding another quantifier
+# or an alternation, no backreference, at most MAX_UNBOUNDED_REPEATS quantifiers that may
+# repeat more than MAX_SMALL_REPEAT times, at most MAX_PATTERN_CHARS characters. What is
+# left matches in at most O(n^2) steps for a name of n characters, and names longer than
+# MAX_NAME_CHARS (no op's: ATen names are < 100) are matched by glob only.
+MAX_PATTERN_CHARS = 256
+MAX_UNBOUNDED_REPEATS = 2
+MAX_SMALL_REPEAT = 16
+MAX_NAME_CHARS = 1024
+MAX_PATTERNS = 1000
+
+
+def file_pattern_problem(pattern: str) -> str | None:
+    """Why a pattern read from a file may not be run as a regex (None: it may). Globs pass:
+    a string that is no valid regex is only ever matched with fnmatch."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"longer than {MAX_PATTERN_CHARS} characters"
+    try:
+        from re import _parser as parser       # (sre_parse before Python 3.11)
+    except ImportError:                          # pragma: no cover
+        import sre_parse as parser              # type: ignore[no-redef]
+    try:
+        tree = parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None                              # not a regex: a glob
+    const = parser
+    repeats = (const.MAX_REPEAT, const.MIN_REPEAT, getattr(const, "POSSESSIVE_REPEAT", None))
+    unbounded = 0
+
+    def walk(items, inside_repeat: bool) -> str | None:
+        nonlocal unbounded
+        for op, av in items:
+            if op in (const.GROUPREF, getattr(const, "GROUPREF_EXISTS", None)):
+                return "a backreference"
+            if op in repeats and op is not None:
+                lo, hi, sub = av
+                if hi > MAX_SMALL_REPEAT:
+                    unbounded += 1
+                if inside_repeat and hi > 1:
+                    return "a quantifier inside a quantified group (nested quantifiers)"
+                why = walk(sub, inside_repeat or hi > 1)
+                if why:
+                    return why
+            elif op is const.BRANCH:
+                if inside_repeat:
+                    return "an alternation inside a quantified group"
+                for alt in av[1]:
+                    why = walk(alt, inside_repeat)
+                    if why:
+                        return why
+            elif op is const.SUBPATTERN:
+                why = walk(av[-1], inside_repeat)
+                if why:
+                    return why
+            elif op in (const.ASSERT, const.ASSERT_NOT):
+                why = walk(av[1], inside_repeat)
+                if why:
+                    return why
+            elif op in (getattr(const, "ATOMIC_GROUP", None),) and op is not None:
+                why = walk(av, inside_repeat)
+                if why:
+                    return why
+        return None
+
+    why = walk(tree, False)
+    if why is None and unbounded > MAX_UNBOUNDED_REPEATS:
+        why = f"more than {MAX_UNBOUNDED_REPEATS} unbounded quantifiers"
+    return why
+
+
 def matches(pattern: str, name: str) -> bool:
     """Glob or regex against the full overload name, the packet name and the bare name."""
     parts = name.split(".")
@@ -23,7 +98,7 @@ def matches(pattern: str, name: str) -> bool:
         rx = re.compile(pattern)
     except re.error:
         return False
-    return any(rx.fullmatch(c) for c in candidates)
+    return any(rx.fullmatch(c) for c in candidates if len(c) <= MAX_NAME_CHARS)
 
 
 def module_selected(module: str, prefixes: list[str]) -> bool:
@@ -69,13 +144,21 @@ class OpSelection:
 
     @classmethod
     def from_json(cls, text: str) -> "OpSelection":
-        d = json.loads(text)
+        d = jsontext.loads(text)
         if not isinstance(d, dict):
             raise ValueError("op_filter is not a JSON object")
         def strings(k):
             v = d.get(k) or []
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise ValueError(f"op_filter {k!r} is not a list of strings")
+            if len(v) > MAX_PATTERNS:
+                raise ValueError(f"op_filter {k!r} holds {len(v)} entries (at most {MAX_PATTERNS})")
+            if k in ("include", "exclude"):
+                for p in v:
+                    why = file_pattern_problem(p)
+                    if why:
+                        raise ValueError(f"op_filter {k!r} pattern {p[:60]!r} has {why}: a file's regular "
+                                         "expression is not run unless it matches in bounded time; refused")
             return v
         return cls(strings("include"), strings("exclude"), strings("modules"),
                    strings("phases") if "phases" in d else None)

@@ -196,6 +196,12 @@ def _commit(tmp: str, path: str, force: bool) -> None:
     os.unlink(tmp)
 
 
+# the temporary files of outputs being written, and the outputs completed, in this process:
+# a Ctrl-C removes the first and names the second (dumpfile.interrupts)
+IN_PROGRESS: set[str] = set()
+WRITTEN: list[str] = []
+
+
 @contextlib.contextmanager
 def output_path(path: str | os.PathLike, *, force: bool = False) -> Iterator[str]:
     """A temporary file next to `path` for a library that writes by name (pandas, h5py,
@@ -210,15 +216,19 @@ def output_path(path: str | os.PathLike, *, force: bool = False) -> Iterator[str
                                    dir=folder)
     except OSError as e:
         raise DumpWriteError(f"{path}: cannot write in {folder} ({_why(e)})") from e
+    IN_PROGRESS.add(tmp)
     os.close(fd)
     try:
         os.chmod(tmp, _file_mode())
         yield tmp
         _commit(tmp, path, force)
+        WRITTEN.append(path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        IN_PROGRESS.discard(tmp)
 
 
 @contextlib.contextmanager

@@ -316,6 +316,23 @@ def live_stride(attrs) -> tuple[int, ...]:
         return tuple(int(x) for x in _np.asarray(v).reshape(-1))
 
 
+def storage_offset(attrs, where: str = "") -> int:
+    """A value's `storage_offset` attribute (0 when absent) as one integer; a file's other
+    value (an array, a string, a float) raised TypeError/ValueError deep in the readers
+    and in load-replay's step. Refused (DumpFormatError) naming `where`."""
+    v = attrs.get(ATTR_STORAGE_OFFSET, 0)
+    try:
+        import numpy as _np
+        a = _np.asarray(v)
+        if a.dtype.kind in "iu" and a.size == 1 and a.ndim <= 1:
+            return int(a.reshape(()))
+    except (TypeError, ValueError):
+        pass
+    from .errors import DumpFormatError
+    raise DumpFormatError(f"{where + ': ' if where else ''}its {ATTR_STORAGE_OFFSET} attribute "
+                          f"{str(v)[:40]!r} is not one integer; refused")
+
+
 def data_type_code(dtype_name: str) -> int:
     return DATA_TYPE_CODES.get(dtype_name, DATA_TYPE_UNKNOWN)
 
@@ -326,3 +343,13 @@ def device_type_code(device: str) -> int:
 
 def op_group_path(op: str, seqid: int) -> str:
     return f"/{op}/{int(seqid)}"
+
+
+# a seqid group's name: ASCII digits, an int64 (str.isdigit() also takes "²" and "１２",
+# which int() refuses, and a 23-digit name overflowed numpy's int64 deep in a reader)
+MAX_SEQID_DIGITS = 18
+
+
+def is_seqid_name(name: str | bytes) -> bool:
+    """True when `name` is the name of a seqid group (/{op}/{seqid}): 1-18 ASCII digits."""
+    return 0 < len(name) <= MAX_SEQID_DIGITS and name.isascii() and name.isdigit()

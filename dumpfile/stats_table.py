@@ -24,6 +24,8 @@ import numpy as np
 from h5py import h5s, h5t
 
 from . import schema as S
+from . import jsontext
+from .errors import DumpFormatError
 from dumpfile.read.recovery import readable_rows
 from .write.writer import new_table
 
@@ -131,20 +133,85 @@ def _s(v: Any) -> str:
 
 
 def decode_value(type_code: int, text: str) -> Any:
-    v = json.loads(text) if text else None
+    v = jsontext.loads(text) if text else None
     if type_code == S.TYPE_COMPLEX and isinstance(v, list) and len(v) == 2:
         return complex(v[0], v[1])
     return v
 
 
+# the columns every statistics table has (1.7 adds the hash and histogram columns)
+_REQUIRED = tuple(n for n in STATS_ROW_DTYPE.names if n not in (S.STATS_HASH_FIELD, S.STATS_HIST_FIELD))
+# the Types a row may have: statistics, lists, plain values (a tensor or a view has no row)
+_ROW_TYPES = frozenset(c for c in S.TYPE_NAMES if c not in (S.TYPE_TENSOR, S.TYPE_TENSOR_VIEW))
+# a log2|x| histogram's (exponent, count) pairs: float64's exponents span -1074..1023
+_MAX_HIST = 2 * 2200
+
+
+def check_table(ds: Any, path: str) -> None:
+    """The statistics table's type, checked before any row is read: a 1-d table with the
+    columns its readers take, integers and floats where they belong. A 2-d table, a
+    missing column or a retyped one surfaced as numpy's IndexError/ValueError (internal
+    errors) in whatif, ls and ir2tbe."""
+    where = f"{path}: /{S.STATS_TABLE_PATH}"
+    names = getattr(getattr(ds, "dtype", None), "names", None) or ()
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape or ()) != 1 or not set(_REQUIRED) <= set(names):
+        missing = [n for n in _REQUIRED if n not in names]
+        raise DumpFormatError(f"{where}: not a statistics table (a 1-d table of {', '.join(_REQUIRED)}"
+                              + (f"; missing {', '.join(missing)}" if missing and names else "") + "); refused")
+    dt = ds.dtype
+    ints = ("seqid", "io", "Type", "DataType", "DeviceType")
+    bad = [n for n in ints if dt[n].kind not in "iu"] + [f for f in S.STATS_FIELDS if dt[f].kind not in "fiu"]
+    bad += [n for n in ("shape", S.STATS_HIST_FIELD) if n in names
+            and (h5py.check_vlen_dtype(dt[n]) is None or h5py.check_vlen_dtype(dt[n]).kind not in "iu")]
+    bad += [n for n in ("name", "dtype", "value") if h5py.check_string_dtype(dt[n]) is None]
+    if S.STATS_HASH_FIELD in names and dt[S.STATS_HASH_FIELD].kind not in "iu":
+        bad.append(S.STATS_HASH_FIELD)
+    if bad:
+        raise DumpFormatError(f"{where}: column(s) {', '.join(bad)} of the wrong type; refused")
+
+
+def check_rows(rows: np.ndarray, path: str) -> None:
+    """What each row holds: a Type a row may have (statistics, a list, a plain value; a
+    tensor or a view has no row), io 0 or 1, and on statistics rows a shape of sizes >= 0
+    and a histogram of (exponent, count) pairs."""
+    where = f"{path}: /{S.STATS_TABLE_PATH}"
+    if not len(rows):
+        return
+    types = np.asarray(rows["Type"])
+    odd = ~np.isin(types, np.fromiter(_ROW_TYPES, dtype=np.int64))
+    if odd.any():
+        raise DumpFormatError(f"{where}: row {int(np.flatnonzero(odd)[0])} has Type {int(types[odd][0])}, which "
+                              "no statistics row has; refused")
+    io = np.asarray(rows["io"])
+    if not np.isin(io, (IO_INPUT, IO_OUTPUT)).all():
+        raise DumpFormatError(f"{where}: row {int(np.flatnonzero(~np.isin(io, (IO_INPUT, IO_OUTPUT)))[0])} has io "
+                              "other than 0 (input) or 1 (output); refused")
+    names = rows.dtype.names or ()
+    stats = np.flatnonzero(types == S.TYPE_TENSOR_STATS)
+    if "shape" in names and len(stats):
+        sizes = [a for a in rows["shape"][stats] if a is not None and len(a)]
+        if sizes and int(np.concatenate(sizes).min()) < 0:
+            raise DumpFormatError(f"{where}: a statistics row has a negative size in its shape; refused")
+    if S.STATS_HIST_FIELD in names and len(stats):
+        lengths = np.fromiter((0 if h is None else len(h) for h in rows[S.STATS_HIST_FIELD][stats]),
+                              dtype=np.int64, count=len(stats))
+        bad = (lengths % 2 == 1) | (lengths > _MAX_HIST)
+        if bad.any():
+            i = int(stats[np.flatnonzero(bad)[0]])
+            raise DumpFormatError(f"{where}: row {i}'s histogram holds {int(lengths[bad][0])} numbers, not "
+                                  f"(exponent, count) pairs (at most {_MAX_HIST}); refused")
+
+
 class StatsTable:
     """The rows of a table-backed statistics file, grouped by seqid (read once)."""
 
-    def __init__(self, h5: h5py.File, *, complete: bool = True):
+    def __init__(self, h5: h5py.File, *, complete: bool = True, path: str = ""):
         ds = h5[S.STATS_TABLE_PATH]
+        check_table(ds, path or h5.filename)
         # an incomplete file (its writer killed, maybe inside a flush): the rows that read
         # back; the index decides which ops are listed
         self.rows = ds[()] if complete else readable_rows(ds)
+        check_rows(self.rows, path or h5.filename)
         seqids = self.rows["seqid"]
         order = np.argsort(seqids, kind="stable")
         self._order = order
@@ -155,7 +222,7 @@ class StatsTable:
         if S.OP_ATTRS_PATH in h5:
             for r in h5[S.OP_ATTRS_PATH][()]:
                 try:
-                    val = json.loads(_s(r["value"]))
+                    val = jsontext.loads(_s(r["value"]))
                 except ValueError:
                     val = _s(r["value"])
                 self.op_attrs.setdefault(int(r["seqid"]), {})[_s(r["name"])] = val
@@ -202,8 +269,11 @@ def read_fields(h5: h5py.File, names, *, complete: bool = True) -> np.ndarray:
     field). Leaving out the histogram and hash columns (variable length / unused) is the
     saving. An incomplete file: the rows that read back (dumpfile.read.recovery)."""
     ds = h5[S.STATS_TABLE_PATH]
+    check_table(ds, h5.filename)
     names = list(names)
     rows = ds.fields(names)[()] if complete else readable_rows(ds)[names]
+    if "Type" in names and "io" in names:
+        check_rows(rows, h5.filename)
     seqids = rows["seqid"]
     if len(seqids) > 1 and not bool((seqids[1:] >= seqids[:-1]).all()):
         rows = rows[np.argsort(seqids, kind="stable")]

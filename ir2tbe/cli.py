@@ -124,8 +124,10 @@ def _check_device(device: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from dumpfile import cli_boundary
+    from dumpfile import cli_boundary, interrupts
 
+    if argv is None and not interrupts.installed():       # the program: Ctrl-C is one line, exit 130
+        interrupts.install(PROG)
     cli_boundary.command_args = list(sys.argv[1:] if argv is None else argv)
     try:
         with boundary(prog=PROG):      # typer's own parsing, an import that fails

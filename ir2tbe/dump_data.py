@@ -296,6 +296,40 @@ def _checked_extent(path: str, where: str, dims: tuple[int, ...], itemsize: int)
             raise KernelDumpError(f"{path}: {where} shape {list(dims)} is too large for any array (corrupt header?)")
 
 
+# A tensor's bytes may lie in a hole of a sparse file (`truncate -s 8G`): they read as
+# zeros without being stored, and `convert` wrote an 8 GB .npy from a file of a few KB.
+# Holes inside a tensor's data past this many bytes are refused (a file system that stores
+# all-zero blocks as holes, as ZFS with compression does, makes the same refusal for a
+# tensor holding more than this of zeros: raise it with $IR2TBE_MAX_HOLE_BYTES).
+MAX_HOLE_BYTES = 64 << 20
+_MAX_EXTENTS = 4096
+
+
+def _check_not_sparse(fd: int, path: str, where: str, offset: int, size: int) -> None:
+    limit = int(os.environ.get("IR2TBE_MAX_HOLE_BYTES", "") or MAX_HOLE_BYTES)
+    if size <= limit or not hasattr(os, "SEEK_HOLE"):
+        return
+    holes, pos, end = 0, offset, offset + size
+    try:
+        for _ in range(_MAX_EXTENTS):
+            if pos >= end:
+                break
+            hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            if hole >= end:
+                break
+            try:
+                data = os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError:                # no data after the hole: it runs to the end of the file
+                data = end
+            holes += min(data, end) - hole
+            pos = data
+    except OSError:
+        return                             # the file system cannot say: nothing to check
+    if holes > limit:
+        raise KernelDumpError(f"{path}: {where} declares {size} bytes of which {holes} are holes of a sparse file "
+                              "(data it does not hold); refused (set $IR2TBE_MAX_HOLE_BYTES to allow more)")
+
+
 def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> KernelDump:
     """Parse a kernel dump, checking every length against the file before reading it.
     A FIFO, device or directory is refused before a blocking open (it would hang)."""
@@ -347,6 +381,7 @@ def read_kernel_dump(path: str | os.PathLike, *, with_data: bool = True) -> Kern
                 raise KernelDumpError(f"{path}: {where} size {size} bytes does not match shape {list(shape)} "
                                       f"of {DATA_TYPE_NAMES.get(code, code)} ({numel * storage.itemsize} bytes)")
             _checked_extent(path, where, shape, storage.itemsize)   # e.g. (0, 2**62): 0 bytes, no array
+            _check_not_sparse(f.fileno(), path, where, offset, size)
             raw = b""
             if with_data:
                 f.seek(offset)

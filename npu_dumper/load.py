@@ -7,6 +7,7 @@ from typing import Any
 
 
 from dumpfile import schema as S
+from dumpfile.errors import DumpFormatError
 from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .capture.tensors import from_record
@@ -28,13 +29,20 @@ class TorchDumpFile(DumpFile):
 
     def tensor(self, rec: ValueRecord, *, _decoded=None):
         """The recorded tensor as a torch tensor, bit-exact, in its recorded dtype."""
-        if rec.type == S.TYPE_TENSOR:
-            raw = self.h5[rec.path][()]          # raw bits for bf16/float8
-            t = from_record(raw, rec.dtype or None)
-        elif rec.type == S.TYPE_TENSOR_VIEW:
-            data = _decoded if _decoded is not None else DumpFile.read_value(self, rec)
-            t = from_record(data, rec.dtype or None)
-        else:
+        try:
+            if rec.type == S.TYPE_TENSOR:
+                raw = self.h5[rec.path][()]          # raw bits for bf16/float8
+                t = from_record(raw, rec.dtype or None)
+            elif rec.type == S.TYPE_TENSOR_VIEW:
+                data = _decoded if _decoded is not None else DumpFile.read_value(self, rec)
+                t = from_record(data, rec.dtype or None)
+            else:
+                t = None
+        except KeyError:
+            # (from_record's lookup of the name: a file's dtype attribute such as "longdouble")
+            raise DumpFormatError(f"{self.path}: {rec.path}: its dtype attribute {rec.dtype!r} names no dtype "
+                                  "of this torch; refused") from None
+        if t is None:
             raise TypeError(f"{self.path}: {rec.path} is not a stored tensor")
         return t.to(self.device) if self.device is not None else t
 

@@ -187,7 +187,7 @@ def test_entry_point_exits_3_as_a_process(tmp_path):
             "from accucmp.cli.main import main\nmain(['ls', sys.argv[1]])\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ACCUCMP_DEBUG", "IR2TBE_DEBUG")}
     env.update(PYTHONPATH=ROOT, XDG_STATE_HOME=str(tmp_path / "state"))
-    p = subprocess.run([sys.executable, "-c", code, dump], capture_output=True, text=True, env=env, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code, dump], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 3, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "accucmp ls " + dump in open(_logged_path(p.stderr)).read()

@@ -110,7 +110,7 @@ def test_ls_cut_off_by_head_ends_quietly(tmp_path):
     first = p.stdout.readline()
     p.stdout.close()                  # what `head -1` does after its line
     err = p.stderr.read().decode()
-    rc = p.wait(timeout=120)
+    rc = p.wait(timeout=600)
     assert first.startswith(str(path).encode())
     assert err == "", err
     assert rc in (0, 141)

@@ -245,7 +245,7 @@ def test_a_killed_writer_process_is_named_as_such(tmp_path):
             torch.ones(300, 300) * 2
             child = d._writer.writer._child.proc
             os.kill(child.pid, signal.SIGKILL)
-            child.wait(timeout=10)
+            child.wait(timeout=600)
             for _ in range(50):
                 torch.ones(300, 300) * 3
     msg = str(ei.value)

@@ -30,6 +30,8 @@ from ir2tbe.dump_data import TensorToWrite, write_kernel_dump
 from ._cli_helpers import model_ops, perturbed, write_dump
 
 ROOT = Path(__file__).resolve().parents[1]
+# subprocess time limits are hang guards only: under load 3-12 one cell took over 30 s
+HANG_GUARD = 600
 MARKER = b"MARKER-c1153f0e-do-not-copy-"
 AS_LIMIT = 2 << 30
 KNAME = "Pooling.pool1.1.0.1589195081588018"
@@ -39,7 +41,7 @@ def _limit():
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
 
 
-def run(tool: str, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(tool: str, *args: str, cwd: Path, timeout: float = HANG_GUARD) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160", "NO_COLOR": "1"}
     env.pop("ACCUCMP_DEBUG", None)
     env.pop("IR2TBE_DEBUG", None)
@@ -182,7 +184,7 @@ def test_report_on_a_non_csv_is_one_line(cell, kind):
     else:
         csv.write_bytes(b"\x00\xff\xfe" + MARKER)
     cell.freeze()
-    r = run("accucmp", "report", csv, "-q", cwd=cell.tmp, timeout=30)
+    r = run("accucmp", "report", csv, "-q", cwd=cell.tmp)
     cell.check(r, 2, str(csv))
 
 
@@ -215,7 +217,7 @@ def test_golden_of_an_empty_dump_is_an_error(cell, dumps):
     cell.out.mkdir()
     cell.freeze()
     r = run("accucmp", "golden", "-i", empty, "-o", cell.out / "g.h5", "--no-progress", cwd=cell.tmp,
-            timeout=120)
+            timeout=HANG_GUARD)
     cell.check(r, 2, str(empty))
     assert list(cell.out.iterdir()) == []      # no golden, no temporary left
 
@@ -250,7 +252,7 @@ def test_convert_refuses_a_fifo_without_hanging(cell):
     fifo = cell.tmp / KNAME
     os.mkfifo(fifo)
     cell.freeze()
-    r = run("accucmp", "convert", "-d", fifo, "-out", cell.out, cwd=cell.tmp, timeout=30)
+    r = run("accucmp", "convert", "-d", fifo, "-out", cell.out, cwd=cell.tmp)
     cell.check(r, 2, str(fifo))
     assert "FIFO" in r.stderr.decode()
 
@@ -330,7 +332,7 @@ def test_ir2tbe_malformed_acl_json_one_line(cell, dumps, case):
         data = ACL_CASES[case]
         acl.write_bytes(data if isinstance(data, bytes) else data.encode())
     cell.freeze()
-    r = run("ir2tbe", "run", golden, "--acl-config", acl, "--dump-path", cell.out, cwd=cell.tmp, timeout=30)
+    r = run("ir2tbe", "run", golden, "--acl-config", acl, "--dump-path", cell.out, cwd=cell.tmp)
     cell.check(r, 2, str(acl))
 
 
@@ -344,7 +346,7 @@ def test_ir2tbe_malformed_dump_one_line(cell, case):
     acl = cell.tmp / "acl.json"
     acl.write_text('{"dump": {"dump_path": "out", "dump_mode": "all", "dump_op_switch": "on"}}')
     cell.freeze()
-    r = run("ir2tbe", "run", dump, "--acl-config", acl, cwd=cell.tmp, timeout=120)
+    r = run("ir2tbe", "run", dump, "--acl-config", acl, cwd=cell.tmp)
     cell.check(r, 2, str(dump))
 
 

@@ -80,7 +80,7 @@ def _loaded_after_import(package: str, code: str = "") -> set[str]:
               "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+                         text=True, timeout=600, check=True).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 

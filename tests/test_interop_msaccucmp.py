@@ -66,7 +66,7 @@ def msaccucmp() -> list[str]:
 def run_real(cmd: list[str], target: Path, golden: Path, out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(cmd + ["compare", "-m", str(target), "-g", str(golden), "-out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     found = sorted(out.glob("result_*.csv"))
     assert r.returncode == 0 and found, r.stdout[-2000:] + r.stderr[-2000:]
     with open(found[-1], newline="") as fh:

@@ -1,4 +1,4 @@
 """`python -m accucmp.cli`: the same as the `accucmp` command."""
-from accucmp.cli.main import main
+from accucmp.cli.entry import main
 
 main()

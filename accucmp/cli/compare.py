@@ -277,6 +277,13 @@ def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -
         raise DumpFormatError(f"{empty or my_dump}: no op matches --select {select!r}; nothing to compare")
     if empty is None:
         raise DumpFormatError(f"{my_dump}: no tensor to compare with {golden_dump}")
+    flt = meta.get("op_filter") or {}
+    if flt.get("ops_left_out"):
+        # the empty side's ops were all left out by the other dump's op_filter: that
+        # filter, not the empty dump, is what the user must look at
+        other, role = (golden_dump, "golden") if empty == my_dump else (my_dump, "target")
+        raise DumpFormatError(f"{other}: its op_filter ({flt.get(role) or 'root attribute op_filter'}) selects "
+                              f"none of the ops of {empty}; nothing to compare")
     raise DumpFormatError(f"{empty}: dump holds no op; nothing to compare")
 
 

@@ -55,6 +55,10 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:          # the program (not a test calling main([...])): Ctrl-C is one line, exit 130
+        from dumpfile import interrupts
+        if not interrupts.installed():
+            interrupts.install("accucmp")
     args = list(sys.argv[1:] if argv is None else argv)
     _compare.INVOKED_ARGS = args          # the report's Run table names the command line,
     cli_boundary.command_args = args      # as does the log of an internal error

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
+from dumpfile import jsontext
 from dumpfile.departures import argument_change_is_by_design
 from dumpfile.errors import DumpFormatError
 from dumpfile.read import catalog
@@ -189,7 +190,7 @@ def _own_errors(text: Any) -> dict:
     if not text:
         return {}
     try:
-        d = json.loads(text)
+        d = jsontext.loads(text)
     except ValueError:
         return {}
     return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}

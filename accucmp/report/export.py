@@ -20,6 +20,7 @@ import numpy as np
 
 from dumpfile.read import legacy as L
 from dumpfile import schema as S
+from dumpfile import jsontext
 from dumpfile.errors import DumpFormatError, DumpWriteError
 from dumpfile.read.reader import DumpFile, ValueRecord
 from dumpfile.safe_output import output_path
@@ -219,20 +220,15 @@ def export_native(src: str, dst: str) -> dict:
     with DumpFile(src) as f:
         if f.is_table:
             raise ExportError(f"{src}: a statistics-only dump is already in the native format")
-        raw = f.attrs.get(EXPORT_ATTR)
-        book = json.loads(raw) if isinstance(raw, str) and raw else {}
-        full = book.get("ops", {})
+        full, extra, source_root, more = _bookkeeping(f.attrs.get(EXPORT_ATTR), src)
         device = _first_device(f)
         root = {S.ROOT_DEVICE: device, S.ROOT_DEVICE_TYPE: S.device_type_code(device)}
         # a legacy export of ours: the source's root attributes (its mode above all: a
         # load-replay dump pairs by seqid and compares outputs only)
-        source_root = book.get("root", {}) if isinstance(book.get("root"), dict) else {}
         mode = source_root.get(S.ROOT_MODE)
         mode = mode if mode in S.MODES else S.MODE_DUMP
         root.update({k: _from_json(v) for k, v in source_root.items() if k not in _WRITER_ROOT_ATTRS})
         with DumpWriter(dst, mode=mode, root_attrs=root) as w:
-            extra = book.get("op_attrs", {})
-            more = book.get("op_extra", {})
             for op in f.ops():
                 name = full.get(op.op, op.op)
                 phase, module, grad_fn = extra.get(f"{op.op}/{op.seqid}", [op.phase or L.phase_of(op.op), "", ""])
@@ -245,6 +241,44 @@ def export_native(src: str, dst: str) -> dict:
                 w.end_op()
                 counts["ops"] += 1
     return counts
+
+
+def _bookkeeping(raw, src: str) -> tuple[dict[str, str], dict[str, tuple[str, str, str]], dict, dict]:
+    """The legacy export's bookkeeping attribute (export_legacy writes it): the original
+    names' map {legacy name: our op name} and {"{group}/{seqid}": (phase, module,
+    grad_fn)}, checked where it is read: the file is input, and invalid JSON, a list where
+    an object belongs, numbers where names belong or short tuples raised internal errors.
+    Also the source's root attributes and each op's other attributes ({"{group}/{seqid}":
+    {name: value}}), what --layout native restores. No attribute (an original file): all empty."""
+    if raw is None:
+        return {}, {}, {}, {}
+    where = f"{src}: root attribute {EXPORT_ATTR!r}"
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    if not isinstance(raw, str):
+        raise DumpFormatError(f"{where} is not JSON text; refused")
+    if not raw:
+        return {}, {}, {}, {}
+    try:
+        book = jsontext.loads(raw)
+    except ValueError as e:
+        raise DumpFormatError(f"{where} is not valid JSON ({e}); refused") from None
+    ops = book.get("ops", {}) if isinstance(book, dict) else None
+    extra = book.get("op_attrs", {}) if isinstance(book, dict) else None
+    if not isinstance(ops, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ops.items()):
+        raise DumpFormatError(f"{where}: its \"ops\" is not a map of op names to op names; refused")
+    if not isinstance(extra, dict) or not all(
+            isinstance(v, list) and len(v) == 3 and all(isinstance(x, str) for x in v) for v in extra.values()):
+        raise DumpFormatError(f"{where}: its \"op_attrs\" is not a map of ops to [phase, module, grad_fn]; "
+                              "refused")
+    root = book.get("root", {})
+    more = book.get("op_extra", {})
+    if not isinstance(root, dict) or not all(isinstance(k, str) for k in root):
+        raise DumpFormatError(f"{where}: its \"root\" is not a map of attribute names; refused")
+    if not isinstance(more, dict) or not all(isinstance(v, dict) and all(isinstance(k, str) for k in v)
+                                             for v in more.values()):
+        raise DumpFormatError(f"{where}: its \"op_extra\" is not a map of ops to attributes; refused")
+    return ops, {k: tuple(v) for k, v in extra.items()}, root, more
 
 
 def _first_device(f: DumpFile) -> str:

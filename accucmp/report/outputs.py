@@ -302,6 +302,16 @@ def read_result_csv(path: Path) -> pd.DataFrame:
         raise DumpFormatError(f"{path}: not an accucmp result csv (missing column(s) {', '.join(missing)})")
     if table.empty:     # a header alone judges nothing: not a pass
         raise DumpFormatError(f"{path}: result csv has a header but no rows; nothing to judge")
+    # seqids and row numbers are whole numbers or empty (a golden-only row has no SeqId): a
+    # row shifted by extra fields, or a SeqId of "abc", reached int() in the verdict (exit 3)
+    for c in ("SeqId", "GoldenSeqId", "Index"):
+        if c in table.columns:
+            num = pd.to_numeric(table[c], errors="coerce")
+            bad = (num.isna() & table[c].notna()) | (num.notna() & (num % 1 != 0))
+            if bad.any():
+                i = int(bad.to_numpy().nonzero()[0][0])
+                raise DumpFormatError(f"{path}: row {i + 1}: column {c} holds {str(table[c].iloc[i])[:40]!r}, not a "
+                                      "whole number; not an accucmp result csv (edited?)")
     if "CompareFailReason" in table.columns:
         table["CompareFailReason"] = table["CompareFailReason"].astype(object).fillna("")
     return table

@@ -19,7 +19,6 @@ file's (a tool rewrote it: h5repack) is not used for offsets (`offsets_hold`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -30,6 +29,8 @@ from h5py import h5l, h5o
 
 from dumpfile import schema as S
 from dumpfile import h5direct
+from dumpfile import jsontext
+from dumpfile.errors import DumpFormatError
 from dumpfile.read import objheader
 from dumpfile.read.lowlevel import contiguous_offset
 from dumpfile.read.reader import DumpFile, ValueRecord
@@ -38,7 +39,7 @@ from dumpfile.read.light import LightValue, suffix_index
 _OFFSET_SAMPLES = 8
 # a malformed row: the op is walked instead (RecursionError: a row of deeply nested
 # brackets, which json.loads cannot parse without recursing past the interpreter's limit)
-_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+_CAT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, DumpFormatError)
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -96,7 +97,7 @@ def _group_records(f: DumpFile, group_path: str, entries: list, hashed: dict,
                     ident0 = hashed[canonical] = hash(h5o.open(f.h5.id, canonical.encode("utf-8", "surrogateescape")))
             else:
                 ident0 = ("obj", canonical)
-            rec.ident = (ident0, int(e.get(S.ATTR_STORAGE_OFFSET, 0)), shape, stride)
+            rec.ident = (ident0, S.storage_offset(e), shape, stride)
             if code == S.TYPE_TENSOR and S.CAT_OFFSET in e:
                 rec.file_offset = int(e[S.CAT_OFFSET])
                 rec.stored_nbytes = int(e[S.CAT_NBYTES])
@@ -130,7 +131,7 @@ def read_catalog(f: DumpFile, group: str = S.INPUT_GROUP) -> dict[str, dict[str,
     out: dict[str, dict[str, ValueRecord] | None] = {}
     for path, raw in rows.items():
         try:
-            out[path] = (_group_records(f, f"{path}/{group}", json.loads(raw)[key], hashed, placed)
+            out[path] = (_group_records(f, f"{path}/{group}", jsontext.loads(raw)[key], hashed, placed)
                          if raw else None)
         except _CAT_ERRORS:
             out[path] = None        # not described, or malformed: walk this op
@@ -246,7 +247,7 @@ def op_values(f: DumpFile, op, eager: int = 0, op_id=None) -> tuple[dict, dict] 
     if not raw:
         return None
     try:
-        d = json.loads(raw)
+        d = jsontext.loads(raw)
         st = _state(f)
         base = op.path
         with _SideGroup(f, op_id, base, S.INPUT_GROUP) as ins, _SideGroup(f, op_id, base, S.OUTPUT_GROUP) as outs:
@@ -377,7 +378,7 @@ def described_rows(f: DumpFile) -> DescribedRows | None:
 def parse_row(text) -> dict | None:
     """One row parsed: its dict, None when it is not a JSON object."""
     try:
-        d = json.loads(text)
+        d = jsontext.loads(text)
     except (ValueError, RecursionError):
         return None
     return d if isinstance(d, dict) else None

@@ -86,3 +86,48 @@ def ordered_names(names: list[str], order: Any) -> list[str]:
     listed = [_attr_str(n) for n in np.asarray(order).reshape(-1)]
     known = set(listed)
     return [n for n in listed if n in present] + [n for n in names if n not in known]
+
+
+# ---- a view's base (every reader of views: DumpFile, extract, load-replay) ----------
+def view_base(h5: h5py.File, file_path: str, view: Any, base_attr: Any) -> h5py.Dataset:
+    """The dataset a view (Type 40) is cut from, checked: the view holds one object
+    reference (or a null one and a `base` path attribute, as h5copy without `-f ref`
+    leaves it), and what it reaches is a plain stored tensor of this file, not the view
+    itself, another view, a group, the root or a string. A view pointing at itself, a
+    string dataset or the root raised internal errors (reading references as numbers) in
+    ls --stats, compare, export, whatif and golden, and load-replay handed the garbage to
+    the model. The base passes safety.check_dataset (a reference may reach a dataset no
+    link names, which the whole-file check did not see)."""
+    from dumpfile import schema as S
+    from dumpfile.read import safety
+
+    where = f"{file_path}: {view.name}"
+    if not isinstance(view, h5py.Dataset) or h5py.check_ref_dtype(view.dtype) is not h5py.Reference \
+            or view.shape != ():
+        raise DumpFormatError(f"{where}: a view (Type 40) that does not hold one object reference to its "
+                              "base; refused")
+    ref = view[()]
+    base = None
+    if ref:
+        try:
+            base = h5[ref]
+        except (ValueError, KeyError, TypeError):
+            base = None
+        if base is None:
+            raise DumpFormatError(f"{where}: a view whose reference reaches nothing readable; refused")
+    else:
+        base_path = _attr_str(base_attr)
+        if not base_path or base_path not in h5:
+            raise DumpFormatError(f"{where}: is a view of {base_path or 'a dataset'} that is not in this file "
+                                  "(copy with `accucmp extract` or `h5copy -f ref`)")
+        base = h5[base_path]
+    if not isinstance(base, h5py.Dataset):
+        raise DumpFormatError(f"{where}: a view whose base {base.name} is a group, not a stored tensor; refused")
+    kind = base.dtype.kind
+    code = base.attrs.get(S.ATTR_TYPE, S.TYPE_TENSOR)
+    if kind not in "biufc" or base.dtype.fields or np.asarray(code).size != 1 \
+            or np.asarray(code).dtype.kind not in "iu" or int(np.asarray(code).reshape(())) != S.TYPE_TENSOR:
+        raise DumpFormatError(f"{where}: a view whose base {base.name} is not a stored tensor (the view itself, "
+                              "another view, statistics or text); refused")
+    safety.check_dataset(base.id, file_path, f"{view.name} (its base)")
+    return base

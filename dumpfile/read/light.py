@@ -31,10 +31,11 @@ from h5py import h5a, h5d, h5g, h5o, h5s
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
-from dumpfile.read import legacy
+from dumpfile.read import legacy, safety
 from dumpfile.read.h5util import _attr_str, h5_errors, ordered_names, suffix_index  # noqa: F401
 from dumpfile.read.lowlevel import UNSUPPORTED, contiguous_offset, read_open_attr
 from dumpfile.read.reader import DumpFile, ValueRecord
+from dumpfile.read.records import check_kind, type_code
 from dumpfile.read.values import chunk_slabs, decode_raw
 
 NO_VALUE = object()        # a record whose value is not read yet (read() asks the file)
@@ -231,6 +232,7 @@ def member(f: DumpFile, parent_id, link: str, path: str, *, eager: int = 0, layo
     """The record of `link` in the open group `parent_id` (see the module's docstring for
     `layout` and `values`); tensors of at most `eager` elements are read now, while their
     dataset is open (reopening one by path costs as much as reading it)."""
+    safety.check_levels(f.path, path.count("/"), path)
     oid = h5o.open(parent_id, link.encode("utf-8", "surrogateescape"))
     is_group = isinstance(oid, h5g.GroupID)
     link = link if name is None else name
@@ -241,10 +243,14 @@ def member(f: DumpFile, parent_id, link: str, path: str, *, eager: int = 0, layo
         code = attrs.get(S.ATTR_TYPE)
     else:
         code = ll_attr(oid, _B_TYPE)
-    code = int(code) if code is not None else (S.TYPE_LIST if is_group else S.TYPE_TENSOR)
+    code = type_code(code, f"{f.path}: {path}") if code is not None else \
+        (S.TYPE_LIST if is_group else S.TYPE_TENSOR)
+    check_kind(f.path, path, code, is_group)
     if code in S.LIST_TYPES or (layout and is_group):
         rec = LightValue(f, path, link, code, attrs if layout else {S.ATTR_TYPE: code})
-        kids = sorted(link_names(oid) if is_group else [], key=suffix_index)
+        kids = link_names(oid) if is_group else []
+        safety.check_members(f.path, len(kids), path)
+        kids = sorted(kids, key=suffix_index)
         rec.children = [member(f, oid, k, f"{path}/{k}", eager=eager, layout=layout, values=values)
                         for k in kids]
         return rec
@@ -263,7 +269,7 @@ def member(f: DumpFile, parent_id, link: str, path: str, *, eager: int = 0, layo
         rec = LightValue(f, path, link, code, attrs)
         # hash(ObjectID) is h5py's (file number, object address): hard links share it, and
         # it equals hash(h5[path].id), the key of view bases in replay's recorded tensors
-        rec.ident = (hash(oid), int(attrs.get(S.ATTR_STORAGE_OFFSET, 0)), _layout_shape(attrs, oid),
+        rec.ident = (hash(oid), S.storage_offset(attrs, f"{f.path}: {path}"), _layout_shape(attrs, oid),
                      S.live_stride(attrs))
         if code == S.TYPE_TENSOR and not is_group:
             try:
@@ -310,9 +316,12 @@ def walk_group(f: DumpFile, group_path: str, op_id=None, side: str = "", *, eage
             raise
         return {}
     if not isinstance(gid, h5g.GroupID):
-        return {}
+        raise DumpFormatError(f"{f.path}: {group_path} is a dataset where an op's input/output group belongs; "
+                              "refused")
     order = ll_attr(gid, _B_ORDER)
-    names = ordered_names(link_names(gid), order)
+    names = link_names(gid)
+    safety.check_members(f.path, len(names), group_path)
+    names = ordered_names(names, order)
     return {n: member(f, gid, n, f"{group_path}/{n}", eager=eager, layout=layout, values=values)
             for n in names}
 

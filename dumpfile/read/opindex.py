@@ -105,8 +105,10 @@ def _index_blocks(ds: h5py.Dataset, complete: bool):
 def _check_index_type(path: str, ds) -> None:
     """The index must be a 1-d table with the index's fields, seqid and phase integers (a
     damaged or hostile file's other type surfaced as numpy's IndexError, an internal error)."""
+    if not isinstance(ds, h5py.Dataset):
+        raise DumpFormatError(f"{path}: {S.INDEX_PATH}: a group where the op index (a table) belongs; refused")
     fields = ds.dtype.names or ()
-    if not isinstance(ds, h5py.Dataset) or len(ds.shape or ()) != 1 or not set(S.INDEX_FIELDS) <= set(fields) \
+    if len(ds.shape or ()) != 1 or not set(S.INDEX_FIELDS) <= set(fields) \
             or ds.dtype["seqid"].kind not in "iu" or ds.dtype["phase"].kind not in "iu":
         raise DumpFormatError(f"{path}: {S.INDEX_PATH}: not an op index (a table of "
                               f"{', '.join(S.INDEX_FIELDS)}; found {printable(str(ds.dtype))[:80]}); refused")
@@ -136,10 +138,13 @@ def from_index(file, h5: h5py.File, record_cls, complete: bool, is_table: bool) 
     del parts
     row = np.arange(len(cols["seqid"]), dtype=np.int64)
     if not is_table and len(row):
-        keep = _present(h5, names, cols["op"], cols["seqid"], complete)
+        keep, unindexed = _present(h5, names, cols["op"], cols["seqid"], complete)
+        _check_agreement(file.path, names, cols, unindexed)     # (unindexed: complete files only)
         if not keep.all():
             cols = {k: v[keep] for k, v in cols.items()}
             row = row[keep]
+    elif is_table and len(row):
+        _check_unique(file.path, names, cols)
     order = np.argsort(cols["seqid"], kind="stable")
     if not np.array_equal(order, np.arange(len(order))):
         cols = {k: v[order] for k, v in cols.items()}
@@ -168,12 +173,47 @@ def _arr(code: str, a: np.ndarray) -> array.array:
     return out
 
 
+def _check_unique(path: str, names: list[str], cols: dict) -> None:
+    """Each (op, seqid) once: an index repeated (100k rows over 40 ops) made every reader
+    do the work of each op thousands of times, and two rows for one group pair twice."""
+    key = cols["seqid"].astype(np.int64)
+    if len(np.unique(key)) == len(key):
+        return
+    both = np.stack([cols["op"].astype(np.int64), key], axis=1)
+    uniq, counts = np.unique(both, axis=0, return_counts=True)
+    if (counts > 1).any():
+        code, q = uniq[np.argmax(counts)]
+        raise DumpFormatError(f"{path}: {S.INDEX_PATH} lists {S.op_group_path(names[int(code)], int(q))} "
+                              f"{int(counts.max())} times ({int((counts - 1).sum())} repeated rows); refused")
+
+
+def _check_agreement(path: str, names: list[str], cols: dict, unindexed: list[str]) -> None:
+    """A complete file's op groups must each have their index row, once. Reading on with
+    the index alone hid ops: the rows of the planted fault's op renamed, its groups were
+    in no row and `compare -p` printed PASS with the fault gone. A row whose group is
+    gone stays allowed (a tool dropped that op: it is left out, as documented)."""
+    _check_unique(path, names, cols)
+    if unindexed:
+        raise DumpFormatError(
+            f"{path}: {S.INDEX_PATH} and the op groups disagree: {len(unindexed)} op group(s) are in no index "
+            f"row (first: {printable(unindexed[0])}); refused (the index lists every op group of a complete dump)")
+
+
 def _present(h5: h5py.File, names: list[str], op_code: np.ndarray, seqid: np.ndarray,
-             complete: bool) -> np.ndarray:
-    """Which index rows have their op group (a tool may have dropped some groups): one
-    link listing per op name, no group opened per row, the names parsed into an int
-    array as they are listed (not a set of strings)."""
+             complete: bool) -> tuple[np.ndarray, list[str]]:
+    """Which index rows have their op group, and the op groups no row names (a tool may
+    have dropped some groups; an edit may have renamed rows): one link listing per op
+    name, no group opened per row, the names parsed into an int array as they are listed
+    (not a set of strings)."""
     keep = np.zeros(len(seqid), dtype=bool)
+    unindexed: list[str] = []
+    known = set(names)
+    if complete:
+        for name in h5.keys():
+            if name != S.META_GROUP and name not in known:
+                grp = existing(h5, name)
+                if isinstance(grp, h5py.Group) and any(S.is_seqid_name(k) for k in grp.keys()):
+                    unindexed.append(f"/{name}/")
     for c, name in enumerate(names):
         sel = np.flatnonzero(op_code == c)
         grp = existing(h5, name)          # (a damaged op's rows must not vanish: raises)
@@ -182,7 +222,8 @@ def _present(h5: h5py.File, names: list[str], op_code: np.ndarray, seqid: np.nda
         found = array.array("q")
 
         def take(link: bytes, _found=found) -> None:
-            if link.isdigit() and (link[:1] != b"0" or link == b"0"):    # "07" is not /op/7
+            # ("07" is not /op/7; past 18 digits no int64 seqid: a 23-digit name overflowed)
+            if S.is_seqid_name(link) and (link[:1] != b"0" or link == b"0"):
                 _found.append(int(link))
         try:
             grp.id.links.iterate(take)
@@ -200,7 +241,11 @@ def _present(h5: h5py.File, names: list[str], op_code: np.ndarray, seqid: np.nda
                     pass
         have = np.frombuffer(found, dtype=np.int64) if len(found) else np.empty(0, dtype=np.int64)
         keep[sel] = np.isin(seqid[sel], have)
-    return keep
+        if complete:
+            extra = have[~np.isin(have, seqid[sel])]
+            if len(extra):
+                unindexed.append(S.op_group_path(name, int(extra[0])))
+    return keep, unindexed
 
 
 class CatalogRows:

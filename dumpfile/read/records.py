@@ -50,6 +50,18 @@ def type_code(attr: Any, where: str) -> int:
     return int(a.reshape(()))
 
 
+def check_kind(file_path: str, path: str, code: int, is_group: bool) -> None:
+    """A value's HDF5 object kind must be its Type's: lists (and tuples) are groups; tensors,
+    views, statistics and plain values are datasets. A group where a tensor belongs was
+    read as a list of its members; a dataset with a list's Type as a list of nothing."""
+    if code in S.LIST_TYPES and not is_group:
+        raise DumpFormatError(f"{file_path}: {path}: a list (Type {code}) stored as a dataset, not a group; "
+                              "refused")
+    if is_group and code not in S.LIST_TYPES:
+        raise DumpFormatError(f"{file_path}: {path}: a group where a value of Type {code} (a dataset) belongs; "
+                              "refused")
+
+
 def _sizes(attr: Any, where: str) -> tuple[int, ...]:
     """A `shape` attribute as sizes: integers >= 0 (a hostile or damaged file may hold a
     string, floats or negative sizes there: int() of them raised as an internal error, or
@@ -203,8 +215,10 @@ class OpRecord:
 
     @_guarded
     def _read_attrs(self) -> dict[str, Any]:
-        return {k: (_attr_str(v) if isinstance(v, bytes) else v)
-                for k, v in self.file.h5[self.path].attrs.items()}
+        from dumpfile.read import safety
+        grp = self.file.h5[self.path]
+        safety.check_attributes(self.file.path, len(grp.attrs), self.path)
+        return {k: (_attr_str(v) if isinstance(v, bytes) else v) for k, v in grp.attrs.items()}
 
     def inputs(self) -> dict[str, ValueRecord]:
         return self.file.values(f"{self.path}/{S.INPUT_GROUP}")

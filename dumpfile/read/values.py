@@ -64,6 +64,14 @@ _WIDE_OK = frozenset({"bool", "float16", *S.RAW_BIT_DTYPES})
 _NUMERIC_KINDS = frozenset("biufc")
 
 
+def check_stored_dtype(dtype: np.dtype, where: str) -> None:
+    """Floats of at most 8 bytes, complex of at most 16: no tensor dtype is stored wider
+    (numpy's longdouble, float128, reached torch.from_numpy as a raw TypeError)."""
+    if dtype.kind == "f" and dtype.itemsize > 8 or dtype.kind == "c" and dtype.itemsize > 16:
+        raise DumpFormatError(f"{where}: stored as {dtype} ({dtype.itemsize} bytes), wider than any tensor "
+                              "dtype; refused")
+
+
 def decode_raw(data: np.ndarray, dtype_name: str, where: str = "a tensor") -> np.ndarray:
     """Stored array -> numpy array with the tensor's values (exact). `where` ("FILE: /path")
     names it in the refusal of a stored type that holds no numbers: a compound, enum,
@@ -78,6 +86,7 @@ def decode_raw(data: np.ndarray, dtype_name: str, where: str = "a tensor") -> np
     if kind not in _NUMERIC_KINDS or getattr(data.dtype, "fields", None) or data.dtype.subdtype:
         raise DumpFormatError(f"{where}: stored as {data.dtype if hasattr(data, 'dtype') else type(data).__name__}, "
                               "not numbers (a tensor is stored as bool, integers, floats or complex); refused")
+    check_stored_dtype(data.dtype, where)
     if data.dtype.kind in "fiu" and dtype_name in _WIDE_OK:
         # original layout / legacy export: Half, bfloat16, float8 stored as float32, bool as ints
         wide = legacy.decode_stored(data, dtype_name)

@@ -55,6 +55,23 @@ def _type_attrs(ds, code: int, schema_type: str | None) -> None:
     set_attrs(ds, attrs, fresh=True, items=items)
 
 
+# Under a file-size limit (RLIMIT_FSIZE: EFBIG, as a full disk), the last flush after a
+# failed claim writes the index, catalog and object headers of the ops already written
+# past the file's end: a tensor is refused when it would leave less than this below the
+# limit, so that flush fits (for ENOSPC the durability reserve file plays that part).
+LAST_FLUSH_ROOM = 1 << 20
+
+
+def _leave_room_for_the_last_flush(end: int) -> None:
+    import errno
+    import resource
+
+    from .h5objects import SpaceClaimError
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and end + LAST_FLUSH_ROOM > limit:
+        raise SpaceClaimError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+
 class DumpWriter(DurableFile):
     """One open dump file. Not thread-safe: one thread writes (the dumper's writer thread)."""
 
@@ -155,6 +172,13 @@ class DumpWriter(DurableFile):
         self._cat.begin(path)
         return g
 
+    def close(self, complete: bool = True) -> None:
+        # after a failed write: the op it was writing is not published by the last flush
+        # (its index row was pending since begin_op; the file listed it without its data)
+        if self._failed is not None and self._open_path is not None:
+            self.abort_op()
+        super().close(complete)
+
     def io_groups(self) -> tuple[h5py.Group, h5py.Group]:
         """The input/ and output/ groups of the op begun last, from the ids begin_op made
         (looking them up by name, `g["input"]`, costs ~30 us each through h5py)."""
@@ -163,12 +187,15 @@ class DumpWriter(DurableFile):
     def abort_op(self) -> None:
         """Drop the op begun last and not ended (its write failed): no half-written op remains."""
         path, self._open_path = self._open_path, None
-        self._open_row = None
+        row, self._open_row = self._open_row, None
         self._cat.reset()
         if path is None:
             return
-        if self._pending_index:
-            self._pending_index.pop()
+        # its own row, not the last one: deferred ops released since it began follow it
+        for i in range(len(self._pending_index) - 1, -1, -1):
+            if self._pending_index[i] is row:
+                del self._pending_index[i]
+                break
         try:
             if path in self._f:
                 del self._f[path]
@@ -282,8 +309,17 @@ class DumpWriter(DurableFile):
         # left HDF5 unable to flush again, so not even the ops already written were kept.
         if self._claim_blocks:
             try:
+                _leave_room_for_the_last_flush(offset + nbytes)
                 self._claim_blocks = claim_blocks(self._fd, offset, nbytes)
             except OSError as e:
+                # the dataset given back: HDF5 allocated its space at the end of the file,
+                # past what the disk (or the file-size limit) allows, and the last flush of
+                # the ops already written allocates its metadata after it: it failed too
+                # and the file kept 0 ops of 17 MB written under a 20 MB limit (issue 32)
+                try:
+                    del parent[name]
+                except (KeyError, OSError, RuntimeError):
+                    pass
                 raise DumpWriteError(f"{self.path}: write failed ({e})") from e
         attrs, items = meta.cached_attrs(S.TYPE_TENSOR)
         set_attrs(ds, attrs, fresh=True, items=items)

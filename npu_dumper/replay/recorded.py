@@ -18,9 +18,10 @@ import h5py
 import numpy as np
 import torch
 
-from dumpfile.read import safety
 from dumpfile import schema as S
-from dumpfile.errors import DumpError
+from dumpfile.errors import DumpError, DumpFormatError
+from dumpfile.read.h5util import view_base
+from dumpfile.read.values import check_stored_dtype
 from dumpfile.read.reader import OpRecord, ValueRecord
 
 from ..capture.opschema import op_info
@@ -81,7 +82,10 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
     name = rec.dtype
     tdtype = torch_dtype(name) if name else None
     if rec.type == S.TYPE_TENSOR_VIEW:
-        t = _view_tensor(rec, base_cache)
+        try:
+            t = _view_tensor(rec, base_cache)
+        except DumpFormatError as e:          # its layout attributes do not hold (a damaged file)
+            raise NotReplayable(f"{rec.name}: {e}") from None
     elif rec.type == S.TYPE_TENSOR and name in S.RAW_BIT_DTYPES:
         t = _raw_bits_tensor(rec.file.h5[rec.path][()], tdtype)
     elif name == "complex32":
@@ -93,6 +97,11 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
             raise NotReplayable(f"{rec.name}: cannot read tensor data")
         t = torch.from_numpy(np.ascontiguousarray(vals))
         if tdtype is not None and t.dtype != tdtype:
+            if name not in S.RAW_BIT_DTYPES:
+                # only raw-bit dtypes come back decoded to another dtype; any other
+                # disagreement is a dtype attribute that is not what was stored (a
+                # float tensor replayed as int64 failed inside the kernel: exit 3)
+                raise NotReplayable(f"{rec.name}: stored as {vals.dtype}, but its dtype attribute says {name}")
             t = t.to(tdtype)                          # decoded float32 -> bf16/float8: exact
     shape = rec.shape
     if tuple(t.shape) != tuple(shape) and t.numel() == int(np.prod(shape, dtype=np.int64)):
@@ -117,6 +126,10 @@ def _stored_tensor(ds: Any) -> torch.Tensor:
     name = ds.attrs.get(S.ATTR_DTYPE, "")
     name = name.decode() if isinstance(name, bytes) else str(name)
     data = ds[()]
+    try:
+        check_stored_dtype(data.dtype, ds.name)
+    except DumpFormatError as e:
+        raise NotReplayable(str(e)) from None
     if name in S.RAW_BIT_DTYPES:
         return _raw_bits_tensor(data, torch_dtype(name))
     if name == "complex32":
@@ -133,21 +146,10 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     reasons, not crashes. (dumpfile.view_of does the same in numpy, far slower on
     large bases: it proves density with np.unique.)"""
     h5 = rec.file.h5
-    ref = h5[rec.path][()]
-    base = None
     try:
-        base = h5[ref] if ref else None
-    except (ValueError, KeyError, TypeError):
-        base = None
-    if isinstance(base, h5py.Dataset):
-        # a reference may reach a dataset no link names (DumpFile's check did not see it)
-        safety.check_dataset(base.id, rec.file.path, f"{rec.path} (its base)")
-    if base is None:
-        bpath = rec.attrs.get(S.ATTR_BASE, "")
-        bpath = bpath.decode() if isinstance(bpath, bytes) else str(bpath)
-        if not bpath or bpath not in h5:
-            raise NotReplayable(f"{rec.name}: view of {bpath or 'a dataset'} that is not in this file")
-        base = h5[bpath]
+        base = view_base(h5, rec.file.path, h5[rec.path], rec.attrs.get(S.ATTR_BASE))
+    except DumpFormatError as e:
+        raise NotReplayable(f"{rec.name}: {e}") from None
     key = hash(base.id)
     cached = base_cache.get(key) if base_cache is not None else None
     if cached is None:
@@ -158,7 +160,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     n = storage.numel()
     shape = rec.shape
     stride = S.live_stride(rec.attrs)
-    rel = int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff
+    rel = S.storage_offset(rec.attrs, rec.path) - boff
     if len(stride) != len(shape) or any(d < 0 for d in shape) or any(s < 0 for s in stride):
         raise NotReplayable(f"{rec.name}: bad view shape/stride")
     if int(np.prod(shape, dtype=np.int64)) == 0:
@@ -175,7 +177,7 @@ def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = Non
     `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
     bt = _stored_tensor(base) if stored is None else stored
     bstride = S.live_stride(base.attrs)
-    boff = int(base.attrs.get(S.ATTR_STORAGE_OFFSET, 0))
+    boff = S.storage_offset(base.attrs, getattr(base, "name", rec.path))
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())
     n = bt.numel()

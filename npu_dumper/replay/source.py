@@ -229,7 +229,7 @@ class RecordedTensors:
             try:
                 obj = self._file.h5[rec.path]
                 stride = S.live_stride(rec.attrs)
-                key = (hash(obj.id), int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)), rec.shape, stride)
+                key = (hash(obj.id), S.storage_offset(rec.attrs, rec.path), rec.shape, stride)
             except (KeyError, ValueError, TypeError):
                 return tensor_from_record(rec)
         else:
@@ -364,7 +364,7 @@ class RecordedTensors:
                         while self._base_bytes > self.budget:
                             self._drop_base(next(iter(self._bases)))
             storage, boff = cached
-            return storage.as_strided(shape, stride, int(rec.attrs.get(S.ATTR_STORAGE_OFFSET, 0)) - boff)
+            return storage.as_strided(shape, stride, S.storage_offset(rec.attrs, rec.path) - boff)
         except (NotReplayable, RuntimeError, ValueError, KeyError):
             return None
 
