@@ -41,6 +41,9 @@ import time
 STALL_ENV = "ACCUCMP_STALL_SECONDS"
 DEFAULT_STALL_SECONDS = 300
 BAD_INPUT = 2
+# a call that released the interpreter lock and stays at one position: this many times the
+# bound before it counts as stalled (_push_deadline)
+RELEASED_FACTOR = 4
 
 _NOTE: mmap.mmap | None = None         # in the child: where the file being read is noted
 _NOTE_BYTES = 4096
@@ -96,8 +99,10 @@ def _push_deadline(seconds: float) -> None:
     but never returns (h5py releases the lock for dataset reads: a zeroed page looped
     inside the read of the catalog's strings, this thread ran on and the timer never
     fired). For the second, the main thread's position (its top frame and instruction)
-    is sampled each step: unchanged for `seconds` outside a module that waits for others,
-    the main thread is inside one call that long."""
+    is sampled each step: unchanged for RELEASED_FACTOR x `seconds` outside a module that
+    waits for others, the main thread is inside one call that long. (Longer than the first
+    bound: a legitimate loop of large reads from one call site, extract copying a huge
+    tensor from a slow disk, also shows one position between most samples.)"""
     step = min(1.0, seconds / 4)
     main = threading.main_thread().ident
     last, since = None, time.monotonic()
@@ -111,7 +116,8 @@ def _push_deadline(seconds: float) -> None:
         now = time.monotonic()
         if where != last:
             last, since = where, now
-        elif now - since >= seconds and not str(frame.f_globals.get("__name__", "")).startswith(_WAITING):
+        elif now - since >= RELEASED_FACTOR * seconds \
+                and not str(frame.f_globals.get("__name__", "")).startswith(_WAITING):
             os.kill(os.getpid(), signal.SIGALRM)
 
 
