@@ -370,3 +370,24 @@ def test_a_dtype_attribute_that_is_not_the_stored_data_is_refused_by_torch_reade
         rec = next(r for op in f.ops() for r in op.outputs().values() if r.path == "/" + victim)
         with pytest.raises(DumpFormatError if dtype == "longdouble" else NotReplayable, match=dtype):
             rec.read() if dtype == "longdouble" else tensor_from_record(rec)
+
+
+def test_deeply_nested_op_json_attributes_are_not_read(tmp_path):
+    """made_inputs / scalar_args nested thousands of levels (a hostile edit): compare reads
+    them as absent (bounded JSON), never a RecursionError."""
+    import h5py
+    import numpy as np
+
+    from accucmp.compare.pipeline import compare_dumps
+    from accucmp.compare.verdict import apply_verdict
+    from tests._compare_helpers import write_dump
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ops = [dict(op="aten.relu.default", seqid=1, inputs={"self": a}, outputs={"result": a})]
+    write_dump(tmp_path / "g.h5", ops)
+    write_dump(tmp_path / "t.h5", ops)
+    with h5py.File(tmp_path / "t.h5", "a") as f:
+        f["/aten.relu.default/1"].attrs["made_inputs"] = "[" * 5000 + "]" * 5000
+        f["/aten.relu.default/1"].attrs["scalar_args"] = "{\"a\":" * 3000 + "1" + "}" * 3000
+    t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
+    assert (t["Result"] == "pass").all()

@@ -10,7 +10,6 @@ the metric columns of the Tasks whose both sides are present.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,27 +195,26 @@ def _own_errors(text: Any) -> dict:
     return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}
 
 
-def _made_inputs(text: Any) -> frozenset[str] | None:
-    """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
+def _json_attr(text: Any) -> Any:
+    """An op attribute holding JSON, decoded (depth-bounded: a file is input from outside);
+    None when absent or not JSON."""
     if text is None or isinstance(text, h5py.Empty):
         return None
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
     try:
-        d = json.loads(text)
+        return jsontext.loads(text if isinstance(text, bytes) else str(text))
     except ValueError:
         return None
+
+
+def _made_inputs(text: Any) -> frozenset[str] | None:
+    """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
+    d = _json_attr(text)
     return frozenset(map(str, d)) if isinstance(d, list) else None
 
 
 def _scalar_args(text: Any) -> dict | None:
     """The op attribute scalar_args ({argument: value}); None when absent or bad."""
-    if text is None or isinstance(text, h5py.Empty):
-        return None
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
-    try:
-        d = json.loads(text)
-    except ValueError:
-        return None
+    d = _json_attr(text)
     return d if isinstance(d, dict) else None
 
 

@@ -75,10 +75,13 @@ def wrap_dotted(path: str, width: int) -> list[str]:
     longer than a line is shortened in its middle)."""
     parts = [p + "." for p in path.split(".")]
     parts[-1] = parts[-1][:-1]
+    return _pack([middle_ellipsis(p, width) if len(p) > width else p for p in parts], width)
+
+
+def _pack(parts: list[str], width: int) -> list[str]:
+    """Parts joined into lines of at most `width` (a part longer than that on a line of its own)."""
     lines, cur = [], ""
     for p in parts:
-        if len(p) > width:
-            p = middle_ellipsis(p, width)
         if cur and len(cur) + len(p) > width:
             lines.append(cur)
             cur = ""
@@ -95,15 +98,7 @@ def wrap_name(name: str, width: int) -> list[str]:
     parts = []
     for p in re.split(r"(?<=[._])", name):
         parts += [p[i:i + width] for i in range(0, len(p), max(width, 1))] if len(p) > width else [p] if p else []
-    lines, cur = [], ""
-    for p in parts:
-        if cur and len(cur) + len(p) > width:
-            lines.append(cur)
-            cur = ""
-        cur += p
-    if cur:
-        lines.append(cur)
-    return lines or [""]
+    return _pack(parts, width) or [""]
 
 
 def wrap_prose(text: str, width: int | None, *, indent: int | None = None) -> list[str]:
