@@ -316,3 +316,27 @@ def test_an_interrupt_is_not_recorded_as_the_op_raising(tmp_path):
             torch.ops.npu_dumper_test_interrupt.stop(torch.ones(2))
     with DumpFile(p) as f:
         assert [o.op for o in f.ops()] == ["aten.ones.default", "aten.mul.Tensor", "aten.ones.default"]
+
+
+def test_a_buffer_filled_outside_the_dispatcher_is_recorded_as_the_op_read_it(tmp_path):
+    """An empty-like op's result filled by a write no dispatched op makes (torch.tensor's
+    memcpy into DDP's bucket-size buffer; here through numpy) and then read: the reading op's
+    input is its value then, not a link to the garbage captured as the empty's result (DDP
+    load-replay compared a copy_ of that buffer: 'int32 values differ'). The pause lets the
+    writer store the empty's result first, as it did in the DDP run; the check does not depend
+    on it: the recorded value must be the one the op read."""
+    import time
+
+    import numpy as np
+
+    from dumpfile import DumpFile
+
+    p = tmp_path / "fill.h5"
+    with torch.utils.dumper(use_dump=True, dump_path=str(p)):
+        e = torch.empty(7, dtype=torch.int32)
+        time.sleep(0.3)
+        e.numpy()[:] = [5, 4, 3, 2, 1, 0, 1]
+        e + 1
+    with DumpFile(p) as f:
+        (add,) = [o for o in f.ops() if o.op == "aten.add.Tensor"]
+        assert np.asarray(add.inputs()["self"].read()).tolist() == [5, 4, 3, 2, 1, 0, 1]

@@ -168,7 +168,12 @@ class StoragePlan:
             self.num_views += 1
         else:
             self.num_datasets += 1
-        if key is None:
+        if key is None or cap.uninitialized:
+            # an uninitialized capture (an empty-like op's result, an out= buffer) is no
+            # link target: a later read of that storage at the same version sees what was
+            # written without a dispatched op (torch.tensor([...]) fills its `empty` by a
+            # memcpy the dispatcher never sees: DDP's bucket sizes), and must be stored as
+            # that op saw it, not linked to the garbage captured before the fill
             return
         self._exact[key] = (ref, cap.owner)
         if kind is NEW and self.views and cap.stride and is_dense(cap.shape, cap.stride) \
