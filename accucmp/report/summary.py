@@ -358,6 +358,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         origin = " (caused here: its inputs still agree)" if _text(ff, "Origin") == "caused here" else ""
         _say(console, f"first failure (execution order): {describe_row(ff)}{origin}")
         metrics = [f"{m}={fmt_value(ff.get(m))}" for m in _SHOW_METRICS if m in ff]
+        if metrics and all(as_float(ff.get(m)) != as_float(ff.get(m)) for m in _SHOW_METRICS if m in ff):
+            metrics = []            # (an op inserted or missing, an argument: nothing measured)
         if metrics:
             _say(console, "  " + "  ".join(metrics))
         for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
