@@ -110,6 +110,7 @@ class StoragePlan:
         self.dedup = dedup
         self.views = views
         self._exact: dict[tuple, tuple[Any, Any]] = {}     # key -> (ref, owner)
+        self._unwritten: dict[tuple, Any] = {}               # key of an uninitialized capture -> owner
         # (ptr, gen, version, dtype) -> [(first, last element, base path, owner)], oldest first
         self._bases: dict[tuple, list[tuple[int, int, str, Any]]] = {}
         self._sweep_at = 1024
@@ -148,6 +149,10 @@ class StoragePlan:
         ref = self.earlier(key)
         if ref is not None:
             return Placement(LINK, ref, key)
+        if not cap.uninitialized:
+            owner = self._unwritten.get(key)
+            if owner is not None and owner() is not None:
+                cap.uninitialized = True    # the storage an uninitialized capture left (stored)
         if self.views and cap.stride and all(s >= 0 for s in cap.stride):
             bases = self._bases.get(key[:4])
             if bases:
@@ -168,12 +173,17 @@ class StoragePlan:
             self.num_views += 1
         else:
             self.num_datasets += 1
-        if key is None or cap.uninitialized:
+        if key is None:
+            return
+        if cap.uninitialized:
             # an uninitialized capture (an empty-like op's result, an out= buffer) is no
-            # link target: a later read of that storage at the same version sees what was
-            # written without a dispatched op (torch.tensor([...]) fills its `empty` by a
-            # memcpy the dispatcher never sees: DDP's bucket sizes), and must be stored as
-            # that op saw it, not linked to the garbage captured before the fill
+            # link target: a later read of that storage at the same version may see what a
+            # write no dispatched op makes put there (torch.tensor([...]) fills its `empty`
+            # by a memcpy the dispatcher never sees: DDP's bucket sizes), so it is stored as
+            # that op read it, and flagged uninitialized still (place: it may be garbage)
+            self._unwritten[key] = cap.owner
+            if len(self._unwritten) >= self._sweep_at:
+                self._sweep()
             return
         self._exact[key] = (ref, cap.owner)
         if kind is NEW and self.views and cap.stride and is_dense(cap.shape, cap.stride) \
@@ -189,10 +199,11 @@ class StoragePlan:
     def _sweep(self) -> None:
         """Drop the entries of storages that died (they can never match again)."""
         self._exact = {k: v for k, v in self._exact.items() if v[1]() is not None}
+        self._unwritten = {k: v for k, v in self._unwritten.items() if v() is not None}
         live = {}
         for k, bases in self._bases.items():
             kept = [b for b in bases if b[3]() is not None]
             if kept:
                 live[k] = kept
         self._bases = live
-        self._sweep_at = max(1024, 2 * len(self._exact))
+        self._sweep_at = max(1024, 2 * len(self._exact), 2 * len(self._unwritten))
