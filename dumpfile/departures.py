@@ -30,6 +30,7 @@ import math
 from typing import Any
 
 from dumpfile.errors import DumpFormatError
+from dumpfile.opclass import CASTS
 
 ROOT_ATTR = "replay_departures"
 VERSION = 1
@@ -39,9 +40,8 @@ KINDS = (INSERTED, MISSING, ARGUMENT, INPUT)
 
 # op packets (namespace.name) that convert a tensor's dtype or device and nothing else: a
 # low-precision or another-device run calls them where the reference does not
-BY_DESIGN_OPS = frozenset({
-    "aten._to_copy", "aten.to", "aten._autocast_to_reduced_precision",
-    "aten._autocast_to_full_precision", "aten._to_cpu", "aten.lift_fresh", "aten.lift_fresh_copy",
+BY_DESIGN_OPS = CASTS | frozenset({
+    "aten._to_cpu", "aten.lift_fresh", "aten.lift_fresh_copy",
     "aten.detach", "aten.alias",
     # ops that copy or re-view values without computing: a clone the autograd engine makes
     # to accumulate a gradient in one precision and steals in another, a contiguous copy

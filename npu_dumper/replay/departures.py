@@ -33,19 +33,12 @@ from dumpfile import departures as D
 from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
-from .layout import bitwise_equal
+from .layout import bitwise_equal, storage_key
 from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
 _REPLAYED, _INSERTED = "replayed", "inserted"   # (a storage no op made is a leaf: not in the map)
 _UNSET = object()
-
-
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):     # a wrapper subclass with no storage
-        return None
 
 
 def _live_text(v: Any) -> Any:
@@ -125,7 +118,7 @@ class DepartureLog:
         flat, _ = tree_flatten(list(live.values()))
         for t in flat:
             if isinstance(t, torch.Tensor):
-                ptr = _storage_ptr(t)
+                ptr = storage_key(t)
                 if ptr is None:
                     return _REPLAYED
                 made = self._made.get(ptr)
@@ -145,7 +138,7 @@ class DepartureLog:
                 # everything: a model's own float16 guard): no departure; its result is what
                 # its input was
                 made[1]["_identity"] = True
-                ptr = _storage_ptr(same)
+                ptr = storage_key(same)
                 made = self._made.get(ptr, ("leaf", "", same.dtype)) if ptr is not None else _REPLAYED
         if isinstance(made, tuple) and made[0] == "leaf":   # a cast of a leaf: checked where it is read
             out = next((t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)), None)
@@ -157,7 +150,7 @@ class DepartureLog:
             flat, _ = tree_flatten(flat)
         for t in flat:
             if isinstance(t, torch.Tensor):
-                ptr = _storage_ptr(t)
+                ptr = storage_key(t)
                 if ptr is not None:
                     self._made[ptr] = made
 
@@ -201,7 +194,7 @@ class DepartureLog:
         """A tensor input no replayed op made: compare its live value with the recorded one."""
         if name in op_info(ev.func).out_args:
             return                      # an out= buffer is written, not read
-        ptr = _storage_ptr(value)
+        ptr = storage_key(value)
         if ptr is None:
             return
         made = self._made.get(ptr)

@@ -49,3 +49,13 @@ def bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
 
 def dense_non_overlapping(t: torch.Tensor) -> bool:
     return non_overlapping(tuple(t.shape), tuple(t.stride()))
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """The address of a tensor's storage, what identifies "the same data" between ops of a
+    block (None: no storage to follow: a wrapper subclass, a meta or empty tensor)."""
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except Exception:  # noqa: BLE001 - wrapper subclasses, meta tensors: no address to follow
+        return None
+

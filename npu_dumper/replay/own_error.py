@@ -38,6 +38,7 @@ from dumpfile.opclass import is_cast, sum_outputs
 
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
+from .layout import storage_key
 from .op_names import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}
@@ -390,13 +391,6 @@ def _plain_value(v: Any) -> bool:
     return False
 
 
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr() or None
-    except Exception:  # noqa: BLE001 - wrapper subclasses, meta tensors: no address to follow
-        return None
-
-
 class PlainOwnError(Policy):
     """Plain dump (`use_dump=True`) of a run that computes in reduced precision: every op from
     the first one that touches a floating dtype coarser than float32 (a bf16/fp16 model, an
@@ -435,11 +429,11 @@ class PlainOwnError(Policy):
             if name in info.not_data:
                 continue
             if isinstance(v, torch.Tensor):
-                if _storage_key(v) in self._made:
+                if storage_key(v) in self._made:
                     made.append(name)
             elif isinstance(v, (list, tuple)):
                 made += [f"{name}/{name}_{i}" for i, x in enumerate(v)
-                         if isinstance(x, torch.Tensor) and _storage_key(x) in self._made]
+                         if isinstance(x, torch.Tensor) and storage_key(x) in self._made]
         if made:
             ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
         else:
@@ -461,12 +455,12 @@ class PlainOwnError(Policy):
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
         info = op_info(ev.func)
         named = named_args(info, ev.args, ev.kwargs)
-        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and _storage_key(v) in self._made
+        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and storage_key(v) in self._made
                                         for _, _, v in named):
             return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
         written = [v for n, _, v in named if n in info.written]
         for t in tree_flatten((ev.outputs, written))[0]:
             if isinstance(t, torch.Tensor):
-                key = _storage_key(t)
+                key = storage_key(t)
                 if key is not None:
                     self._made.add(key)
