@@ -67,6 +67,8 @@ def compare(
     noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
     noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, metavar="F", help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
     align_map: AlignMapFile = None,
+    batch_split: Annotated[str, typer.Option("--batch-split", metavar="auto|interleaved|contiguous", help="A run folder against one single-process dump (-g FILE): which rows of the reference's batch each rank holds; auto: found from the batch input (DistributedSampler interleaves).")] = "auto",
+    loss_reduction: Annotated[str, typer.Option("--loss-reduction", metavar="mean|sum", help="A run folder against one single-process dump: the loss's reduction, for the rank's batch gradients (mean: world size x the reference's).")] = "mean",
     bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash equals the golden's; names the first op whose output bits differ.")] = False,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g): a result csv in DIR and the verdict; exit 0 all pass, 1 some fail, 2 bad input.
@@ -97,6 +99,22 @@ def compare(
                                       replica_check=replica_check, formats=formats,
                                       console=_console(), golden_fp64=golden_fp64,
                                       dump_failures=pickle_failures)
+            raise typer.Exit(code)
+        if my_dump.is_dir() and golden_dump.is_file():
+            # every rank of a run against one single-process reference (docs/COMPARE.md)
+            from accucmp.compare.reference_runs import run_reference_compare
+
+            if align_map is not None:
+                raise UsageProblem("--align-map takes two files, not a folder")
+            if summary_json is not None:
+                raise UsageProblem("--summary-json takes two files; a folder's summary json is written "
+                                   "next to the per-rank csvs")
+            code = run_reference_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
+                                         thresholds=thresholds, chunk_elements=chunk_elements, top=top,
+                                         quiet=quiet, scheduler=scheduler, workers=workers, formats=formats,
+                                         console=_console(), golden_fp64=golden_fp64,
+                                         dump_failures=pickle_failures, batch_split=batch_split,
+                                         loss=loss_reduction)
             raise typer.Exit(code)
         from accucmp.report.outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
         from accucmp.compare.streaming import compare_to_csv

@@ -33,7 +33,7 @@ from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
 from accucmp.compare.precision import PrecisionCarry, to_frame
-from accucmp.compare.rows import (BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, STATUS_RANDOM_REPLAYED, TAIL_COLUMNS,
+from accucmp.compare.rows import (BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, NOT_MEASURED, TAIL_COLUMNS,
                                   Task, tasks_for_pair)
 from accucmp.compare.metrics import resolve_algorithms
 
@@ -156,15 +156,16 @@ class CompareStream:
 
 def stream_compare(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
                    chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
-                   batch_rows: int = 4096, align_map: str | None = None) -> CompareStream:
+                   batch_rows: int = 4096, align_map: str | None = None, view=None) -> CompareStream:
     """compare_dumps as a stream of row batches (see CompareStream): the same rows, the
     same order, for results larger than memory (`accucmp compare` writes them to the csv
-    as they come). A batch holds whole ops and about `batch_rows` rows."""
+    as they come). A batch holds whole ops and about `batch_rows` rows. `view`: how a
+    rank's tensors pair with a single-process reference's (reference_runs.RankView)."""
     amap = _load_align_map(align_map)
     algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
     opened = [f for f in files if f is not None]
     try:
-        setup = _setup(*files, algs, pattern, jobs, chunk_elements, amap)
+        setup = _setup(*files, algs, pattern, jobs, chunk_elements, amap, view)
     except BaseException:
         for f in opened:
             f.close()
@@ -173,16 +174,28 @@ def stream_compare(target: str, golden: str, *, algorithms=None, select: str | N
 
 
 def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs, chunk_elements,
-           amap=None) -> "_Setup":
+           amap=None, view=None) -> "_Setup":
     """Pair the ops of two open dumps; everything a comparison needs before reading tensors."""
     t_ops, g_ops = tf.ops(), gf.ops()
+    parallel_ops = []
+    if view is not None:        # ops only the parallel run has: listed, never aligned
+        t_ops, parallel_ops = view.parallel_ops(tf, t_ops)
     m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
+    pairs = matched = m.pairs
+    if view is not None:
+        view.bind(gf, m.pairs)
+        if pattern is not None:
+            parallel_ops = [o for o in parallel_ops if pattern.search(o.op) or pattern.search(o.module or "")]
+        matched = tuple(p for p in m.pairs if not view.is_parallel(p))
+        parallel_ops = sorted(parallel_ops + [p.target for p in m.pairs if view.is_parallel(p)],
+                              key=lambda o: o.seqid)
+        pairs = _with_ops(matched, parallel_ops)
     metric_cols = list(algs)
-    work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios,
-                 structure="" if m.replay else structure_differs(m.pairs),
+    work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
+                 structure="" if m.replay else structure_differs(matched),
                  # (a compiled step against an eager one: ops outside the compiled graphs and
                  # values a fused kernel never materialises have no partner by design)
-                 structural=frozenset() if m.replay or _compiled(tf, gf) else structural_pairs(m.pairs))
+                 structural=frozenset() if m.replay or _compiled(tf, gf) else structural_pairs(matched))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
@@ -210,6 +223,20 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     if departures:
         meta["departures"] = len(departures)
     return _Setup(work, (tf, gf, ff), jobs, columns, meta, m.inherit, departures)
+
+
+def _with_ops(pairs, ops) -> tuple:
+    """`pairs` with a target-only pair for each of `ops` (sorted by seqid) put in execution order."""
+    if not ops:
+        return pairs
+    out, k = [], 0
+    for p in pairs:
+        while k < len(ops) and p.target is not None and ops[k].seqid < p.target.seqid:
+            out.append(matching.OpPair(ops[k], None, "parallelism"))
+            k += 1
+        out.append(p)
+    out += [matching.OpPair(op, None, "parallelism") for op in ops[k:]]
+    return tuple(out)
 
 
 def _compiled(*files: DumpFile) -> bool:
@@ -287,6 +314,7 @@ class _Work:
     structure: str = ""         # independent runs: ops with no partner beyond dtype casts
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
     structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
+    view: Any = None            # a rank against a single-process reference (reference_runs.RankView)
 
     @property
     def eager(self) -> int:
@@ -300,6 +328,8 @@ class _Work:
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
         tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        if self.view is not None:
+            tasks = self.view.adjust(pair, tasks)
         if self.structure:
             for task in tasks:
                 task.row["StructureDiffers"] = self.structure
@@ -319,7 +349,7 @@ class _Work:
     def computes(task: "Task") -> bool:
         """Whether the task's metrics are computed (both sides present, not a replayed random op)."""
         return task.target is not None and task.golden is not None \
-            and task.row["CompareStatus"] != STATUS_RANDOM_REPLAYED
+            and task.row["CompareStatus"] not in NOT_MEASURED
 
     def rows(self, lo: int, hi: int) -> list[dict[str, Any]]:
         rows = []

@@ -86,6 +86,11 @@ def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
 
     t0 = time.perf_counter()
     send = _progress_sender(queue_name)
+    options = dict(options)
+    if options.get("view") is not None:      # a rank against a single-process reference
+        from accucmp.compare.reference_runs import RankView
+
+        options["view"] = RankView.from_options(options["view"])
     try:
         r = compare_to_csv(target, golden, Path(csv_path), jobs=1, on_rows=send, **options)
     except Exception as e:  # noqa: BLE001 - sorted: a damaged file is that pair's error, a bug goes up

@@ -279,8 +279,10 @@ class _Bar:
 
 
 def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool = False,
-                       formats=("csv",), dump_failures: bool = False, **kw) -> int:
-    """`accucmp compare` given two folders: compare, print the merged answer, exit code."""
+                       formats=("csv",), dump_failures: bool = False, compare=None, **kw) -> int:
+    """`accucmp compare` given two folders: compare, print the merged answer, exit code.
+    `compare`: what makes the RunsResult (compare_runs; reference_runs.compare_with_reference
+    for a folder against one single-process dump)."""
     from accucmp.report.summary import describe_row, fmt_value
 
     extra = [f for f in formats if f != "csv"]
@@ -290,7 +292,7 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
         raise DumpFormatError("-p/--dump-failures takes two files; with folders, run it on one rank's pair")
     bar = _Bar(console) if console.is_terminal and not quiet else None
     try:
-        r = compare_runs(target_dir, golden_dir, out_dir, progress=bar, **kw)
+        r = (compare or compare_runs)(target_dir, golden_dir, out_dir, progress=bar, **kw)
     finally:
         if bar is not None:
             bar.stop()

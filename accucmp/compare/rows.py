@@ -57,6 +57,9 @@ TAIL_COLUMNS = [
     # independent runs whose op streams differ beyond dtype casts (ops with no partner): a
     # difference then may come from them, so nothing passes as inherited (the count and ops)
     "StructureDiffers",
+    # a run against a single-process reference (compare/reference_runs.py): which part of the
+    # reference's tensor the row compares with (a batch slice, a gradient after the all-reduce)
+    "ReferencePart",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -69,6 +72,12 @@ STATUS_EMPTY = "empty"
 STATUS_RANDOM_REPLAYED = "random_replayed"  # a random op's outputs were copied from the golden
 STATUS_SIZE_MISMATCH = "size_mismatch"
 STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with data
+# a run against a single-process reference (compare/reference_runs.py): not measured
+STATUS_PARALLELISM = "parallelism"      # an op only the parallel run has (collective, bucket copy)
+STATUS_PARTIAL = "partial"              # a reduction over the rank's part of the batch
+STATUS_SHARDED = "sharded"              # a shard of a tensor (shard assembly's part)
+# statuses whose rows hold two records but no metrics are computed for
+NOT_MEASURED = frozenset((STATUS_RANDOM_REPLAYED, STATUS_PARALLELISM, STATUS_PARTIAL, STATUS_SHARDED))
 
 
 @dataclass(frozen=True, slots=True)

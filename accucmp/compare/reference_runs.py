@@ -1,0 +1,679 @@
+"""`accucmp compare -m RUN/ -g REF.h5`: every rank of a data-parallel run against ONE
+single-process reference dump (torch-free).
+
+What is paired how (docs/COMPARE.md, "A run against a single-process reference"):
+
+* Layouts (`describe_layout`): the ranks' root attributes `world_size` and
+  `parallel_layout` (wrappers and device meshes) and the reference's. Data parallel (DDP,
+  FSDP2 on a 1-D mesh, or no wrapper) compares; tensor parallel and other meshes, a
+  reference that is itself a rank of a run, ranks of different world sizes are one line
+  (UncomparableRuns, exit 2), never a size-mismatch verdict.
+* The batch split (`find_batch_split`): the first forward op reading a tensor no op made
+  (the batch) whose shape is the reference's with one dimension divided by the world size;
+  which rows of the reference's batch rank 0 holds says interleaved (DistributedSampler's
+  default: rank, rank + W, ...) or contiguous, unless `--batch-split` states it.
+* Per rank (`RankView`, given to the pipeline: pipeline.stream_compare(view=...)), each
+  tensor of the rank by what the rank holds of the reference's:
+  - a batch slice (shape = reference's with one dimension divided by the world size,
+    batch-major): compared with those rows of the reference's tensor (`BatchSlice` reads
+    them in bounded pieces); a gradient (made by a backward op) times the loss
+    normalisation (a mean loss over the rank's part: world size / 1 for a sum loss);
+  - the same shape, not depending on the batch (weights, buffers): compared whole;
+  - the same shape and depending on the batch (the loss, per-rank gradients before the
+    all-reduce: partial sums over the rank's rows): status `partial`, never a failure;
+  - the gradient a parallel wrapper copies back after its all-reduce (DDP's reducer
+    copying the averaged bucket into .grad): compared with the reference's full-batch
+    gradient from the op that made it there;
+  - ops that exist only because of the parallelism (collectives, FSDP's copy-in/out,
+    DDP's bucket copies, their buffers): status `parallelism`, taken out before the op
+    streams are aligned, so they neither disturb the pairing nor count as departures;
+  - FSDP2's sharded gradients (reduce-scatter outputs): status `sharded` (shard assembly).
+  Which tensor depends on the batch, and which op made it, comes from the dump's links
+  (the catalog's `obj`/`base` entries of a dump written with dedup, the default).
+* Folder: one Dask task per rank (rank_tasks.pair_task with the view's options), merged as
+  ranks.py merges a folder compare; the replica check does not apply (one reference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from dumpfile import schema as S
+from dumpfile.errors import DumpFormatError
+from dumpfile.read.light import LightValue
+
+SPLITS = ("auto", "interleaved", "contiguous")
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+class UncomparableRuns(DumpFormatError):
+    """A run and a reference that cannot be compared tensor by tensor (one line, exit 2)."""
+
+
+# ---- what exists only because of the parallelism: policy as data --------------------------
+# op namespaces whose ops are communication or a parallel wrapper's own bookkeeping
+PARALLELISM_NAMESPACES: dict[str, str] = {
+    "c10d": "collective",
+    "_c10d_functional": "collective",
+    "c10d_functional": "collective",
+    "_dtensor": "DTensor redistribution",
+    "fsdp": "FSDP copy-in/copy-out",
+}
+# autograd nodes whose ops, writing into a preallocated out= buffer, are a wrapper's hooks:
+# DDP's reducer copies each gradient into its bucket from the AccumulateGrad hook
+BUCKET_HOOK_NODES: dict[str, str] = {
+    "torch::autograd::AccumulateGrad": "DDP reducer: a gradient copied into its all-reduce bucket",
+}
+# wrappers (root attribute parallel_layout) under which ranks hold a part of the batch
+DATA_PARALLEL_WRAPPERS: dict[str, str] = {"ddp": "DDP", "fsdp2": "FSDP2"}
+
+
+def _namespace(op: str) -> str:
+    return op.split(".", 1)[0]
+
+
+# ---- layouts --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    wrappers: tuple[str, ...]
+    meshes: tuple[dict, ...]
+
+    def name(self) -> str:
+        names = [DATA_PARALLEL_WRAPPERS.get(w, w) for w in self.wrappers]
+        return "+".join(names) if names else ("tensor-parallel" if self.meshes else "data-parallel")
+
+
+def read_layout(path: str) -> Layout:
+    from dumpfile.read.reader import DumpFile
+
+    with DumpFile(path) as f:
+        a = f.attrs
+        world = int(a.get(S.ROOT_WORLD_SIZE, 1) or 1)
+        raw = a.get(S.ROOT_PARALLEL_LAYOUT)
+    wrappers, meshes = (), ()
+    if raw is not None:
+        try:
+            d = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+            wrappers = tuple(sorted(str(w) for w in d.get("wrappers", [])))
+            meshes = tuple(m for m in d.get("meshes", []) if isinstance(m, dict))
+        except (ValueError, AttributeError, TypeError) as e:
+            raise DumpFormatError(f"{path}: root attribute parallel_layout is not the JSON docs/FORMAT.md "
+                                  f"describes ({e})") from e
+    return Layout(world, wrappers, meshes)
+
+
+def describe_layout(targets: list, golden: str) -> Layout:
+    """The run's layout (rank_files.RankFile list, one per rank) checked against a
+    single-process reference: the layout, or UncomparableRuns naming why not."""
+    g = read_layout(golden)
+    if g.world_size > 1:
+        raise UncomparableRuns(f"{golden}: a rank of a {g.world_size}-rank run, not a single-process reference "
+                               "(give the run's folder as -g to compare rank with rank)")
+    layouts = {rf.path: read_layout(rf.path) for rf in targets}
+    worlds = {lay.world_size for lay in layouts.values()}
+    if len(worlds) > 1:
+        raise UncomparableRuns("ranks of different runs in one folder: world sizes "
+                               + ", ".join(str(w) for w in sorted(worlds)))
+    lay = next(iter(layouts.values()))
+    if lay.world_size <= 1:
+        raise UncomparableRuns(f"{targets[0].path}: world_size 1: not a rank of a distributed run "
+                               "(compare two files as usual)")
+    if any(x != lay for x in layouts.values()):
+        raise UncomparableRuns("the ranks record different parallel layouts: "
+                               + "; ".join(sorted({_layout_text(x) for x in layouts.values()})))
+    for mesh in lay.meshes:
+        shape = list(mesh.get("mesh_shape") or [])
+        names = list(mesh.get("mesh_dim_names") or [])
+        if "fsdp2" not in lay.wrappers or len(shape) != 1:
+            raise UncomparableRuns(
+                f"{lay.name()} run ({_layout_text(lay)}) vs a single-process reference: its tensors are "
+                f"shards on a device mesh {shape}{' ' + str(names) if names else ''}, and compare does not "
+                "assemble shards against a reference yet; compare rank with rank of a run of the same layout")
+    return lay
+
+
+def _layout_text(lay: Layout) -> str:
+    meshes = ", ".join(f"mesh {m.get('mesh_shape')}" + (f" {m.get('mesh_dim_names')}" if m.get("mesh_dim_names")
+                                                       else "") for m in lay.meshes)
+    return f"world size {lay.world_size}, wrappers {list(lay.wrappers) or 'none'}" + (f", {meshes}" if meshes else "")
+
+
+# ---- catalog links: which op made a tensor ----------------------------------------------------
+def _entries(f, op) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) catalog entries of one op: name `n`, shape, links `obj`/`base`."""
+    raw = f.catalog.get(getattr(op, "index_row", -1)) if f.catalog is not None else None
+    if not raw:
+        return [], []
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return [], []
+    ins = [e for e in d.get("i", []) if isinstance(e, dict) and isinstance(e.get("n"), str)]
+    outs = [e for e in d.get("o", []) if isinstance(e, dict) and isinstance(e.get("n"), str)]
+    return ins, outs
+
+
+def _link(entry: dict) -> tuple[int, str, str] | None:
+    """(seqid, io, name) of the tensor an entry is (its `obj` link) or a view of (its
+    `base`); None when the entry is the tensor's first appearance and no view."""
+    base = entry.get("base")
+    if isinstance(base, str) and base:
+        last = base.rsplit("/", 1)[-1]
+        if last.startswith("_base|"):             # a local link: _base|op|seqid|io|name
+            parts = last.split("|")
+            if len(parts) >= 5 and parts[2].isdigit():
+                return int(parts[2]), parts[3], "/".join(parts[4:])
+            return None
+        ref = base
+    else:
+        ref = entry.get("obj")
+    if isinstance(ref, str) and ref:
+        parts = ref.strip("/").split("/")
+        if len(parts) >= 4 and parts[1].isdigit():
+            return int(parts[1]), parts[2], "/".join(parts[3:])
+    return None
+
+
+def _is_tensor(entry: dict) -> bool:
+    return isinstance(entry.get("shape"), list) and entry.get("T") in S.TENSOR_TYPES
+
+
+def _shape(entry: dict) -> tuple[int, ...]:
+    return tuple(int(s) for s in entry.get("shape") or ())
+
+
+def slice_dim(t_shape, g_shape, world: int) -> int | None:
+    """The dimension along which `t_shape` is 1/world of `g_shape` (all others equal)."""
+    if len(t_shape) != len(g_shape) or not t_shape:
+        return None
+    diff = [d for d, (a, b) in enumerate(zip(t_shape, g_shape)) if a != b]
+    if len(diff) == 1 and t_shape[diff[0]] * world == g_shape[diff[0]]:
+        return diff[0]
+    return None
+
+
+# ---- the batch split --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchSplit:
+    kind: str                      # "interleaved" or "contiguous"
+    batch: int                     # rows of the reference's batch
+    found: str                     # where it was found ("aten.embedding.default #1 indices") or "stated"
+
+    def rows(self, rank: int, world: int) -> list[int]:
+        if self.kind == "interleaved":
+            return list(range(rank, self.batch, world))
+        per = self.batch // world
+        return list(range(rank * per, (rank + 1) * per))
+
+
+_MAX_BATCH_ELEMENTS = 1 << 24
+
+
+def _rows_of(x: np.ndarray, dim: int) -> list[bytes]:
+    x = np.ascontiguousarray(np.moveaxis(x, dim, 0))
+    return [x[i].tobytes() for i in range(x.shape[0])]
+
+
+def find_batch_split(target: str, golden: str, world: int, rank: int, stated: str = "auto") -> BatchSplit:
+    """The batch input of `target` (a rank file) against the reference's: how many rows
+    the reference's batch has and which of them the rank holds (interleaved/contiguous)."""
+    from accucmp.compare.pipeline import _open
+    from accucmp.compare.pairing import match_ops
+    from accucmp.compare.rows import op_tensors
+
+    tf, gf = _open(target, "target"), _open(golden, "golden")
+    try:
+        if not tf.attrs.get("dedup", False) or tf.catalog is None:
+            raise UncomparableRuns(f"{target}: written without links (dedup off or no catalog): compare cannot tell "
+                                   "which tensors depend on the batch")
+        keep = [o for o in tf.ops() if _namespace(o.op) not in PARALLELISM_NAMESPACES]
+        m = match_ops(tf, gf, keep, gf.ops())
+        for pair in m.pairs:
+            t, g = pair.target, pair.golden
+            if t is None or g is None or t.phase != S.PHASE_FORWARD:
+                continue
+            ins, _ = _entries(tf, t)
+            g_ins = {e["n"]: e for e in _entries(gf, g)[0] if _is_tensor(e)}
+            for e in ins:
+                ge = g_ins.get(e["n"])
+                if not _is_tensor(e) or ge is None or _link(e) is not None:
+                    continue
+                dim = slice_dim(_shape(e), _shape(ge), world)
+                if dim is None:
+                    continue
+                batch = _shape(ge)[dim]
+                where = f"{t.op} #{t.seqid} {e['n']}"
+                if batch % world:
+                    raise UncomparableRuns(f"{target}: the batch ({where}: {batch} rows in the reference) does not "
+                                           f"split evenly over {world} ranks")
+                if stated != "auto":
+                    return BatchSplit(stated, batch, f"stated; batch {where}")
+                if _shape(e)[dim] * max(1, math.prod(_shape(e))) > _MAX_BATCH_ELEMENTS:
+                    raise UncomparableRuns(f"{target}: the batch ({where}) is too large to find the split from; "
+                                           "state it with --batch-split")
+                t_rows = _rows_of(np.asarray(op_tensors(t).inputs[e["n"]].read()), dim)
+                g_rows = _rows_of(np.asarray(op_tensors(g).inputs[e["n"]].read()), dim)
+                for kind in ("interleaved", "contiguous"):
+                    split = BatchSplit(kind, batch, where)
+                    if [g_rows[j] for j in split.rows(rank, world)] == t_rows:
+                        return split
+                held = [j for j, r in enumerate(g_rows) if r in set(t_rows)]
+                raise UncomparableRuns(f"{target}: rank {rank}'s batch ({where}) holds rows {held[:8]} of the "
+                                       f"reference's {batch}: neither interleaved nor contiguous (state "
+                                       "--batch-split to compare anyway, or check the reference's batch)")
+        raise UncomparableRuns(f"{target} vs {golden}: no input of a forward op is the reference's batch split "
+                               f"{world} ways (a different model or batch?)")
+    finally:
+        tf.close()
+        gf.close()
+
+
+# ---- a reference tensor's batch slice, read in bounded pieces -------------------------------------
+@dataclass
+class BatchSlice(LightValue):
+    """The rows `rows` (sorted, of `batch`) of a reference tensor along dimension `dim`,
+    times `scale`: what one rank holds of it. Seen flat, the reference is (outer, batch,
+    block) with `block` = shape[dim] / batch x the sizes after `dim` (batch-major), so the
+    rank's elements, in C order, are the reference's stream filtered by row: read in the
+    reference's own chunks, never the whole tensor at once for a large one."""
+
+    source: Any = None
+    dim: int = 0
+    rows: tuple[int, ...] = ()
+    batch: int = 1
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, rec, dim: int, rows, batch: int, scale: float) -> "BatchSlice":
+        shape = list(rec.shape)
+        shape[dim] = shape[dim] // batch * len(rows)
+        attrs = dict(rec.attrs)
+        attrs[S.ATTR_SHAPE] = tuple(shape)
+        return cls(rec.file, rec.path, rec.name, rec.type, attrs, source=rec, dim=dim,
+                   rows=tuple(sorted(rows)), batch=batch, scale=scale)
+
+    @property
+    def stored_size(self) -> int:
+        return math.prod(self.attrs[S.ATTR_SHAPE])
+
+    @property
+    def uninitialized(self) -> bool:
+        return self.source.uninitialized
+
+    def _block(self) -> int:
+        shape = tuple(self.source.shape)
+        return shape[self.dim] // self.batch * math.prod(shape[self.dim + 1:])
+
+    def _keep(self, start: int, n: int) -> np.ndarray:
+        pos = np.arange(start, start + n, dtype=np.int64)
+        return np.isin((pos // self._block()) % self.batch, np.asarray(self.rows, dtype=np.int64))
+
+    def _scaled(self, x: np.ndarray) -> np.ndarray:
+        if self.scale != 1.0 and x.dtype.kind in "fc":
+            return (x * x.dtype.type(self.scale)).astype(x.dtype, copy=False)
+        return x
+
+    def read(self):
+        # in the reference's pieces: the whole reference is world size x this
+        parts = list(self.iter_chunks(1 << 22))
+        x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(self.source.read()).dtype)
+        return x.reshape(self.attrs[S.ATTR_SHAPE])
+
+    def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
+        src = self.source
+        pieces = (src.iter_chunks_into(chunk_elements) if isinstance(src, LightValue) and src.fast
+                  and src.stored_shape else src.iter_chunks(chunk_elements))
+        start = 0
+        for piece in pieces:
+            piece = np.asarray(piece).reshape(-1)
+            keep = self._keep(start, piece.size)
+            start += piece.size
+            if keep.any():
+                yield self._scaled(piece[keep])
+
+
+# ---- one rank against the reference --------------------------------------------------------------
+_BATCH, _GRAD, _PAR = 1, 2, 4         # tensor flags: depends on the batch, made by a backward op, parallelism
+
+
+@dataclass
+class RankView:
+    """How one rank's tensors are paired with the reference's (see the module doc). Made
+    from plain options (sent to a Dask worker), then bound to the open files and op pairs
+    by the pipeline: `parallel_ops` before the op streams are aligned, `bind` after,
+    `adjust` per op pair's tasks."""
+
+    rank: int
+    world: int
+    rows: tuple[int, ...]
+    batch: int
+    grad_scale: float                   # reference gradient x this = the rank's (mean loss: world)
+    wrappers: tuple[str, ...] = ()
+    flags: dict = field(default_factory=dict, repr=False)         # (seqid, io, name) -> flags
+    made_by: dict = field(default_factory=dict, repr=False)       # (seqid, "input", name) -> (seqid, name)
+    partner: dict = field(default_factory=dict, repr=False)       # target seqid -> golden OpRecord
+    par_reason: dict = field(default_factory=dict, repr=False)    # seqid -> why it is parallelism
+    _entries: dict = field(default_factory=dict, repr=False)      # seqid -> catalog entries, until bound
+
+    @classmethod
+    def from_options(cls, o: dict) -> "RankView":
+        return cls(int(o["rank"]), int(o["world"]), tuple(o["rows"]), int(o["batch"]), float(o["grad_scale"]),
+                   tuple(o.get("wrappers") or ()))
+
+    # -- before pairing: the ops only the parallel run has
+    def parallel_ops(self, tf, ops: list) -> tuple[list, list]:
+        """(ops to pair, parallelism ops) of the rank's file, with the flow of its tensors
+        recorded on the way (which op made each input)."""
+        keep, par = [], []
+        consumers: dict[int, list[int]] = {}
+        entries = {}
+        for op in ops:
+            ins, outs = _entries(tf, op)
+            entries[op.seqid] = (ins, outs)
+            why = PARALLELISM_NAMESPACES.get(_namespace(op.op), "")
+            hook = BUCKET_HOOK_NODES.get(getattr(op, "grad_fn", "") or "")
+            if not why and hook and any(e["n"] == "out" and e.get("uninitialized") for e in ins):
+                why = hook
+            for e in ins:
+                ln = _link(e)
+                if ln is None:
+                    continue
+                src = ln[0]
+                consumers.setdefault(src, []).append(op.seqid)
+                made = self.made_by.get((ln[0], "input", ln[2])) if ln[1] == S.INPUT_GROUP else (ln[0], ln[2])
+                self.made_by[(op.seqid, S.INPUT_GROUP, e["n"])] = made
+                if not why and src in self.par_reason and _copy_like(op.op):
+                    why = f"copy out of a {self.par_reason[src].split(':')[0]}'s buffer"
+            if why:
+                self.par_reason[op.seqid] = why
+        # allocations (no tensor input) whose outputs only parallelism ops use: a wrapper's buffers
+        for op in ops:
+            ins, _ = entries[op.seqid]
+            users = consumers.get(op.seqid)
+            if op.seqid not in self.par_reason and users and not any(_is_tensor(e) for e in ins) \
+                    and all(u in self.par_reason for u in users):
+                self.par_reason[op.seqid] = "a buffer of the parallel wrapper"
+        for op in ops:
+            (par if op.seqid in self.par_reason else keep).append(op)
+        self._entries = entries
+        return keep, par
+
+    # -- after pairing: which tensors depend on the batch
+    def bind(self, gf, pairs) -> None:
+        """After the pairing: the golden partner of each op, the flags of every tensor of
+        the rank, and the allocations only the rank made (a wrapper's buffers: an op with
+        no tensor input whose outputs are uninitialized) counted as parallelism."""
+        for p in pairs:
+            if p.target is not None and p.golden is not None:
+                self.partner[p.target.seqid] = p.golden
+            elif p.target is not None:
+                ins, outs = self._entries.get(p.target.seqid, ([], []))
+                if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
+                    self.par_reason[p.target.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
+        for p in sorted((p for p in pairs if p.target is not None), key=lambda p: p.target.seqid):
+            t = p.target
+            ins, outs = self._entries.get(t.seqid, ([], []))
+            g_entries = {e["n"]: e for e in _entries(gf, p.golden)[0] if _is_tensor(e)} if p.golden is not None else {}
+            dep = 0
+            for e in ins:
+                if not _is_tensor(e):
+                    continue
+                ln = _link(e)
+                if ln is not None:
+                    f = self.flags.get(ln, 0)
+                else:
+                    ge = g_entries.get(e["n"])
+                    f = _BATCH if ge is not None and slice_dim(_shape(e), _shape(ge), self.world) is not None else 0
+                self.flags[(t.seqid, S.INPUT_GROUP, e["n"])] = f
+                dep |= f & _BATCH
+            out_f = dep | (_GRAD if t.phase == S.PHASE_BACKWARD else 0) | (_PAR if t.seqid in self.par_reason else 0)
+            for e in outs:
+                self.flags[(t.seqid, S.OUTPUT_GROUP, e["n"])] = out_f
+        self._entries = {}
+
+    def is_parallel(self, pair) -> bool:
+        return pair.golden is None and pair.target is not None and pair.target.seqid in self.par_reason
+
+    # -- per op pair: the reference's part for each of the rank's tensors
+    def adjust(self, pair, tasks: list) -> list:
+        from accucmp.compare.rows import STATUS_PARALLELISM, STATUS_PARTIAL, STATUS_SHARDED, Task
+
+        t_op = pair.target
+        if t_op is None:
+            return tasks
+        why = self.par_reason.get(t_op.seqid)
+        out = []
+        for task in tasks:
+            row = task.row
+            io, name = row.get("IO"), row.get("TensorName")
+            if why is not None:
+                grad = self._after_all_reduce(t_op, task) if io == S.OUTPUT_GROUP else None
+                if grad is not None:
+                    out.append(grad)
+                    continue
+                row["CompareStatus"] = STATUS_SHARDED if self._sharded(t_op, task) else STATUS_PARALLELISM
+                row["CompareFailReason"] = (f"{why}: sharded gradient (shards: see assembly)"
+                                            if row["CompareStatus"] == STATUS_SHARDED else
+                                            f"{why}: exists only because of the parallelism; not compared")
+                row["MatchedBy"] = "parallelism"
+                out.append(Task(row, task.target, None))
+                continue
+            t, g = task.target, task.golden
+            if t is None or g is None:
+                out.append(task)
+                continue
+            flags = self.flags.get((t_op.seqid, io, name), 0)
+            t_shape, g_shape = tuple(t.shape), tuple(g.shape)
+            dim = slice_dim(t_shape, g_shape, self.world)
+            if dim is not None and g_shape[dim] % self.batch == 0:
+                if g.is_stats:
+                    row["CompareStatus"] = STATUS_PARTIAL
+                    row["CompareFailReason"] = "statistics-only reference: a batch slice needs its tensor"
+                    out.append(task)
+                    continue
+                scale = self.grad_scale if (flags & _GRAD) else 1.0
+                part = BatchSlice.of(g, dim, self.rows, self.batch, scale)
+                row["ReferencePart"] = (f"rows {_rows_text(self.rows)} of {self.batch} (dim {dim})"
+                                        + (f" x{scale:g} (gradient of a mean loss over this rank's rows)"
+                                           if scale != 1.0 else ""))
+                out.append(Task(row, t, part, task.fp64))
+                continue
+            if t_shape == g_shape and flags & _BATCH:
+                row["CompareStatus"] = STATUS_PARTIAL
+                row["CompareFailReason"] = ("depends on this rank's part of the batch and has the reference's "
+                                            "shape (a reduction over the batch: a loss, a gradient before the "
+                                            "all-reduce): a partial sum, not comparable one-to-one")
+                out.append(task)
+                continue
+            out.append(task)
+        return out
+
+    def _producer_output(self, t_op, name: str):
+        """The golden record of what the op that made the target op's input `name` made."""
+        made = self.made_by.get((t_op.seqid, S.INPUT_GROUP, name))
+        if made is None:
+            return None, None
+        g_op = self.partner.get(made[0])
+        if g_op is None:
+            return None, None
+        from accucmp.compare.rows import op_tensors
+
+        return g_op, op_tensors(g_op).outputs.get(made[1])
+
+    def _after_all_reduce(self, t_op, task):
+        """DDP's reducer copying the all-reduced bucket into .grad: the copy's result against
+        the reference's gradient from the op that made that .grad."""
+        from accucmp.compare.rows import Task, dtype_of, safe_shape
+
+        t = task.target
+        if t is None or not _copy_like(t_op.op):
+            return None
+        src = self.made_by.get((t_op.seqid, S.INPUT_GROUP, "src"))
+        if src is None or src[0] not in self.par_reason:
+            return None
+        g_op, g = self._producer_output(t_op, task.row.get("TensorName"))
+        if g is None or not g.is_tensor or g.numel != t.numel:
+            return None
+        row = task.row
+        made = self.made_by[(t_op.seqid, S.INPUT_GROUP, row.get("TensorName"))]
+        row.update({"GroundTruthPath": g.path, "GoldenDataType": dtype_of(g), "GoldenShape": safe_shape(g),
+                    "GoldenSeqId": g_op.seqid, "GoldenOp": g_op.op, "CompareStatus": "", "CompareFailReason": "",
+                    "MatchedBy": "after all-reduce", "Module": g_op.module or row.get("Module"),
+                    "ReferencePart": f"the full-batch gradient {g_op.op} #{g_op.seqid} {made[1]} (the rank's "
+                                     f"#{made[0]} after the all-reduce)"})
+        return Task(row, t, g)
+
+    def _sharded(self, t_op, task) -> bool:
+        t = task.target
+        if t is None or not _copy_like(t_op.op) or task.row.get("IO") != S.OUTPUT_GROUP:
+            return False
+        # a copy to or from a collective's buffer under FSDP2: the reduce-scattered gradient shard
+        return "fsdp2" in self.wrappers and any(
+            made is not None and made[0] in self.par_reason
+            for (seq, io, _), made in self.made_by.items() if seq == t_op.seqid and io == S.INPUT_GROUP)
+
+
+def _copy_like(op: str) -> bool:
+    from accucmp.compare.op_policies import BY_DESIGN_UNPAIRED, packet
+
+    return packet(op) in BY_DESIGN_UNPAIRED
+
+
+def _rows_text(rows) -> str:
+    rows = list(rows)
+    return ",".join(map(str, rows[:6])) + (",..." if len(rows) > 6 else "")
+
+
+# ---- the folder against one reference, on Dask -------------------------------------------------------
+def _pairs_line(lay: Layout, split: BatchSplit, n_ranks: int, golden: str, loss: str) -> str:
+    grads = ("gradients after the all-reduce with the full-batch gradients" if "ddp" in lay.wrappers else
+             "sharded gradients left to shard assembly" if "fsdp2" in lay.wrappers else
+             "per-rank gradients as partial sums")
+    return (f"comparing {n_ranks} {lay.name()} rank(s) (world size {lay.world_size}) with the 1-process reference "
+            f"{golden}: activations by batch slice ({split.kind}, {split.batch} rows; {split.found}), "
+            f"batch gradients x{lay.world_size if loss == 'mean' else 1} ({loss} loss), {grads}; "
+            "parallelism ops listed, not compared")
+
+
+def plan(target_dir, golden: str, *, batch_split: str = "auto", loss: str = "mean"):
+    """(rank files, layout, split, the one line) of a folder against a reference."""
+    from accucmp.compare.rank_files import _keyed
+
+    if batch_split not in SPLITS:
+        raise DumpFormatError(f"--batch-split {batch_split!r}: one of {', '.join(SPLITS)}")
+    if loss not in LOSS_REDUCTIONS:
+        raise DumpFormatError(f"--loss-reduction {loss!r}: one of {', '.join(LOSS_REDUCTIONS)}")
+    unpaired: list = []
+    files = sorted(_keyed(Path(target_dir), "target", unpaired).values(), key=lambda rf: rf.key)
+    if not files:
+        why = "; ".join(f"{p}: {r}" for p, r in unpaired[:3]) or "no .h5 files"
+        raise DumpFormatError(f"{target_dir}: no rank dumps to compare ({why})")
+    lay = describe_layout(files, golden)
+    first = files[0]
+    split = find_batch_split(first.path, golden, lay.world_size, first.rank, batch_split)
+    return files, unpaired, lay, split, _pairs_line(lay, split, len(files), golden, loss)
+
+
+def compare_with_reference(target_dir, golden, out_dir, *, batch_split: str = "auto", loss: str = "mean",
+                           algorithms=None, select: str | None = None, thresholds=None,
+                           chunk_elements: int = 1 << 22, top: int = 5, scheduler: str | None = None,
+                           workers: int = 0, golden_fp64=None, progress=None,
+                           basename: str | None = None, on_plan=None):
+    """Every rank of `target_dir` against the single-process dump `golden`, one Dask task a
+    rank; the merged result (ranks.RunsResult). `on_plan(line)` is told what is paired how
+    before any tensor is read."""
+    import uuid
+
+    from accucmp.compare import ranks
+    from accucmp.compare.rank_tasks import pair_task
+    from accucmp.compare.verdict import thresholds_with
+    from accucmp.report.outputs import _free_basename, _mkdir, timestamp
+
+    t_start = time.perf_counter()
+    thresholds_with(thresholds)
+    if golden_fp64 is not None:
+        raise DumpFormatError("--golden-fp64 takes one file; it is not supported with folders")
+    files, unpaired, lay, split, line = plan(target_dir, str(golden), batch_split=batch_split, loss=loss)
+    if on_plan is not None:
+        on_plan(line)
+    out_dir = _mkdir(Path(out_dir))
+    base = basename or _free_basename(out_dir, f"result_{timestamp()}", suffix="_ranks.csv")
+    scale = float(lay.world_size) if loss == "mean" else 1.0
+    client, cluster = ranks._client(scheduler, workers, len(files))
+    try:
+        n_workers = len(client.scheduler_info().get("workers", {})) or workers
+        if progress is not None:
+            progress.start(len(files))
+        futures = {}
+        for rf in files:
+            view = {"rank": rf.rank, "world": lay.world_size, "rows": split.rows(rf.rank, lay.world_size),
+                    "batch": split.batch, "grad_scale": scale, "wrappers": list(lay.wrappers)}
+            options = dict(algorithms=algorithms, select=select, chunk_elements=chunk_elements,
+                           thresholds=dict(thresholds) if thresholds else None, top=top, view=view)
+            csv = out_dir / f"{base}_rank{rf.rank}{'' if rf.step is None else f'_step{rf.step}'}.csv"
+            fut = client.submit(pair_task, rf.path, str(golden), str(csv), options, None,
+                                key=f"accucmp-ref-{rf.rank}-{uuid.uuid4().hex[:8]}", pure=False)
+            futures[fut] = ("pair", _RefPair(rf, golden))
+        pair_results, _ = ranks._gather(client, futures, progress, None)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    pair_results.sort(key=lambda r: (r["rank"], -1 if r["step"] is None else r["step"]))
+    failing = [r for r in pair_results if r.get("first_failure")]
+    earliest, first_ranks = None, []
+    if failing:
+        best = min(failing, key=ranks._failure_key)
+        k = ranks._failure_key(best)[:2]
+        first_ranks = sorted(r["rank"] for r in failing if ranks._failure_key(r)[:2] == k)
+        earliest = dict(best["first_failure"], rank=best["rank"], step=best["step"])
+    result = ranks.RunsResult(pair_results, unpaired, [], earliest, first_ranks, [], n_workers,
+                              time.perf_counter() - t_start)
+    result.paths = ranks._write_merged(result, out_dir, base, target_dir, golden)
+    result.plan = line
+    return result
+
+
+def run_reference_compare(target_dir, golden, out_dir, *, console, quiet: bool = False,
+                          batch_split: str = "auto", loss: str = "mean", **kw) -> int:
+    """`accucmp compare -m RUN/ -g REF.h5`: the line saying what is paired how, then the
+    folder compare's merged answer (ranks.run_folder_compare); the exit code."""
+    import functools
+
+    from accucmp.compare.ranks import run_folder_compare
+
+    def say(line: str) -> None:
+        if not quiet:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    compare = functools.partial(compare_with_reference, batch_split=batch_split, loss=loss, on_plan=say)
+    return run_folder_compare(target_dir, golden, out_dir, console=console, quiet=quiet, compare=compare, **kw)
+
+
+@dataclass
+class _RefPair:
+    """ranks._gather's view of one rank's task: the rank file against the reference."""
+
+    target: Any
+    golden_path: str
+
+    @property
+    def key(self):
+        return self.target.key
+
+    @property
+    def golden(self):
+        return _Named(str(self.golden_path))
+
+
+@dataclass
+class _Named:
+    path: str
