@@ -4,6 +4,7 @@ part of the batch. Reusable run builders for the distributed compare tests.
 
 `build_runs(out, cases)` spawns 2 ranks once (init via file://) and writes, under `out`:
   ref.h5                      the single-process reference (rank 0 writes it before init)
+  ref_w24.h5                  the same for a wider model (not a reference of these runs)
   <case>/lm_rank{0,1}.h5      one folder per case of `cases` (see CASES)
 The model, its initial weights and the global batch are the same everywhere (seeded), so
 every clean run's rank holds exactly its rows of the reference's batch.
@@ -142,8 +143,9 @@ def _rank_main(rank: int, world: int, init_file: str, out: str, cases: tuple[str
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if rank == 0:
-        reference(out)                   # before init: a plain single-process dump
+    if rank == 0:                        # before init: plain single-process dumps
+        reference(out)
+        reference(out, "ref_w24.h5", width=24)      # a reference of another model (wider)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         tokens, targets = batch()

@@ -106,6 +106,9 @@ def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: st
         if not Path(d).is_dir():
             raise DumpFormatError(f"{d}: {role} folder does not exist")
     pairing = pair_folders(target_dir, golden_dir)
+    from accucmp.compare.reference_runs import check_world_sizes
+
+    check_world_sizes(pairing.pairs, target_dir, golden_dir)
     if not pairing.pairs:
         why = "; ".join(f"{p}: {r}" for p, r in pairing.unpaired[:3]) or "no .h5 files"
         raise DumpFormatError(f"{target_dir} and {golden_dir}: no rank pairs to compare ({why})")

@@ -146,6 +146,17 @@ def _layout_text(lay: Layout) -> str:
     return f"world size {lay.world_size}, wrappers {list(lay.wrappers) or 'none'}" + (f", {meshes}" if meshes else "")
 
 
+def check_world_sizes(pairs, target_dir, golden_dir) -> None:
+    """Two run folders compare rank with rank only when their world sizes agree (rank r of
+    a 2-rank run holds half the batch, of a 4-rank run a quarter): else one line."""
+    t = {p.target.world_size for p in pairs if p.target.world_size}
+    g = {p.golden.world_size for p in pairs if p.golden.world_size}
+    if t and g and t != g:
+        raise UncomparableRuns(f"{target_dir} (world size {', '.join(map(str, sorted(t)))}) and {golden_dir} (world "
+                               f"size {', '.join(map(str, sorted(g)))}): runs of different world sizes do not compare "
+                               "rank with rank; compare each with a single-process reference (-g FILE)")
+
+
 # ---- catalog links: which op made a tensor ----------------------------------------------------
 def _entries(f, op) -> tuple[list[dict], list[dict]]:
     """(inputs, outputs) catalog entries of one op: name `n`, shape, links `obj`/`base`."""
@@ -236,6 +247,7 @@ def find_batch_split(target: str, golden: str, world: int, rank: int, stated: st
                                    "which tensors depend on the batch")
         keep = [o for o in tf.ops() if _namespace(o.op) not in PARALLELISM_NAMESPACES]
         m = match_ops(tf, gf, keep, gf.ops())
+        _check_same_model(tf, gf, m.pairs, world)
         for pair in m.pairs:
             t, g = pair.target, pair.golden
             if t is None or g is None or t.phase != S.PHASE_FORWARD:
@@ -274,6 +286,31 @@ def find_batch_split(target: str, golden: str, world: int, rank: int, stated: st
     finally:
         tf.close()
         gf.close()
+
+
+def _check_same_model(tf, gf, pairs, world: int) -> None:
+    """The tensors no op made (parameters, buffers, the batch) of the rank's forward ops have
+    the reference's shapes, or its batch split `world` ways: else the reference is of
+    another model (a size mismatch on every row would say so less clearly)."""
+    odd, seen, first = 0, 0, ""
+    for pair in pairs:
+        t, g = pair.target, pair.golden
+        if t is None or g is None or t.phase != S.PHASE_FORWARD:
+            continue
+        g_ins = {e["n"]: e for e in _entries(gf, g)[0] if _is_tensor(e)}
+        for e in _entries(tf, t)[0]:
+            ge = g_ins.get(e["n"])
+            if not _is_tensor(e) or ge is None or _link(e) is not None:
+                continue
+            seen += 1
+            a, b = _shape(e), _shape(ge)
+            if a != b and slice_dim(a, b, world) is None:
+                odd += 1
+                first = first or (f"{t.op} #{t.seqid}" + (f" in {t.module}" if t.module else "")
+                                  + f" {e['n']} {list(a)} vs {list(b)}")
+    if odd:
+        raise UncomparableRuns(f"{gf.path} is not a reference of the model of {tf.path}: {odd} of {seen} inputs no "
+                               f"op made (parameters, the batch) have other shapes, first {first}")
 
 
 # ---- a reference tensor's batch slice, read in bounded pieces -------------------------------------
@@ -358,7 +395,7 @@ class RankView:
     grad_scale: float                   # reference gradient x this = the rank's (mean loss: world)
     wrappers: tuple[str, ...] = ()
     flags: dict = field(default_factory=dict, repr=False)         # (seqid, io, name) -> flags
-    made_by: dict = field(default_factory=dict, repr=False)       # (seqid, "input", name) -> (seqid, name)
+    made_by: dict = field(default_factory=dict, repr=False)       # seqid -> {input name: (seqid, output name)}
     partner: dict = field(default_factory=dict, repr=False)       # target seqid -> golden OpRecord
     par_reason: dict = field(default_factory=dict, repr=False)    # seqid -> why it is parallelism
     _entries: dict = field(default_factory=dict, repr=False)      # seqid -> catalog entries, until bound
@@ -388,8 +425,9 @@ class RankView:
                     continue
                 src = ln[0]
                 consumers.setdefault(src, []).append(op.seqid)
-                made = self.made_by.get((ln[0], "input", ln[2])) if ln[1] == S.INPUT_GROUP else (ln[0], ln[2])
-                self.made_by[(op.seqid, S.INPUT_GROUP, e["n"])] = made
+                made = self.made_by.get(ln[0], {}).get(ln[2]) if ln[1] == S.INPUT_GROUP else (ln[0], ln[2])
+                if made is not None:
+                    self.made_by.setdefault(op.seqid, {})[e["n"]] = made
                 if not why and src in self.par_reason and _copy_like(op.op):
                     why = f"copy out of a {self.par_reason[src].split(':')[0]}'s buffer"
             if why:
@@ -498,7 +536,7 @@ class RankView:
 
     def _producer_output(self, t_op, name: str):
         """The golden record of what the op that made the target op's input `name` made."""
-        made = self.made_by.get((t_op.seqid, S.INPUT_GROUP, name))
+        made = self.made_by.get(t_op.seqid, {}).get(name)
         if made is None:
             return None, None
         g_op = self.partner.get(made[0])
@@ -516,14 +554,14 @@ class RankView:
         t = task.target
         if t is None or not _copy_like(t_op.op):
             return None
-        src = self.made_by.get((t_op.seqid, S.INPUT_GROUP, "src"))
+        src = self.made_by.get(t_op.seqid, {}).get("src")
         if src is None or src[0] not in self.par_reason:
             return None
         g_op, g = self._producer_output(t_op, task.row.get("TensorName"))
         if g is None or not g.is_tensor or g.numel != t.numel:
             return None
         row = task.row
-        made = self.made_by[(t_op.seqid, S.INPUT_GROUP, row.get("TensorName"))]
+        made = self.made_by[t_op.seqid][row.get("TensorName")]
         row.update({"GroundTruthPath": g.path, "GoldenDataType": dtype_of(g), "GoldenShape": safe_shape(g),
                     "GoldenSeqId": g_op.seqid, "GoldenOp": g_op.op, "CompareStatus": "", "CompareFailReason": "",
                     "MatchedBy": "after all-reduce", "Module": g_op.module or row.get("Module"),
@@ -537,8 +575,7 @@ class RankView:
             return False
         # a copy to or from a collective's buffer under FSDP2: the reduce-scattered gradient shard
         return "fsdp2" in self.wrappers and any(
-            made is not None and made[0] in self.par_reason
-            for (seq, io, _), made in self.made_by.items() if seq == t_op.seqid and io == S.INPUT_GROUP)
+            made[0] in self.par_reason for made in self.made_by.get(t_op.seqid, {}).values())
 
 
 def _copy_like(op: str) -> bool:
