@@ -67,14 +67,15 @@ def compare(
     noise_floor: Annotated[Optional[Path], typer.Option("--noise-floor", help="noise_floor.csv of `accucmp calibrate`: pass failures within --noise-factor x the model's own noise.")] = None,
     noise_factor: Annotated[float, typer.Option("--noise-factor", min=0.0, metavar="F", help="With --noise-floor: allowed multiple of the noise floor.")] = 2.0,
     align_map: AlignMapFile = None,
-    batch_split: Annotated[str, typer.Option("--batch-split", metavar="auto|interleaved|contiguous", help="A run folder against one single-process dump (-g FILE): which rows of the reference's batch each rank holds; auto: found from the batch input (DistributedSampler interleaves).")] = "auto",
-    loss_reduction: Annotated[str, typer.Option("--loss-reduction", metavar="mean|sum", help="A run folder against one single-process dump: the loss's reduction, for the rank's batch gradients (mean: world size x the reference's).")] = "mean",
+    batch_split: Annotated[str, typer.Option("--batch-split", metavar="auto|interleaved|contiguous", help="Run folder vs one file: the rows each rank holds.")] = "auto",
+    loss_reduction: Annotated[str, typer.Option("--loss-reduction", metavar="mean|sum", help="Run folder vs one file: the loss's reduction.")] = "mean",
     bitwise: Annotated[bool, typer.Option("--bitwise", help="Determinism check of two statistics dumps: a tensor passes only when its content hash equals the golden's; names the first op whose output bits differ.")] = False,
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g): a result csv in DIR and the verdict; exit 0 all pass, 1 some fail, 2 bad input.
 
     Given two folders of per-rank dumps, pairs their files by rank (and step) and compares
-    every pair in parallel on Dask (docs/COMPARE.md, "Comparing runs of many ranks")."""
+    every pair in parallel on Dask; a folder against one file compares every rank with that
+    single-process reference (docs/COMPARE.md)."""
     with boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)
