@@ -394,11 +394,13 @@ class RankView:
     batch: int
     grad_scale: float                   # reference gradient x this = the rank's (mean loss: world)
     wrappers: tuple[str, ...] = ()
-    flags: dict = field(default_factory=dict, repr=False)         # (seqid, io, name) -> flags
-    made_by: dict = field(default_factory=dict, repr=False)       # seqid -> {input name: (seqid, output name)}
+    # what is kept per rank, a few bytes per op (not per tensor: 10^6 rows stay cheap):
+    out_flags: dict = field(default_factory=dict, repr=False)     # seqid -> flags of its outputs (non-zero)
+    batch_leaves: set = field(default_factory=set, repr=False)    # (seqid, input) no op made, batch-sliced
+    made_by: dict = field(default_factory=dict, repr=False)       # seqid -> {input: (seqid, output)}: views
     partner: dict = field(default_factory=dict, repr=False)       # target seqid -> golden OpRecord
     par_reason: dict = field(default_factory=dict, repr=False)    # seqid -> why it is parallelism
-    _entries: dict = field(default_factory=dict, repr=False)      # seqid -> catalog entries, until bound
+    _tf: Any = field(default=None, repr=False)
 
     @classmethod
     def from_options(cls, o: dict) -> "RankView":
@@ -407,75 +409,93 @@ class RankView:
 
     # -- before pairing: the ops only the parallel run has
     def parallel_ops(self, tf, ops: list) -> tuple[list, list]:
-        """(ops to pair, parallelism ops) of the rank's file, with the flow of its tensors
-        recorded on the way (which op made each input)."""
+        """(ops to pair, parallelism ops) of the rank's file. On the way, which op made
+        the inputs that later links may name (views, the parallelism ops' inputs)."""
+        self._tf = tf
         keep, par = [], []
         consumers: dict[int, list[int]] = {}
-        entries = {}
+        allocations = set()
         for op in ops:
-            ins, outs = _entries(tf, op)
-            entries[op.seqid] = (ins, outs)
+            ins, _ = _entries(tf, op)
             why = PARALLELISM_NAMESPACES.get(_namespace(op.op), "")
             hook = BUCKET_HOOK_NODES.get(getattr(op, "grad_fn", "") or "")
             if not why and hook and any(e["n"] == "out" and e.get("uninitialized") for e in ins):
                 why = hook
+            made_here = {}
             for e in ins:
                 ln = _link(e)
                 if ln is None:
                     continue
-                src = ln[0]
-                consumers.setdefault(src, []).append(op.seqid)
-                made = self.made_by.get(ln[0], {}).get(ln[2]) if ln[1] == S.INPUT_GROUP else (ln[0], ln[2])
+                consumers.setdefault(ln[0], []).append(op.seqid)
+                made = self._made(ln)
                 if made is not None:
-                    self.made_by.setdefault(op.seqid, {})[e["n"]] = made
-                if not why and src in self.par_reason and _copy_like(op.op):
-                    why = f"copy out of a {self.par_reason[src].split(':')[0]}'s buffer"
+                    made_here[e["n"]] = (made, bool(e.get("base")))
+                if not why and ln[0] in self.par_reason and _copy_like(op.op):
+                    why = f"copy out of a {self.par_reason[ln[0]].split(':')[0]}'s buffer"
             if why:
                 self.par_reason[op.seqid] = why
-        # allocations (no tensor input) whose outputs only parallelism ops use: a wrapper's buffers
-        for op in ops:
-            ins, _ = entries[op.seqid]
-            users = consumers.get(op.seqid)
-            if op.seqid not in self.par_reason and users and not any(_is_tensor(e) for e in ins) \
-                    and all(u in self.par_reason for u in users):
-                self.par_reason[op.seqid] = "a buffer of the parallel wrapper"
+            kept = {n: m for n, (m, view) in made_here.items() if view or why}
+            if kept:
+                self.made_by[op.seqid] = kept
+            if not any(_is_tensor(e) for e in ins):
+                allocations.add(op.seqid)
+        # allocations whose outputs only parallelism ops use: a wrapper's buffers
+        for seq in allocations:
+            users = consumers.get(seq)
+            if seq not in self.par_reason and users and all(u in self.par_reason for u in users):
+                self.par_reason[seq] = "a buffer of the parallel wrapper"
         for op in ops:
             (par if op.seqid in self.par_reason else keep).append(op)
-        self._entries = entries
         return keep, par
+
+    def _made(self, ln) -> tuple[int, str] | None:
+        """The (seqid, output) a link names: an output itself, or what made a linked input."""
+        if ln[1] == S.OUTPUT_GROUP:
+            return (ln[0], ln[2])
+        return self.made_by.get(ln[0], {}).get(ln[2])
+
+    def _input_flags(self, seq: int, entry: dict) -> int:
+        ln = _link(entry)
+        if ln is None:
+            return _BATCH if (seq, entry["n"]) in self.batch_leaves else 0
+        made = self._made(ln)
+        if made is not None:
+            return self.out_flags.get(made[0], 0)
+        return _BATCH if (ln[0], ln[2]) in self.batch_leaves else 0
 
     # -- after pairing: which tensors depend on the batch
     def bind(self, gf, pairs) -> None:
-        """After the pairing: the golden partner of each op, the flags of every tensor of
-        the rank, and the allocations only the rank made (a wrapper's buffers: an op with
-        no tensor input whose outputs are uninitialized) counted as parallelism."""
-        for p in pairs:
-            if p.target is not None and p.golden is not None:
-                self.partner[p.target.seqid] = p.golden
-            elif p.target is not None:
-                ins, outs = self._entries.get(p.target.seqid, ([], []))
-                if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
-                    self.par_reason[p.target.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
+        """After the pairing: the golden partner of each op, the flags of every op's
+        outputs (depends on the batch, made in backward), and the allocations only the rank
+        made (no tensor input, outputs uninitialized: a wrapper's buffers) as parallelism."""
         for p in sorted((p for p in pairs if p.target is not None), key=lambda p: p.target.seqid):
             t = p.target
-            ins, outs = self._entries.get(t.seqid, ([], []))
-            g_entries = {e["n"]: e for e in _entries(gf, p.golden)[0] if _is_tensor(e)} if p.golden is not None else {}
+            ins, outs = _entries(self._tf, t)
+            if p.golden is None:
+                if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
+                    self.par_reason[t.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
+                g_ins = {}
+            else:
+                self.partner[t.seqid] = p.golden
+                g_ins = {e["n"]: e for e in _entries(gf, p.golden)[0] if _is_tensor(e)}
             dep = 0
             for e in ins:
                 if not _is_tensor(e):
                     continue
-                ln = _link(e)
-                if ln is not None:
-                    f = self.flags.get(ln, 0)
-                else:
-                    ge = g_entries.get(e["n"])
-                    f = _BATCH if ge is not None and slice_dim(_shape(e), _shape(ge), self.world) is not None else 0
-                self.flags[(t.seqid, S.INPUT_GROUP, e["n"])] = f
-                dep |= f & _BATCH
-            out_f = dep | (_GRAD if t.phase == S.PHASE_BACKWARD else 0) | (_PAR if t.seqid in self.par_reason else 0)
-            for e in outs:
-                self.flags[(t.seqid, S.OUTPUT_GROUP, e["n"])] = out_f
-        self._entries = {}
+                if _link(e) is None:
+                    ge = g_ins.get(e["n"])
+                    if ge is not None and slice_dim(_shape(e), _shape(ge), self.world) is not None:
+                        self.batch_leaves.add((t.seqid, e["n"]))
+                dep |= self._input_flags(t.seqid, e) & _BATCH
+            flags = dep | (_GRAD if t.phase == S.PHASE_BACKWARD else 0)
+            if flags:
+                self.out_flags[t.seqid] = flags
+
+    def flags_of(self, t_op, io: str, name: str, inputs: dict) -> int:
+        if io == S.OUTPUT_GROUP:
+            return self.out_flags.get(t_op.seqid, 0)
+        e = inputs.get(name)
+        return self._input_flags(t_op.seqid, e) if e is not None else 0
 
     def is_parallel(self, pair) -> bool:
         return pair.golden is None and pair.target is not None and pair.target.seqid in self.par_reason
@@ -488,6 +508,7 @@ class RankView:
         if t_op is None:
             return tasks
         why = self.par_reason.get(t_op.seqid)
+        inputs = {e["n"]: e for e in _entries(self._tf, t_op)[0]} if why is None else {}
         out = []
         for task in tasks:
             row = task.row
@@ -508,7 +529,7 @@ class RankView:
             if t is None or g is None:
                 out.append(task)
                 continue
-            flags = self.flags.get((t_op.seqid, io, name), 0)
+            flags = self.flags_of(t_op, io, name, inputs)
             t_shape, g_shape = tuple(t.shape), tuple(g.shape)
             dim = slice_dim(t_shape, g_shape, self.world)
             if dim is not None and g_shape[dim] % self.batch == 0:
