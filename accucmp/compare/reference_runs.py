@@ -530,7 +530,11 @@ class RankView:
                 out.append(task)
                 continue
             flags = self.flags_of(t_op, io, name, inputs)
-            t_shape, g_shape = tuple(t.shape), tuple(g.shape)
+            try:
+                t_shape, g_shape = tuple(t.shape), tuple(g.shape)
+            except (DumpFormatError, ValueError, TypeError, KeyError, OSError):
+                out.append(task)            # an unreadable shape: the comparer reports it (corrupt)
+                continue
             dim = slice_dim(t_shape, g_shape, self.world)
             if dim is not None and g_shape[dim] % self.batch == 0:
                 if g.is_stats:
