@@ -173,3 +173,10 @@ def test_reference_slices_read_in_small_pieces_measure_the_same(runs, tmp_path):
     assert list(a["Result"]) == list(b["Result"]) and (a["Result"] == "pass").sum() > 200
     ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
     assert ((ra - rb).abs().fillna(0) < 1e-6).all()
+
+
+def test_one_rank_file_against_the_reference_says_to_give_the_folder(runs, tmp_path):
+    res = runner.invoke(app, ["compare", "-m", str(runs / "ddp_interleaved" / "lm_rank0.h5"),
+                              "-g", str(runs / "ref.h5"), "-o", str(tmp_path), "-q"])
+    assert res.exit_code == 1
+    assert "is one rank of a 2-rank run" in res.output and "give the run's folder" in res.output

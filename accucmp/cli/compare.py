@@ -192,6 +192,11 @@ def sanity_lines(meta: dict, my_dump: Path, golden_dump: Path) -> list[str]:
                      "which proves nothing about another run")
         return lines
     t_mode, g_mode = meta.get("target_mode"), meta.get("golden_mode")
+    t_world, g_world = int(meta.get("target_world_size") or 1), int(meta.get("golden_world_size") or 1)
+    if t_world > 1 and g_world == 1 and "load" not in (t_mode, g_mode):
+        lines.append(f"accucmp: note: {my_dump} is one rank of a {t_world}-rank run and {golden_dump} a "
+                     "single-process dump: batch-sized tensors differ in shape; give the run's folder "
+                     f"(-m {my_dump.parent}/) to compare each rank with its part of the reference's batch")
     paired = int(meta.get("paired_ops") or 0)
     t_ops, g_ops = int(meta.get("target_ops") or 0), int(meta.get("golden_ops") or 0)
     if g_mode == "load" and t_mode != "load":

@@ -218,6 +218,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "rows": None, "compared_io": list(m.ios), "algorithms": list(algs),
         "select": pattern.pattern if pattern else None,
         "warnings": warnings,
+        "target_world_size": _world_size(tf), "golden_world_size": _world_size(gf),
     }
     departures = departure_rows(tf, gf, meta["warnings"])
     if departures:
@@ -237,6 +238,13 @@ def _with_ops(pairs, ops) -> tuple:
         out.append(p)
     out += [matching.OpPair(op, None, "parallelism") for op in ops[k:]]
     return tuple(out)
+
+
+def _world_size(f: DumpFile) -> int:
+    try:
+        return int(f.attrs.get(S.ROOT_WORLD_SIZE, 1) or 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 def _compiled(*files: DumpFile) -> bool:
