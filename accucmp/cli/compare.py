@@ -83,6 +83,17 @@ def compare(
             from dumpfile.safe_output import check_target
 
             check_target(summary_json, force=summary_json_force(summary_json, force))
+        sharded = None
+        if my_dump.is_dir() or golden_dump.is_dir():
+            # a run whose ops hold DTensors against another layout: its shards put together
+            # into one file first (accucmp/compare/shards.py), then compared as files
+            from accucmp.compare.shards import prepare
+
+            sharded = prepare(my_dump, golden_dump, out)
+            if sharded is not None:
+                for line in sharded.lines():
+                    typer.echo(f"accucmp: {line}", err=True)
+                my_dump, golden_dump = sharded.target, sharded.golden
         if my_dump.is_dir() and golden_dump.is_dir():
             from accucmp.compare.ranks import run_folder_compare
 
@@ -141,12 +152,20 @@ def compare(
         console = _console()
         if not quiet:
             print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
+        code = exit_code_for_counts(result.summary.counts, result.rows)
+        if sharded is not None:
+            from accucmp.compare.shards import report_lines
+
+            lines, failed = report_lines(sharded, result.summary)
+            for line in lines:
+                console.print(line, highlight=False, soft_wrap=True)
+            code = Status.FINDINGS if failed else code
+            meta["sharded"] = {"assembled": [str(a.path) for a in sharded.assembled], "lines": lines}
         for p in paths[:1] + [p for p in paths[1:] if p.suffix != ".npy"]:
             console.print(f"wrote {p}", highlight=False, soft_wrap=True)
         npys = sum(1 for p in paths if p.suffix == ".npy")
         if npys:
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
-        code = exit_code_for_counts(result.summary.counts, result.rows)
         if summary_json is not None:
             from accucmp.report.outputs import summary_record, write_summary_json
 
