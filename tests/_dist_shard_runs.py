@@ -8,7 +8,8 @@ The model: embedding, one block (LayerNorm, attention with SDPA, LayerNorm, GELU
 LM head. TP parallelizes the block's MLP (fc1 ColwiseParallel, fc2 RowwiseParallel) and
 every rank sees the whole batch; FSDP2 (`fully_shard` on the block and the root) and DDP
 give each rank half the batch. "tp_bug" is TP with rank 1's local shard of fc1.weight
-scaled by 1.05 (one shard wrong, rank 0's right).
+scaled by 1.05 (one shard wrong, rank 0's right); "tp_ln_bug" TP with rank 1's copy of
+the (replicated, not parallelized) ln2.weight scaled by 1.05.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def _wrap(kind: str, net: TinyLM, world: int):
         if kind == "tp_bug" and dist.get_rank() == 1:
             with torch.no_grad():
                 net.block.mlp.fc1.weight.to_local().mul_(BUG_SCALE)
+        if kind == "tp_ln_bug" and dist.get_rank() == 1:      # a replicated weight off on one rank
+            with torch.no_grad():
+                net.block.ln2.weight.mul_(BUG_SCALE)
         return net
     if kind.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -131,6 +135,7 @@ def dump_runs(out: str, kinds=("tp", "tp_bug", "fsdp", "ddp"), reference: bool =
     reference in out/ref.h5."""
     import torch.multiprocessing as mp
     out = os.fspath(out)
+    os.makedirs(out, exist_ok=True)
     if reference:
         dump_reference(os.path.join(out, "ref.h5"))
     if kinds:

@@ -89,7 +89,7 @@ def compare(
             # into one file first (accucmp/compare/shards.py), then compared as files
             from accucmp.compare.shards import prepare
 
-            sharded = prepare(my_dump, golden_dump, out)
+            sharded = prepare(my_dump, golden_dump, out, selected=select is not None)
             if sharded is not None:
                 for line in sharded.lines():
                     typer.echo(f"accucmp: {line}", err=True)
@@ -150,6 +150,8 @@ def compare(
             paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
                                     stamp=paths[0].stem.split("_", 1)[1], force=force, budget=caps)
         console = _console()
+        for line in sharded.findings() if sharded is not None else ():
+            console.print(line, highlight=False, soft_wrap=True)     # ranks that disagree lead the verdict
         if not quiet:
             print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
         code = exit_code_for_counts(result.summary.counts, result.rows)
@@ -160,7 +162,8 @@ def compare(
             for line in lines:
                 console.print(line, highlight=False, soft_wrap=True)
             code = Status.FINDINGS if failed else code
-            meta["sharded"] = {"assembled": [str(a.path) for a in sharded.assembled], "lines": lines}
+            meta["sharded"] = {"assembled": [str(a.path) for a in sharded.assembled],
+                               "lines": sharded.findings() + lines}
         for p in paths[:1] + [p for p in paths[1:] if p.suffix != ".npy"]:
             console.print(f"wrote {p}", highlight=False, soft_wrap=True)
         npys = sum(1 for p in paths if p.suffix == ".npy")

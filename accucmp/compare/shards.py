@@ -472,8 +472,18 @@ class ShardedCompare:
         return [a.line() for a in self.assembled]
 
     def findings(self) -> list[str]:
-        """Replicas that differ across the ranks of a put-together run: each one a FAIL line."""
-        return [f"FAIL: {a.run}: {d}" for a in self.assembled for d in a.disagreements]
+        """Ranks that disagree where their values must be equal (replicas, local ops outside
+        the parallel region): one FAIL line per put-together run, naming the first (in
+        execution order) and the count. It leads the verdict: ops after it that read the
+        ranks' values mix a right and a wrong rank once put together."""
+        out = []
+        for a in self.assembled:
+            if a.disagreements:
+                more = len(a.disagreements) - 1
+                out.append(f"FAIL: {a.run}: the ranks disagree where they must be equal: {a.disagreements[0]}"
+                           + (f" (and {more} more tensor(s) after it)" if more else "")
+                           + "; the assembled run holds rank 0's copy, and ops on shards after it mix the ranks")
+        return out
 
 
 def _layout_of(run_dir: Path) -> tuple[str, ...]:
@@ -495,17 +505,44 @@ def _mesh_signature(run_dir: Path) -> str:
         return _text(f.attrs.get(S.ROOT_PARALLEL_LAYOUT)) or ""
 
 
-def prepare(target: Path, golden: Path, out_dir: Path) -> ShardedCompare | None:
+_WRAPPER_WORDS = {"fsdp2": "FSDP2", "ddp": "DDP"}
+
+
+def _refuse_flat_shards_against_replicas(target: Path, golden: Path) -> None:
+    """FSDP2 against a run that keeps whole parameters (DDP): one line, no compare.
+
+    FSDP2 records no DTensor layout (its compute ops run on all-gathered, whole
+    parameters), and its parameters and reduced gradients live in flat buffers that
+    concatenate every parameter's shard of a module (fsdp.all_gather_copy_in, chunk_cat,
+    reduce_scatter): rank by rank such a buffer meets the other run's per-parameter
+    gradient copies and bucket views, which is how `size mismatch (4272) vs (64,32)` and
+    a false replica desync came about. The compute ops do pair: the line says how."""
+    t_w, g_w = set(_layout_of(target)), set(_layout_of(golden))
+    if ("fsdp2" in t_w) == ("fsdp2" in g_w):
+        return
+    fsdp, other = (target, golden) if "fsdp2" in t_w else (golden, target)
+    other_w = ", ".join(_WRAPPER_WORDS.get(w, w) for w in sorted(g_w if fsdp is target else t_w)) or "unwrapped"
+    raise ShardError(f"{fsdp} (FSDP2: parameters and reduced gradients sharded in flat buffers that hold "
+                     f"several parameters each, no DTensor layout recorded) and {other} ({other_w}: whole "
+                     "parameters on every rank) differ in layout: their gradients after the reduction pair no "
+                     "tensor with its like; compare each with a single-process reference dump (-g REF.h5), or "
+                     "the forward and backward compute ops rank by rank with --select on the model's modules")
+
+
+def prepare(target: Path, golden: Path, out_dir: Path, *, selected: bool = False) -> ShardedCompare | None:
     """What `accucmp compare -m TARGET -g GOLDEN` compares when a side is a run folder
     whose ops hold DTensors: None when neither is (or both are runs of the same layout:
     rank against rank, shard against shard, as folders compare today); else the sides as
     single files, each sharded run put together in `out_dir`. ShardError (one line) for a
-    pairing that no file-by-file compare answers."""
+    pairing that no file-by-file compare answers (FSDP2 against DDP: unless `selected`,
+    the user's --select choosing the ops to pair rank by rank)."""
     t_dir, g_dir = target.is_dir(), golden.is_dir()
     if not (t_dir or g_dir):
         return None
     t_sh, g_sh = t_dir and holds_dtensors(target), g_dir and holds_dtensors(golden)
     if not (t_sh or g_sh):
+        if t_dir and g_dir and not selected:
+            _refuse_flat_shards_against_replicas(target, golden)
         return None
     if t_sh and g_sh and _mesh_signature(target) == _mesh_signature(golden):
         return None                       # same layout: rank r against rank r, shards against shards
@@ -539,7 +576,7 @@ def report_lines(sharded: ShardedCompare, summary) -> tuple[list[str], bool]:
     """Lines after the verdict of a compare of put-together runs: the replicas that differ
     (FAIL each), and which rank's shard holds the first failing element of the first
     failure. (lines, whether they are findings)."""
-    lines = sharded.findings()
+    lines = []
     ff = getattr(summary, "first_failure", None) or {}
     t_ds, g_ds = ff.get("NPUDumpPath"), ff.get("GroundTruthPath")
     if isinstance(t_ds, str) and isinstance(g_ds, str) and t_ds and g_ds:

@@ -1,0 +1,221 @@
+"""Shards put back together (accucmp/compare/shards.py): a run whose ops hold DTensors is
+compared as the global tensors its ranks' layouts make.
+
+First on hand-written rank files (every placement, a 2-d mesh, replicas that differ, ranks
+out of step), then on real dumps of a tiny transformer LM, 2 gloo ranks on CPU
+(tests/_dist_shard_runs.py): tensor parallel against the single-process reference, one
+wrong shard named by rank, op and module, FSDP2 against DDP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from accucmp.cli.main import app
+from accucmp.compare.shards import ATTR_ASSEMBLED, ShardError, assemble_run, holds_dtensors, shard_of
+from dumpfile import DumpFile, DumpWriter, TensorMeta
+from dumpfile import schema as S
+
+from ._cli_helpers import Op, contiguous_stride, write_dump
+
+runner = CliRunner(env={"COLUMNS": "160", "NO_COLOR": "1"})
+
+
+# ---- hand-written rank files ------------------------------------------------------
+def _layout(mesh_shape, coord, placements, global_shape, offset):
+    n = int(np.prod(mesh_shape))
+    return json.dumps({"mesh_shape": list(mesh_shape), "mesh_dim_names": None, "mesh_ranks": list(range(n)),
+                       "coordinate": list(coord), "placements": list(placements),
+                       "global_shape": list(global_shape), "global_stride": list(contiguous_stride(global_shape)),
+                       "global_offset": list(offset)})
+
+
+def _write_rank(path, rank, world, mesh_shape, ops):
+    """ops: [(op, seqid, module, {"input/self": (array, layout json or None), ...})]"""
+    root = {S.ROOT_RANK: rank, S.ROOT_WORLD_SIZE: world,
+            S.ROOT_PARALLEL_LAYOUT: json.dumps({"wrappers": [], "meshes": [
+                {"mesh_shape": list(mesh_shape), "mesh_dim_names": None, "mesh_ranks": list(range(world))}]})}
+    with DumpWriter(path, root_attrs=root) as w:
+        for op, seqid, module, tensors in ops:
+            g = w.begin_op(op, seqid, module=module)
+            for rel, (arr, lay) in tensors.items():
+                io, name = rel.split("/")
+                meta = TensorMeta(dtype=str(arr.dtype), shape=tuple(arr.shape), stride=contiguous_stride(arr.shape),
+                                  extra={S.ATTR_DTENSOR: lay} if lay else {})
+                w.write_tensor(g[io], name, np.ascontiguousarray(arr), meta)
+            w.end_op()
+
+
+def _read(path, op, seqid, rel):
+    with DumpFile(path) as f:
+        io, name = rel.split("/")
+        rec = (f.op(op, seqid).inputs() if io == "input" else f.op(op, seqid).outputs())[name]
+        return np.asarray(rec.read()), rec.attrs
+
+
+def test_every_placement_of_a_1d_mesh_becomes_the_global_tensor(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 6)).astype(np.float32)        # Shard(0)
+    b = rng.standard_normal((6, 4)).astype(np.float32)        # Shard(1)
+    r = rng.standard_normal((5,)).astype(np.float32)          # Replicate
+    p = [rng.standard_normal((4, 4)).astype(np.float32) for _ in range(2)]   # Partial(sum) shares
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [
+            ("aten.mm.default", 1, "fc", {
+                "input/self": (a[2 * k:2 * k + 2], _layout([2], [k], ["Shard(0)"], a.shape, [2 * k, 0])),
+                "input/mat2": (b[:, 2 * k:2 * k + 2], _layout([2], [k], ["Shard(1)"], b.shape, [0, 2 * k])),
+                "input/bias": (r, _layout([2], [k], ["Replicate()"], r.shape, [0])),
+                "output/result": (p[k], _layout([2], [k], ["Partial(sum)"], (4, 4), [0, 0]))}),
+            ("aten.relu.default", 2, "act", {"input/self": (r, None), "output/result": (np.maximum(r, 0), None)})])
+    assert holds_dtensors(run)
+    done = assemble_run(run, tmp_path / "asm.h5")
+    assert done.dtensor_ops == 1 and done.replicated_ops == 1 and not done.disagreements
+    out = tmp_path / "asm.h5"
+    for rel, want in (("input/self", a), ("input/mat2", b), ("input/bias", r)):
+        got, attrs = _read(out, "aten.mm.default", 1, rel)
+        np.testing.assert_array_equal(got, want)
+        assert S.ATTR_DTENSOR not in attrs and tuple(attrs[S.ATTR_SHAPE]) == want.shape
+    got, attrs = _read(out, "aten.mm.default", 1, "output/result")
+    np.testing.assert_allclose(got, p[0] + p[1], rtol=1e-6)
+    shards = json.loads(attrs[ATTR_ASSEMBLED])["shards"]
+    assert [s["rank"] for s in shards] == [0, 1]
+    np.testing.assert_array_equal(_read(out, "aten.relu.default", 2, "input/self")[0], r)
+    with DumpFile(out) as f:
+        assert int(f.attrs[S.ROOT_WORLD_SIZE]) == 1
+
+
+def test_a_2d_mesh_shards_on_both_dims_and_replicates_on_one(tmp_path):
+    g = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        i, j = divmod(rank, 2)                     # coordinate on a (2, 2) mesh
+        both = g[4 * i:4 * i + 4, 3 * j:3 * j + 3]
+        rows = g[4 * i:4 * i + 4]
+        _write_rank(run / f"d_rank{rank}.h5", rank, 4, [2, 2], [
+            ("aten.add.Tensor", 1, "m", {
+                "input/self": (both, _layout([2, 2], [i, j], ["Shard(0)", "Shard(1)"], g.shape, [4 * i, 3 * j])),
+                "input/other": (rows, _layout([2, 2], [i, j], ["Shard(0)", "Replicate()"], g.shape, [4 * i, 0]))})])
+    assemble_run(run, tmp_path / "asm.h5")
+    for rel in ("input/self", "input/other"):
+        np.testing.assert_array_equal(_read(tmp_path / "asm.h5", "aten.add.Tensor", 1, rel)[0], g)
+
+
+def test_replicas_that_differ_are_findings_naming_the_rank(tmp_path):
+    w = np.ones((4,), np.float32)
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        mine = w * (1.05 if k == 1 else 1.0)
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [
+            ("aten.mul.Tensor", 1, "blk.ln", {"input/self": (mine, _layout([2], [k], ["Replicate()"], w.shape, [0]))}),
+            ("aten.relu.default", 2, "blk.act", {"input/self": (mine.astype(np.float32), None)})])
+    done = assemble_run(run, tmp_path / "asm.h5")
+    assert len(done.disagreements) == 2
+    assert re.search(r"input self of aten\.mul\.Tensor #1 in blk\.ln .*rank 1's replica differs from rank 0's",
+                     done.disagreements[0])
+    assert "aten.relu.default #2 in blk.act: rank 1's value differs" in done.disagreements[1]
+
+
+def test_ranks_out_of_step_are_one_line(tmp_path):
+    x = np.ones((2,), np.float32)
+    lay = _layout([2], [0], ["Replicate()"], x.shape, [0])
+    run = tmp_path / "run"
+    run.mkdir()
+    _write_rank(run / "d_rank0.h5", 0, 2, [2], [("aten.mul.Tensor", 1, "", {"input/self": (x, lay)})])
+    _write_rank(run / "d_rank1.h5", 1, 2, [2], [("aten.add.Tensor", 1, "", {"input/self": (x, lay)})])
+    with pytest.raises(ShardError, match=r"op #1 is aten\.mul\.Tensor .* and aten\.add\.Tensor .*ran different ops"):
+        assemble_run(run, tmp_path / "asm.h5")
+    assert not (tmp_path / "asm.h5").exists()
+
+
+def test_the_rank_whose_shard_holds_the_first_failing_element_is_named(tmp_path):
+    w = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        local = w[:, 4 * k:4 * k + 4] * (1.05 if k == 1 else 1.0)
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [
+            ("aten.mm.default", 1, "mlp.fc1", {
+                "input/mat2": (local.astype(np.float32), _layout([2], [k], ["Shard(1)"], w.shape, [0, 4 * k]))})])
+    assemble_run(run, tmp_path / "asm.h5")
+    write_dump(tmp_path / "ref.h5", [Op("aten.mm.default", 1, {"mat2": w}, {}, module="mlp.fc1")])
+    said = shard_of(str(tmp_path / "asm.h5"), "/aten.mm.default/1/input/mat2", str(tmp_path / "ref.h5"),
+                    "/aten.mm.default/1/input/mat2")
+    assert said.startswith("first failing element [0, 4] lies in rank 1's shard ([0:4, 4:8] of [4, 8], Shard(1))")
+    assert said.endswith("shards off: rank 1")
+
+
+# ---- real runs: tiny LM, 2 gloo ranks --------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from ._dist_shard_runs import dump_runs
+    return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "fsdp", "ddp")))
+
+
+def _compare(tmp_path, target, golden, *extra):
+    res = runner.invoke(app, ["compare", "-m", str(target), "-g", str(golden), "-o", str(tmp_path / "out"),
+                              "--workers", "1", *extra])
+    return res, sorted((tmp_path / "out").glob("result_*.csv"))
+
+
+def test_tensor_parallel_run_against_the_single_process_reference_passes(runs, tmp_path):
+    res, csvs = _compare(tmp_path, runs / "tp", runs / "ref.h5")
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("accucmp: shards put together:") and "\nPASS" in res.output
+    t = pd.read_csv(csvs[0])
+    assert not (t.CompareStatus == "size_mismatch").any()
+    mm = t[t.NPUDump.isin(["aten.addmm.default", "aten.mm.default"]) & (t.CompareStatus == "compared")]
+    assert len(mm) >= 40 and mm.MaxAbsoluteError.max() < 1e-6
+    # the parallelized layers are in it, at their global shapes, and the GELU between them
+    fc = t[t.Module.isin(["block.mlp.fc1", "block.mlp.fc2", "block.mlp.act"])]
+    assert set(fc.NPUDump) >= {"aten.addmm.default", "aten.gelu.default", "aten.gelu_backward.default"}
+    assert "(16,32)" in set(fc.Shape) and (fc.CompareStatus == "compared").all()
+
+
+def test_one_wrong_shard_is_named_by_rank_op_and_module(runs, tmp_path):
+    res, _ = _compare(tmp_path, runs / "tp_bug", runs / "ref.h5")
+    assert res.exit_code == 1, res.output
+    assert "first failing op is aten.addmm.default #20 in block.mlp.fc1" in res.output
+    line = next(x for x in res.output.splitlines() if x.strip().startswith("shard:"))
+    assert "input mat2 of aten.addmm.default #20 in block.mlp.fc1" in line
+    assert "lies in rank 1's shard" in line and line.endswith("shards off: rank 1")
+
+
+def test_a_replicated_weight_off_on_one_rank_leads_the_verdict(runs, tmp_path):
+    res, _ = _compare(tmp_path, runs / "tp_ln_bug", runs / "ref.h5")
+    assert res.exit_code == 1, res.output
+    first_fail = next(x for x in res.output.splitlines() if x.startswith("FAIL"))
+    assert "the ranks disagree where they must be equal: input weight of aten.native_layer_norm.default #19 " \
+           "in block.ln2: rank 1's value differs from rank 0's" in first_fail
+
+
+def test_same_layout_folders_compare_rank_by_rank(runs, tmp_path):
+    res, _ = _compare(tmp_path, runs / "tp_bug", runs / "tp")
+    assert res.exit_code == 1, res.output
+    assert "shards put together" not in res.output
+    assert "first failing op is on rank 1" in res.output
+
+
+@pytest.mark.parametrize("target,golden,words", [
+    ("fsdp", "ddp", "(FSDP2: parameters and reduced gradients sharded in flat buffers"),
+    ("ddp", "fsdp", "(FSDP2: parameters and reduced gradients sharded in flat buffers"),
+    ("tp", "ddp", "holds DTensors (tensor parallel: every rank sees the whole batch)")])
+def test_layouts_that_pair_no_tensor_with_its_like_are_one_line(runs, tmp_path, target, golden, words):
+    res, csvs = _compare(tmp_path, runs / target, runs / golden)
+    assert res.exit_code == 2, res.output
+    assert res.output.count("\n") == 1 and words in res.output and "size mismatch" not in res.output
+    assert not csvs
+    assert not holds_dtensors(runs / "fsdp")        # FSDP2 records no DTensor layout
