@@ -9,7 +9,9 @@ LM head. TP parallelizes the block's MLP (fc1 ColwiseParallel, fc2 RowwiseParall
 every rank sees the whole batch; FSDP2 (`fully_shard` on the block and the root) and DDP
 give each rank half the batch. "tp_bug" is TP with rank 1's local shard of fc1.weight
 scaled by 1.05 (one shard wrong, rank 0's right); "tp_ln_bug" TP with rank 1's copy of
-the (replicated, not parallelized) ln2.weight scaled by 1.05.
+the (replicated, not parallelized) ln2.weight scaled by 1.05; "fsdp_bf16" FSDP2 under a
+MixedPrecisionPolicy (bfloat16 parameters, float32 reduction); "fsdp_bug" FSDP2 with rank 1's
+shard of fc1.weight scaled by 1.05.
 """
 
 from __future__ import annotations
@@ -86,7 +88,11 @@ def _wrap(kind: str, net: TinyLM, world: int):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if kind == "fsdp_bf16" else MixedPrecisionPolicy()
         fully_shard(net.block, mp_policy=mp)
-        return fully_shard(net, mp_policy=mp)
+        model = fully_shard(net, mp_policy=mp)
+        if kind == "fsdp_bug" and dist.get_rank() == 1:      # rank 1's shard (rows 16:32) of fc1.weight
+            with torch.no_grad():
+                net.block.mlp.fc1.weight.to_local().mul_(BUG_SCALE)
+        return model
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(net)

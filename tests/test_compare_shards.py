@@ -4,7 +4,8 @@ compared as the global tensors its ranks' layouts make.
 First on hand-written rank files (every placement, a 2-d mesh, replicas that differ, ranks
 out of step), then on real dumps of a tiny transformer LM, 2 gloo ranks on CPU
 (tests/_dist_shard_runs.py): tensor parallel against the single-process reference, one
-wrong shard named by rank, op and module, FSDP2 against DDP.
+wrong shard named by rank, op and module, FSDP2's reduce-scattered gradients against the
+reference's, FSDP2 against DDP.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import pytest
 from typer.testing import CliRunner
 
 from accucmp.cli.main import app
-from accucmp.compare.shards import ATTR_ASSEMBLED, ShardError, assemble_run, holds_dtensors, shard_of
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.shards import (ATTR_ASSEMBLED, ShardError, assemble_run, fsdp_gradient_files, holds_dtensors,
+                                    shard_of)
+from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 from dumpfile import schema as S
 
@@ -162,7 +166,8 @@ def runs(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     from ._dist_shard_runs import dump_runs
-    return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "fsdp", "ddp")))
+    return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "fsdp", "fsdp_bf16",
+                                                                         "fsdp_bug", "ddp")))
 
 
 def _compare(tmp_path, target, golden, *extra):
@@ -219,3 +224,29 @@ def test_layouts_that_pair_no_tensor_with_its_like_are_one_line(runs, tmp_path, 
     assert res.output.count("\n") == 1 and words in res.output and "size mismatch" not in res.output
     assert not csvs
     assert not holds_dtensors(runs / "fsdp")        # FSDP2 records no DTensor layout
+
+
+# every parameter of the model: emb, ln1 (2), qkv (2), proj (2), ln2 (2), fc1 (2), fc2 (2), head (2)
+_PARAMS = 15
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "fsdp_bf16"])
+def test_fsdp2_reduce_scattered_gradients_put_together_match_the_reference(runs, tmp_path, kind):
+    target, golden, n = fsdp_gradient_files(runs / kind, runs / "ref.h5", tmp_path)
+    assert n == _PARAMS
+    t = apply_verdict(compare_dumps(str(target), str(golden)).table)
+    assert len(t) == _PARAMS and (t.CompareStatus == "compared").all() and (t.Result == "pass").all()
+    fc1 = t[(t.Module == "block.mlp.fc1") & (t.NPUDump == "aten.mm.default")]
+    assert list(fc1.Shape) == ["(32,16)"]          # the whole weight's gradient, from both ranks' shards
+    if kind == "fsdp":
+        assert t.MaxAbsoluteError.max() < 1e-6
+    else:                                           # bfloat16 gradients, reduced in float32
+        assert set(t.ComputeDtype) == {"bfloat16"} and t.MaxAbsoluteError.max() > 1e-5
+
+
+def test_fsdp2_shard_off_on_one_rank_fails_the_gradients(runs, tmp_path):
+    target, golden, n = fsdp_gradient_files(runs / "fsdp_bug", runs / "ref.h5", tmp_path)
+    t = apply_verdict(compare_dumps(str(target), str(golden)).table)
+    assert n == _PARAMS and (t.Result == "fail").any()
+    fc1 = t[(t.Module == "block.mlp.fc1") & (t.NPUDump == "aten.mm.default")]
+    assert (fc1.Result == "fail").all()
