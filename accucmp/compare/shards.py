@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ class AssembledRun:
     dtensor_ops: int = 0                 # ops holding DTensors, assembled
     replicated_ops: int = 0              # local ops equal on every rank, written once
     sharded_local_ops: list[str] = field(default_factory=list)     # "aten.gelu.default #21 in block.mlp.act"
-    disagreements: list[str] = field(default_factory=list)         # replicas that differ: findings
+    disagreements: list[str] = field(default_factory=list)         # replicas that differ: findings (first 50)
+    n_disagreements: int = 0                                         # ... and how many in all
 
     def line(self) -> str:
         """What was put together, in one line (printed before the verdict)."""
@@ -191,6 +193,9 @@ def _where(op, rel: str) -> str:
 
 
 # ---- writing -----------------------------------------------------------------
+_RECENT = 1024      # DTensor outputs a rank remembers for the sharded local ops after them
+
+
 class _Assembler:
     def __init__(self, run_dir: str, files: list[DumpFile], ranks: list[int], writer: DumpWriter):
         from accucmp.extract import _Copier
@@ -198,8 +203,10 @@ class _Assembler:
         self.run, self.files, self.ranks, self.w = run_dir, files, ranks, writer
         self.copier = _Copier(files[0].h5, files[0].path, writer, str(writer.path))
         self.result = AssembledRun(Path(writer.path), run_dir, ranks)
-        # per rank: digest of a DTensor output's local bytes -> (seqid, layout)
-        self.dt_outputs: list[dict[bytes, tuple[int, dict]]] = [{} for _ in files]
+        # per rank: digest of a recent DTensor output's local bytes -> (seqid, layout); the
+        # local ops between two DTensor ops read what the last few made, so memory stays
+        # bounded (_RECENT entries a rank) whatever the run's length
+        self.dt_outputs: list[OrderedDict[bytes, tuple[int, dict]]] = [OrderedDict() for _ in files]
         self.rank_of_file = {f.path: r for f, r in zip(files, ranks)}
 
     def op(self, group: list) -> None:
@@ -215,6 +222,11 @@ class _Assembler:
             self._check_plain(group, recs, [rel for rel in recs[0] if rel not in dt])
             return
         self._local(group, recs, grp)
+
+    def _disagree(self, text: str) -> None:
+        self.result.n_disagreements += 1
+        if len(self.result.disagreements) < 50:
+            self.result.disagreements.append(text)
 
     def _read(self, rec) -> np.ndarray:
         return np.asarray(rec.read())
@@ -246,13 +258,16 @@ class _Assembler:
                 if key in replicas:
                     r0, a0 = replicas[key]
                     if _digest(a0) != _digest(local):
-                        self.result.disagreements.append(
+                        self._disagree(
                             f"{_where(op0, rel)} ({', '.join(lay['placements'])}): rank {self.ranks[i]}'s replica "
                             f"differs from rank {r0}'s (max abs {_max_abs(local, a0):.4g})")
                 else:
                     replicas[key] = (self.ranks[i], local)
             if rel.startswith(S.OUTPUT_GROUP) and local.size:
-                self.dt_outputs[i][_digest(local)] = (op0.seqid, lay)
+                recent = self.dt_outputs[i]
+                recent[_digest(local)] = (op0.seqid, lay)
+                if len(recent) > _RECENT:
+                    recent.popitem(last=False)
         dtype = recs[0][rel].dtype
         try:
             full = DT.assemble(parts)
@@ -275,7 +290,7 @@ class _Assembler:
         for r, a in vals[1:]:
             if a.shape != a0.shape or _digest(a) != d0:
                 same = False
-                self.result.disagreements.append(f"{_where(op, rel)}: rank {r}'s value differs from rank {r0}'s "
+                self._disagree(f"{_where(op, rel)}: rank {r}'s value differs from rank {r0}'s "
                                                  f"(max abs {_max_abs(a, a0):.4g}), and no layout says why")
         return same
 
@@ -283,7 +298,7 @@ class _Assembler:
         op0 = group[0]
         rels = list(recs[0])
         if any(set(rs) != set(rels) for rs in recs[1:]):
-            self.result.disagreements.append(f"{op0.op} #{op0.seqid}: the ranks recorded different arguments")
+            self._disagree(f"{op0.op} #{op0.seqid}: the ranks recorded different arguments")
             return
         vals = {rel: [self._read(rs[rel]) for rs in recs] for rel in rels}
         differ = [rel for rel in rels if len({(_digest(a), a.shape) for a in vals[rel]}) > 1]
@@ -479,7 +494,7 @@ class ShardedCompare:
         out = []
         for a in self.assembled:
             if a.disagreements:
-                more = len(a.disagreements) - 1
+                more = a.n_disagreements - 1
                 out.append(f"FAIL: {a.run}: the ranks disagree where they must be equal: {a.disagreements[0]}"
                            + (f" (and {more} more tensor(s) after it)" if more else "")
                            + "; the assembled run holds rank 0's copy, and ops on shards after it mix the ranks")
