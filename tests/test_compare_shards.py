@@ -142,6 +142,49 @@ def test_ranks_out_of_step_are_one_line(tmp_path):
     assert not (tmp_path / "asm.h5").exists()
 
 
+@pytest.mark.parametrize("bad", ["{not json", json.dumps({"placements": ["Shard(0)"]}),
+                                 "HUGE"])
+def test_a_damaged_layout_is_one_line_naming_the_file(tmp_path, bad):
+    x = np.ones((2,), np.float32)
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        lay = _layout([2], [k], ["Shard(0)"], [10 ** 12] if bad == "HUGE" else [4], [2 * k]) \
+            if bad == "HUGE" or k == 0 else bad
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [("aten.mul.Tensor", 1, "", {"input/self": (x, lay)})])
+    with pytest.raises(ShardError) as e:
+        assemble_run(run, tmp_path / "asm.h5")
+    msg = str(e.value)
+    assert "\n" not in msg and ("d_rank1.h5: /aten.mul.Tensor/1/input/self" in msg if bad != "HUGE"
+                                 else "holds more elements than its 2 shards" in msg)
+    assert not list(tmp_path.glob("asm.h5*"))
+    res = runner.invoke(app, ["compare", "-m", str(run), "-g", str(run / "d_rank0.h5"), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+
+
+def _sharded_run(folder, w, dim):
+    """A 2-rank run whose one op holds `w` sharded on `dim`."""
+    folder.mkdir()
+    n = w.shape[dim] // 2
+    for k in range(2):
+        local = np.take(w, range(k * n, k * n + n), axis=dim)
+        off = [0, 0]
+        off[dim] = k * n
+        _write_rank(folder / f"d_rank{k}.h5", k, 2, [2], [
+            ("aten.mm.default", 1, "fc", {"input/mat2": (local, _layout([2], [k], [f"Shard({dim})"], w.shape, off))})])
+
+
+def test_runs_sharded_another_way_are_both_put_together(tmp_path):
+    w = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    _sharded_run(tmp_path / "rows", w, 0)
+    _sharded_run(tmp_path / "cols", w, 1)
+    res = runner.invoke(app, ["compare", "-m", str(tmp_path / "rows"), "-g", str(tmp_path / "cols"),
+                              "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("shards put together") == 2 and "PASS: 1 tensors within bounds" in res.output
+    assert len(list((tmp_path / "o").glob("assembled_*.h5"))) == 2
+
+
 def test_the_rank_whose_shard_holds_the_first_failing_element_is_named(tmp_path):
     w = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
     run = tmp_path / "run"

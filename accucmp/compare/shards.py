@@ -47,6 +47,7 @@ from dumpfile import dtensor as DT
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import h5_errors
+from dumpfile.safe_output import IN_PROGRESS
 
 from accucmp.compare.rank_files import RankFile, _dump_files, rank_key
 
@@ -174,6 +175,29 @@ def _digest(a: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()
 
 
+def _int_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
+def checked_layout(attr, where: str) -> dict:
+    """A `dtensor` attribute as a dict, or ShardError (one line) when it is not the
+    documented shape (docs/FORMAT.md, "DTensor arguments"): a damaged or hand-edited file."""
+    try:
+        lay = DT.layout(attr)
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{where}: its dtensor attribute is not JSON ({' '.join(str(e).split())[:80]})") from e
+    ok = isinstance(lay, dict) and all(_int_list(lay.get(k)) for k in ("mesh_shape", "mesh_ranks", "coordinate",
+                                                                         "global_shape"))
+    ok = ok and isinstance(lay.get("placements"), list) and all(isinstance(p, str) for p in lay["placements"])
+    ok = ok and len(lay["placements"]) == len(lay["mesh_shape"]) == len(lay["coordinate"])
+    off = lay.get("global_offset") if ok else None
+    ok = ok and (off is None or _int_list(off) and len(off) == len(lay["global_shape"]))
+    if not ok:
+        raise ShardError(f"{where}: its dtensor attribute is not a layout (mesh_shape, mesh_ranks, coordinate, "
+                         "placements, global_shape, global_offset as docs/FORMAT.md says)")
+    return lay
+
+
 def _replica_key(lay: dict) -> tuple:
     return tuple(None if p == "Replicate()" else c for p, c in zip(lay["placements"], lay["coordinate"]))
 
@@ -234,14 +258,14 @@ class _Assembler:
     def _dtensor(self, group, recs, rel: str, grp: h5py.Group) -> None:
         op0 = group[0]
         where = f"{self.run}: {_where(op0, rel)}"
-        lay0 = DT.layout(recs[0][rel].attrs[S.ATTR_DTENSOR])
+        lay0 = checked_layout(recs[0][rel].attrs[S.ATTR_DTENSOR], f"{op0.file.path}: {recs[0][rel].path}")
         members = [i for i, r in enumerate(self.ranks) if r in lay0["mesh_ranks"]]
         parts, shards, replicas = [], [], {}
         for i in members:
             rec = recs[i].get(rel)
             if rec is None or S.ATTR_DTENSOR not in rec.attrs:
                 raise ShardError(f"{where}: a DTensor on rank {self.ranks[0]} and not on rank {self.ranks[i]}")
-            lay = DT.layout(rec.attrs[S.ATTR_DTENSOR])
+            lay = checked_layout(rec.attrs[S.ATTR_DTENSOR], f"{rec.file.path}: {rec.path}")
             if lay["global_shape"] != lay0["global_shape"] or lay["placements"] != lay0["placements"]:
                 raise ShardError(f"{where}: rank {self.ranks[i]} records global shape {lay['global_shape']} "
                                  f"{lay['placements']}, rank {self.ranks[0]} {lay0['global_shape']} "
@@ -269,6 +293,11 @@ class _Assembler:
                 if len(recent) > _RECENT:
                     recent.popitem(last=False)
         dtype = recs[0][rel].dtype
+        # a global shape the shards cannot fill (a hostile edit naming 10^12 elements): refused
+        # before the global array is made
+        if int(np.prod(lay0["global_shape"], dtype=np.float64)) > sum(a.size for _, a in parts):
+            raise ShardError(f"{where}: global shape {lay0['global_shape']} holds more elements than its "
+                             f"{len(parts)} shards together; cannot put them together")
         try:
             full = DT.assemble(parts)
         except ValueError as e:
@@ -388,6 +417,7 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
     if len(rfiles) < 2:
         raise ShardError(f"{run_dir}: {len(rfiles)} dump file(s); shards are put together from 2 or more ranks")
     tmp = out_path + ".partial"
+    IN_PROGRESS.add(tmp)          # (a Ctrl-C removes it: dumpfile.interrupts)
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(DumpFile(rf.path)) for rf in rfiles]
         ranks = [rf.rank for rf in rfiles]
@@ -410,6 +440,8 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        finally:
+            IN_PROGRESS.discard(tmp)
     os.replace(tmp, out_path)
     asm.result.path = Path(out_path)
     return asm.result
@@ -514,10 +546,23 @@ def _layout_of(run_dir: Path) -> tuple[str, ...]:
     return tuple(lay.get("wrappers") or ())
 
 
-def _mesh_signature(run_dir: Path) -> str:
+def _layout_signature(run_dir: Path, first: int = 64) -> tuple:
+    """What says two sharded runs are of one layout: rank 0's `parallel_layout` and the
+    placements and global shapes of its first `first` DTensors (the same mesh sharded
+    another way, Colwise where the other is Rowwise, pairs no shard with its like)."""
     files = _dump_files(run_dir)
-    with DumpFile(files[0]) as f:
-        return _text(f.attrs.get(S.ROOT_PARALLEL_LAYOUT)) or ""
+    sig = []
+    with DumpFile(files[0]) as f, h5_errors(str(files[0])):
+        for op in f.ops():
+            for rec in _flat(op):
+                a = rec.attrs.get(S.ATTR_DTENSOR)
+                if a is not None:
+                    lay = checked_layout(a, f"{f.path}: {rec.path}")
+                    sig.append((op.op, _rel(rec, op), tuple(lay["placements"]), tuple(lay["global_shape"]),
+                                tuple(lay["mesh_shape"])))
+            if len(sig) >= first:
+                break
+        return (_text(f.attrs.get(S.ROOT_PARALLEL_LAYOUT)) or "", tuple(sig[:first]))
 
 
 _WRAPPER_WORDS = {"fsdp2": "FSDP2", "ddp": "DDP"}
@@ -559,7 +604,7 @@ def prepare(target: Path, golden: Path, out_dir: Path, *, selected: bool = False
         if t_dir and g_dir and not selected:
             _refuse_flat_shards_against_replicas(target, golden)
         return None
-    if t_sh and g_sh and _mesh_signature(target) == _mesh_signature(golden):
+    if t_sh and g_sh and _layout_signature(target) == _layout_signature(golden):
         return None                       # same layout: rank r against rank r, shards against shards
     other, other_dir = (golden, g_dir) if t_sh and not g_sh else (target, t_dir) if g_sh and not t_sh else (None, False)
     if other is not None and other_dir:
