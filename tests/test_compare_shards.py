@@ -51,8 +51,9 @@ def _write_rank(path, rank, world, mesh_shape, ops):
             g = w.begin_op(op, seqid, module=module)
             for rel, (arr, lay) in tensors.items():
                 io, name = rel.split("/")
+                uninit = lay == "UNINIT"
                 meta = TensorMeta(dtype=str(arr.dtype), shape=tuple(arr.shape), stride=contiguous_stride(arr.shape),
-                                  extra={S.ATTR_DTENSOR: lay} if lay else {})
+                                  uninitialized=uninit, extra={S.ATTR_DTENSOR: lay} if lay and not uninit else {})
                 w.write_tensor(g[io], name, np.ascontiguousarray(arr), meta)
             w.end_op()
 
@@ -122,7 +123,9 @@ def test_replicas_that_differ_are_findings_naming_the_rank(tmp_path):
         mine = w * (1.05 if k == 1 else 1.0)
         _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [
             ("aten.mul.Tensor", 1, "blk.ln", {"input/self": (mine, _layout([2], [k], ["Replicate()"], w.shape, [0]))}),
-            ("aten.relu.default", 2, "blk.act", {"input/self": (mine.astype(np.float32), None)})])
+            ("aten.relu.default", 2, "blk.act", {"input/self": (mine.astype(np.float32), None)}),
+            # an empty-like op's garbage differs across ranks by design: no finding
+            ("aten.empty.memory_format", 3, "blk", {"output/result": (np.full(3, k, np.float32), "UNINIT")})])
     done = assemble_run(run, tmp_path / "asm.h5")
     assert len(done.disagreements) == 2
     assert re.search(r"input self of aten\.mul\.Tensor #1 in blk\.ln .*rank 1's replica differs from rank 0's",

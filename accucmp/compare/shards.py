@@ -18,9 +18,11 @@ op once, op by op (memory: one op's tensors of every rank), in the project's for
   region, every rank holds the same activations) is written once;
 - a *sharded local op*: the local ops a parallel style runs on plain shards between two
   DTensor ops (ColwiseParallel hands its output on as a local tensor: the GELU between
-  fc1 and fc2 runs on each rank's columns). Recognised when one of its tensor inputs holds
-  exactly the bytes of an earlier DTensor output of that rank sharded on its last dim; its
-  tensors that differ across ranks are then put together along the last dim;
+  fc1 and fc2 runs on each rank's columns; DTensor's redistribution all-reduces plain
+  Partial shares). Recognised when one of its tensor inputs holds exactly the bytes of an
+  earlier DTensor output on every rank; its tensors that differ across ranks are then
+  joined as that output's layout says (Shard on the last dim: concatenated along the last
+  dim; Partial(sum): summed);
 - anything else that differs across ranks (a replica that should be equal and is not) is
   written as rank 0 holds it and listed in `disagreements`: a finding, never dropped.
 
@@ -51,7 +53,7 @@ from dumpfile.safe_output import IN_PROGRESS
 
 from accucmp.compare.rank_files import RankFile, _dump_files, rank_key
 
-ATTR_ASSEMBLED = "assembled"            # on a tensor of an assembled file: JSON, see _shards_attr
+ATTR_ASSEMBLED = "assembled"            # on a put-together tensor: JSON {placements, mesh_shape, mesh_ranks, shards}
 ROOT_ASSEMBLED_FROM = "assembled_from"  # root of an assembled file: JSON {run, ranks, world_size, ...}
 
 
@@ -75,10 +77,11 @@ class AssembledRun:
         """What was put together, in one line (printed before the verdict)."""
         n_loc = len(self.sharded_local_ops)
         shown = ", ".join(self.sharded_local_ops[:2]) + (", ..." if n_loc > 2 else "")
+        local = (f", {n_loc} sharded local op(s) put together from the layout of the DTensor they read "
+                 f"({shown})") if n_loc else ""
         return (f"shards put together: {self.run} ({len(self.ranks)} ranks) as one run: {self.dtensor_ops} "
                 f"op(s) on DTensors assembled from their layouts, {self.replicated_ops} local op(s) equal on "
-                f"every rank written once" + (f", {n_loc} sharded local op(s) put together from the layout of the DTensor they read "
-                                              f"({shown})" if n_loc else ""))
+                f"every rank written once{local}")
 
 
 # ---- which files, which ops ------------------------------------------------
@@ -231,7 +234,6 @@ class _Assembler:
         # local ops between two DTensor ops read what the last few made, so memory stays
         # bounded (_RECENT entries a rank) whatever the run's length
         self.dt_outputs: list[OrderedDict[bytes, tuple[int, dict]]] = [OrderedDict() for _ in files]
-        self.rank_of_file = {f.path: r for f, r in zip(files, ranks)}
 
     def op(self, group: list) -> None:
         first = group[0]
@@ -277,7 +279,7 @@ class _Assembler:
             parts.append((lay, local))
             shards.append({"rank": self.ranks[i], "offset": list(lay["global_offset"]),
                            "shape": list(local.shape), "coordinate": list(lay["coordinate"])})
-            if "Replicate()" in lay["placements"]:
+            if "Replicate()" in lay["placements"] and not rec.uninitialized:   # (garbage differs by design)
                 key = _replica_key(lay)
                 if key in replicas:
                     r0, a0 = replicas[key]
@@ -309,6 +311,8 @@ class _Assembler:
     def _check_plain(self, group, recs, rels) -> None:
         """Plain tensors of an op on DTensors (rare): every rank must hold the same."""
         for rel in rels:
+            if any(rs[rel].uninitialized for rs in recs if rel in rs):
+                continue                  # an empty-like op's garbage differs across ranks by design
             vals = [(r, self._read(rs[rel])) for r, rs in zip(self.ranks, recs) if rel in rs]
             self._note_differences(group[0], rel, vals)
 
@@ -320,7 +324,7 @@ class _Assembler:
             if a.shape != a0.shape or _digest(a) != d0:
                 same = False
                 self._disagree(f"{_where(op, rel)}: rank {r}'s value differs from rank {r0}'s "
-                                                 f"(max abs {_max_abs(a, a0):.4g}), and no layout says why")
+                               f"(max abs {_max_abs(a, a0):.4g}), and no layout says why")
         return same
 
     def _local(self, group, recs, grp) -> None:
@@ -329,6 +333,8 @@ class _Assembler:
         if any(set(rs) != set(rels) for rs in recs[1:]):
             self._disagree(f"{op0.op} #{op0.seqid}: the ranks recorded different arguments")
             return
+        # (an empty-like op's garbage differs across ranks by design: rank 0's is kept, unjudged)
+        rels = [rel for rel in rels if not any(rs[rel].uninitialized for rs in recs)]
         vals = {rel: [self._read(rs[rel]) for rs in recs] for rel in rels}
         differ = [rel for rel in rels if len({(_digest(a), a.shape) for a in vals[rel]}) > 1]
         if not differ:
