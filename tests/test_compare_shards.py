@@ -133,6 +133,34 @@ def test_replicas_that_differ_are_findings_naming_the_rank(tmp_path):
     assert "aten.relu.default #2 in blk.act: rank 1's value differs" in done.disagreements[1]
 
 
+def _redistribution_run(run, collective: bool):
+    """DTensor's redistribution of a Partial share to Shard: the share cut in chunks,
+    concatenated (a local op, each rank's own values), reduce-scattered."""
+    rng = np.random.default_rng(5)
+    shares = [rng.standard_normal((4, 2)).astype(np.float32) for _ in range(2)]
+    run.mkdir()
+    for k in range(2):
+        buf = np.concatenate([shares[k][:2], shares[k][2:]])[::-1].copy()     # not the share's own bytes
+        ops = [("aten.mm.default", 1, "fc2", {"output/result": (shares[k], _layout([2], [k], ["Partial(sum)"],
+                                                                                     (4, 2), [0, 0]))}),
+               ("aten.cat.default", 2, "fc2", {"input/tensors": (buf, None), "output/result": (buf, None)})]
+        if collective:
+            ops.append(("_c10d_functional.reduce_scatter_tensor.default", 3, "fc2", {
+                "input/input": (buf, None), "output/result": (buf[2 * k:2 * k + 2].copy(), None)}))
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], ops)
+
+
+def test_a_buffer_a_collective_reduces_differs_across_ranks_by_design(tmp_path):
+    _redistribution_run(tmp_path / "rs", True)
+    done = assemble_run(tmp_path / "rs", tmp_path / "rs.h5")
+    assert not done.disagreements and done.collective_ops == 1
+    # the same local op with no collective reading it: the ranks disagree
+    _redistribution_run(tmp_path / "plain", False)
+    done = assemble_run(tmp_path / "plain", tmp_path / "plain.h5")
+    assert [d.split(":")[0] for d in done.disagreements] == ["input tensors of aten.cat.default #2 in fc2",
+                                                             "output result of aten.cat.default #2 in fc2"]
+
+
 def test_ranks_out_of_step_are_one_line(tmp_path):
     x = np.ones((2,), np.float32)
     lay = _layout([2], [0], ["Replicate()"], x.shape, [0])

@@ -23,6 +23,8 @@ op once, op by op (memory: one op's tensors of every rank), in the project's for
   earlier DTensor output on every rank; its tensors that differ across ranks are then
   joined as that output's layout says (Shard on the last dim: concatenated along the last
   dim; Partial(sum): summed);
+- a collective's per-rank contributions (and the buffer the op just before made for it)
+  differ by design: kept as rank 0's;
 - anything else that differs across ranks (a replica that should be equal and is not) is
   written as rank 0 holds it and listed in `disagreements`: a finding, never dropped.
 
@@ -72,6 +74,7 @@ class AssembledRun:
     sharded_local_ops: list[str] = field(default_factory=list)     # "aten.gelu.default #21 in block.mlp.act"
     disagreements: list[str] = field(default_factory=list)         # replicas that differ: findings (first 50)
     n_disagreements: int = 0                                         # ... and how many in all
+    collective_ops: int = 0              # collectives whose per-rank tensors differ by design, kept as rank 0's
 
     def line(self) -> str:
         """What was put together, in one line (printed before the verdict)."""
@@ -79,6 +82,8 @@ class AssembledRun:
         shown = ", ".join(self.sharded_local_ops[:2]) + (", ..." if n_loc > 2 else "")
         local = (f", {n_loc} sharded local op(s) put together from the layout of the DTensor they read "
                  f"({shown})") if n_loc else ""
+        if self.collective_ops:
+            local += f", {self.collective_ops} collective(s) on each rank's own contribution kept as rank 0's"
         return (f"shards put together: {self.run} ({len(self.ranks)} ranks) as one run: {self.dtensor_ops} "
                 f"op(s) on DTensors assembled from their layouts, {self.replicated_ops} local op(s) equal on "
                 f"every rank written once{local}")
@@ -221,6 +226,8 @@ def _where(op, rel: str) -> str:
 
 # ---- writing -----------------------------------------------------------------
 _RECENT = 1024      # DTensor outputs a rank remembers for the sharded local ops after them
+# torch.distributed's op namespaces: their inputs are each rank's contribution
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d"})
 
 
 class _Assembler:
@@ -234,6 +241,8 @@ class _Assembler:
         # local ops between two DTensor ops read what the last few made, so memory stays
         # bounded (_RECENT entries a rank) whatever the run's length
         self.dt_outputs: list[OrderedDict[bytes, tuple[int, dict]]] = [OrderedDict() for _ in files]
+        self._pending: list[str] = []            # the last local op's differences (see _disagree)
+        self._pending_outputs: set[tuple] = set()  # ... and its outputs' per-rank digests
 
     def op(self, group: list) -> None:
         first = group[0]
@@ -242,17 +251,31 @@ class _Assembler:
         dest = self.copier.copy_op(first.op, first.seqid, first.op, first.seqid)   # rank 0's op as it is
         grp = self.w.file[dest]
         if dt:
+            self._commit()
             self.result.dtensor_ops += 1
             for rel in dt:
                 self._dtensor(group, recs, rel, grp)
             self._check_plain(group, recs, [rel for rel in recs[0] if rel not in dt])
+            self._commit()
             return
         self._local(group, recs, grp)
 
+    def finish(self) -> None:
+        self._commit()
+
     def _disagree(self, text: str) -> None:
-        self.result.n_disagreements += 1
-        if len(self.result.disagreements) < 50:
-            self.result.disagreements.append(text)
+        """A difference between ranks, held until the next op says whether it is one: the
+        buffer a collective is about to reduce (DTensor's redistribution cuts a Partial share
+        into chunks and concatenates them for reduce_scatter) differs across ranks by design."""
+        self._pending.append(text)
+
+    def _commit(self) -> None:
+        for text in self._pending:
+            self.result.n_disagreements += 1
+            if len(self.result.disagreements) < 50:
+                self.result.disagreements.append(text)
+        self._pending = []
+        self._pending_outputs = set()
 
     def _read(self, rec) -> np.ndarray:
         return np.asarray(rec.read())
@@ -336,10 +359,17 @@ class _Assembler:
         # (an empty-like op's garbage differs across ranks by design: rank 0's is kept, unjudged)
         rels = [rel for rel in rels if not any(rs[rel].uninitialized for rs in recs)]
         vals = {rel: [self._read(rs[rel]) for rs in recs] for rel in rels}
-        differ = [rel for rel in rels if len({(_digest(a), a.shape) for a in vals[rel]}) > 1]
+        digests = {rel: tuple(_digest(a) for a in vals[rel]) for rel in rels}
+        collective = op0.op.split(".", 1)[0] in _COLLECTIVE_NAMESPACES
+        if collective and any(digests[rel] in self._pending_outputs for rel in rels
+                              if rel.startswith(S.INPUT_GROUP)):
+            self._pending, self._pending_outputs = [], set()     # the op before made its buffer
+        self._commit()
+        differ = [rel for rel in rels if len({(d, a.shape) for d, a in zip(digests[rel], vals[rel])}) > 1]
         if not differ:
             self.result.replicated_ops += 1
             return
+        self._pending_outputs = {digests[rel] for rel in differ if rel.startswith(S.OUTPUT_GROUP)}
         source = self._sharded_source(recs, vals)
         how = _join_rule(source[1]) if source is not None else None
         joinable = how is not None and all(
@@ -347,6 +377,11 @@ class _Assembler:
             and (vals[rel][0].shape[-1] == source[2] if how == "last" else vals[rel][0].size == source[3])
             for rel in differ)
         if not joinable:
+            if collective:
+                # a collective's per-rank contributions and shards: each rank's by design (the
+                # reduced result, equal on every rank, was checked above)
+                self.result.collective_ops += 1
+                return
             for rel in differ:
                 self._note_differences(op0, rel, list(zip(self.ranks, vals[rel])))
             return
@@ -437,6 +472,7 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
                 for group in _op_pairs(run_dir, files):
                     with h5_errors(group[0].file.path):
                         asm.op(group)
+                asm.finish()
                 w.file.attrs[ROOT_ASSEMBLED_FROM] = json.dumps(
                     {"run": os.path.abspath(run_dir), "ranks": ranks, "files": [f.path for f in files],
                      "world_size": rfiles[0].world_size, "parallel_layout": _text(files[0].attrs.get(
