@@ -265,20 +265,26 @@ def test_tensor_parallel_run_against_the_single_process_reference_passes(runs, t
 
 
 def test_one_wrong_shard_is_named_by_rank_op_and_module(runs, tmp_path):
-    res, _ = _compare(tmp_path, runs / "tp_bug", runs / "ref.h5")
+    res, _ = _compare(tmp_path, runs / "tp_bug", runs / "ref.h5", "--summary-json", str(tmp_path / "s.json"))
     assert res.exit_code == 1, res.output
     assert "first failing op is aten.addmm.default #20 in block.mlp.fc1" in res.output
     line = next(x for x in res.output.splitlines() if x.strip().startswith("shard:"))
     assert "input mat2 of aten.addmm.default #20 in block.mlp.fc1" in line
     assert "lies in rank 1's shard" in line and line.endswith("shards off: rank 1")
+    rec = json.loads((tmp_path / "s.json").read_text())
+    assert rec["sharded"]["lines"] == [line]
 
 
 def test_a_replicated_weight_off_on_one_rank_leads_the_verdict(runs, tmp_path):
-    res, _ = _compare(tmp_path, runs / "tp_ln_bug", runs / "ref.h5")
+    res, _ = _compare(tmp_path, runs / "tp_ln_bug", runs / "ref.h5", "--summary-json", str(tmp_path / "s.json"))
     assert res.exit_code == 1, res.output
     first_fail = next(x for x in res.output.splitlines() if x.startswith("FAIL"))
-    assert "the ranks disagree where they must be equal: input weight of aten.native_layer_norm.default #19 " \
-           "in block.ln2: rank 1's value differs from rank 0's" in first_fail
+    said = "the ranks disagree where they must be equal: input weight of aten.native_layer_norm.default #19 " \
+           "in block.ln2: rank 1's value differs from rank 0's"
+    assert said in first_fail
+    rec = json.loads((tmp_path / "s.json").read_text())
+    assert rec["verdict"] == "FAIL" and rec["exit_code"] == 1 and said in rec["sentence"]
+    assert Path(rec["sharded"]["assembled"][0]).is_file()
 
 
 def test_same_layout_folders_compare_rank_by_rank(runs, tmp_path):

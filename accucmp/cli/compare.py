@@ -150,7 +150,7 @@ def compare(
             paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
                                     stamp=paths[0].stem.split("_", 1)[1], force=force, budget=caps)
         console = _console()
-        for line in sharded.findings() if sharded is not None else ():
+        for line in sharded.findings() if sharded is not None and not quiet else ():
             console.print(line, highlight=False, soft_wrap=True)     # ranks that disagree lead the verdict
         if not quiet:
             print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
@@ -159,7 +159,7 @@ def compare(
             from accucmp.compare.shards import report_lines
 
             lines, failed = report_lines(sharded, result.summary)
-            for line in lines:
+            for line in lines if not quiet else ():
                 console.print(line, highlight=False, soft_wrap=True)
             code = Status.FINDINGS if failed else code
             meta["sharded"] = {"assembled": [str(a.path) for a in sharded.assembled],
@@ -174,6 +174,10 @@ def compare(
 
             rec = summary_record(result.summary, code=code, meta=meta,
                                  outputs=[p for p in paths if p.suffix != ".npy"])
+            if sharded is not None:
+                from accucmp.compare.shards import summary_fields
+
+                rec.update(summary_fields(sharded, meta["sharded"]["lines"], rec))
             console.print(f"wrote {write_summary_json(summary_json, rec, force=force)}", highlight=False,
                           soft_wrap=True)
     raise typer.Exit(code)

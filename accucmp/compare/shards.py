@@ -847,3 +847,15 @@ def _write_gradients(path: Path, source, rows) -> None:
             os.unlink(tmp)
         raise
     os.replace(tmp, path)
+
+
+def summary_fields(sharded: ShardedCompare, lines: list[str], record: dict) -> dict:
+    """What --summary-json adds for put-together runs: the assembled files and the lines
+    (ranks that disagree, which rank's shard); ranks that disagree make the verdict FAIL
+    and lead its sentence, as on the terminal."""
+    out = {"sharded": {"assembled": [str(a.path) for a in sharded.assembled], "lines": lines}}
+    findings = sharded.findings()
+    if findings:
+        out["verdict"] = "FAIL"
+        out["sentence"] = findings[0]
+    return out
