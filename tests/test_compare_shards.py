@@ -161,6 +161,27 @@ def test_a_buffer_a_collective_reduces_differs_across_ranks_by_design(tmp_path):
                                                              "output result of aten.cat.default #2 in fc2"]
 
 
+def test_a_local_op_that_cuts_a_dtensor_s_shards_is_joined_not_a_finding(tmp_path):
+    """DTensor's Replicate-to-Shard(1) redistribution: each rank clones its chunk of the
+    whole tensor (a local op whose values differ across ranks), the next op reads it as
+    the DTensor's local shard."""
+    x = np.random.default_rng(6).standard_normal((2, 4, 3)).astype(np.float32)
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        chunk = x[:, 2 * k:2 * k + 2].copy()
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [
+            ("aten.clone.default", 1, "ffn", {"input/self": (chunk, None), "output/result": (chunk, None)}),
+            ("aten.native_layer_norm.default", 2, "ffn.ln2", {
+                "input/input": (chunk, _layout([2], [k], ["Shard(1)"], x.shape, [0, 2 * k, 0]))})])
+    done = assemble_run(run, tmp_path / "asm.h5")
+    assert not done.disagreements and done.sharded_local_ops == ["aten.clone.default #1 in ffn"]
+    for rel in ("input/self", "output/result"):
+        got, attrs = _read(tmp_path / "asm.h5", "aten.clone.default", 1, rel)
+        np.testing.assert_array_equal(got, x)
+        assert json.loads(attrs[ATTR_ASSEMBLED])["placements"] == ["Shard(1)"]
+
+
 def test_ranks_out_of_step_are_one_line(tmp_path):
     x = np.ones((2,), np.float32)
     lay = _layout([2], [0], ["Replicate()"], x.shape, [0])
@@ -240,8 +261,8 @@ def runs(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     from ._dist_shard_runs import dump_runs
-    return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "fsdp", "fsdp_bf16",
-                                                                         "fsdp_bug", "ddp")))
+    return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "sp", "fsdp",
+                                                                         "fsdp_bf16", "fsdp_bug", "ddp")))
 
 
 def _compare(tmp_path, target, golden, *extra):
@@ -262,6 +283,17 @@ def test_tensor_parallel_run_against_the_single_process_reference_passes(runs, t
     fc = t[t.Module.isin(["block.mlp.fc1", "block.mlp.fc2", "block.mlp.act"])]
     assert set(fc.NPUDump) >= {"aten.addmm.default", "aten.gelu.default", "aten.gelu_backward.default"}
     assert "(16,32)" in set(fc.Shape) and (fc.CompareStatus == "compared").all()
+
+
+def test_sequence_parallel_run_against_the_single_process_reference_passes(runs, tmp_path):
+    res, csvs = _compare(tmp_path, runs / "sp", runs / "ref_sp.h5")
+    assert res.exit_code == 0, res.output
+    assert "\nPASS" in res.output and "ranks disagree" not in res.output
+    t = pd.read_csv(csvs[0])
+    ln2 = t[(t.Module == "block.ffn.ln2") & (t.CompareStatus == "compared")]
+    # the whole sequence (4 tokens), put together from the ranks' halves
+    assert (ln2.Shape == "(4,4,16)").sum() >= 3 and not ln2.Shape.str.startswith("(4,2,").any()
+    assert not (t.CompareStatus == "size_mismatch").any()
 
 
 def test_one_wrong_shard_is_named_by_rank_op_and_module(runs, tmp_path):

@@ -23,6 +23,9 @@ op once, op by op (memory: one op's tensors of every rank), in the project's for
   earlier DTensor output on every rank; its tensors that differ across ranks are then
   joined as that output's layout says (Shard on the last dim: concatenated along the last
   dim; Partial(sum): summed);
+- a local op whose output the next op reads as a DTensor's local shard (sequence
+  parallel's Replicate-to-Shard redistribution clones each rank's chunk): joined along
+  that shard's dim;
 - a collective's per-rank contributions (and the buffer the op just before made for it)
   differ by design: kept as rank 0's;
 - anything else that differs across ranks (a replica that should be equal and is not) is
@@ -80,7 +83,7 @@ class AssembledRun:
         """What was put together, in one line (printed before the verdict)."""
         n_loc = len(self.sharded_local_ops)
         shown = ", ".join(self.sharded_local_ops[:2]) + (", ..." if n_loc > 2 else "")
-        local = (f", {n_loc} sharded local op(s) put together from the layout of the DTensor they read "
+        local = (f", {n_loc} sharded local op(s) put together from the layout of the DTensor they read or make "
                  f"({shown})") if n_loc else ""
         if self.collective_ops:
             local += f", {self.collective_ops} collective(s) on each rank's own contribution kept as rank 0's"
@@ -243,6 +246,7 @@ class _Assembler:
         self.dt_outputs: list[OrderedDict[bytes, tuple[int, dict]]] = [OrderedDict() for _ in files]
         self._pending: list[str] = []            # the last local op's differences (see _disagree)
         self._pending_outputs: set[tuple] = set()  # ... and its outputs' per-rank digests
+        self._pending_local = None                 # ... and the op itself (_made_shards)
 
     def op(self, group: list) -> None:
         first = group[0]
@@ -251,6 +255,7 @@ class _Assembler:
         dest = self.copier.copy_op(first.op, first.seqid, first.op, first.seqid)   # rank 0's op as it is
         grp = self.w.file[dest]
         if dt:
+            self._made_shards(group, recs, dt)
             self._commit()
             self.result.dtensor_ops += 1
             for rel in dt:
@@ -276,6 +281,7 @@ class _Assembler:
                 self.result.disagreements.append(text)
         self._pending = []
         self._pending_outputs = set()
+        self._pending_local = None
 
     def _read(self, rec) -> np.ndarray:
         return np.asarray(rec.read())
@@ -384,28 +390,60 @@ class _Assembler:
                 return
             for rel in differ:
                 self._note_differences(op0, rel, list(zip(self.ranks, vals[rel])))
+            self._pending_local = (op0, recs, grp, vals, differ)
             return
-        seqid, lay = source[0], source[1]
+        self._join(op0, recs, grp, vals, differ, how, source[1], f"as the output of seqid {source[0]} it reads")
+
+    def _join(self, op0, recs, grp, vals, differ, how, lay: dict, why: str) -> None:
+        """A sharded local op's per-rank tensors `differ` written as one: "last" concatenated
+        along the last dim, "sum" summed, an int d concatenated along dim d."""
         for rel in differ:
             arrays = vals[rel]
             ndim = arrays[0].ndim
-            if how == "last":
-                full = np.concatenate(arrays, axis=-1)
-                n = arrays[0].shape[-1]
-                placements = [f"Shard({ndim - 1})"]
-                shards = [{"rank": r, "offset": [0] * (ndim - 1) + [k * n], "shape": list(a.shape),
-                           "coordinate": [k]} for k, (r, a) in enumerate(zip(self.ranks, arrays))]
-            else:
+            if how == "sum":
                 full = np.sum([a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays], axis=0)
                 placements = list(lay["placements"])
-                shards = [{"rank": r, "offset": [0] * ndim, "shape": list(a.shape), "coordinate": [k]}
-                          for k, (r, a) in enumerate(zip(self.ranks, arrays))]
+                offsets = [[0] * ndim for _ in arrays]
+                said = "summed over the ranks"
+            else:
+                d = ndim - 1 if how == "last" else how
+                full = np.concatenate(arrays, axis=d)
+                placements = [f"Shard({d})"]
+                starts = np.cumsum([0] + [a.shape[d] for a in arrays[:-1]])
+                offsets = [[0] * d + [int(o)] + [0] * (ndim - d - 1) for o in starts]
+                said = f"joined along dim {d}"
+            shards = [{"rank": r, "offset": off, "shape": list(a.shape), "coordinate": [k]}
+                      for k, (r, a, off) in enumerate(zip(self.ranks, arrays, offsets))]
             self._replace(grp, rel, _encode(full, recs[0][rel].dtype, f"{self.run}: {_where(op0, rel)}"),
                           recs[0][rel].attrs, {"placements": placements, "mesh_shape": [len(arrays)],
                                                "mesh_ranks": list(self.ranks), "shards": shards,
-                                               "sharded_local_op": f"{'joined along the last dim' if how == 'last' else 'summed over the ranks'}, "
-                                                                   f"as the output of seqid {seqid} it reads"})
+                                               "sharded_local_op": f"{said}, {why}"})
         self.result.sharded_local_ops.append(f"{op0.op} #{op0.seqid}" + (f" in {op0.module}" if op0.module else ""))
+
+    def _made_shards(self, group, recs, dt: list[str]) -> None:
+        """The local op just before this DTensor op made its input's shards (DTensor's
+        Replicate-to-Shard redistribution: each rank clones its chunk of the whole tensor):
+        that op is a sharded local op joined along the shard dim, not ranks that disagree."""
+        held = self._pending_local
+        if held is None:
+            return
+        op0, precs, pgrp, pvals, pdiffer = held
+        for rel in dt:
+            if not rel.startswith(S.INPUT_GROUP):
+                continue
+            lay = checked_layout(recs[0][rel].attrs[S.ATTR_DTENSOR], f"{group[0].file.path}: {recs[0][rel].path}")
+            if len(lay["placements"]) != 1 or not lay["placements"][0].startswith("Shard("):
+                continue
+            digests = tuple(_digest(self._read(rs[rel])) for rs in recs if rel in rs)
+            if digests not in self._pending_outputs:
+                continue
+            d = int(lay["placements"][0][len("Shard("):-1])
+            local = tuple(recs[0][rel].shape)
+            if all(len({a.shape for a in pvals[r]}) == 1 and pvals[r][0].shape == local for r in pdiffer):
+                self._pending, self._pending_outputs, self._pending_local = [], set(), None
+                self._join(op0, precs, pgrp, pvals, pdiffer, d, lay,
+                           f"as the input of {group[0].op} #{group[0].seqid} it makes")
+                return
 
     def _sharded_source(self, recs, vals):
         """(seqid, layout, local last-dim size, local size) of the DTensor output whose
