@@ -27,7 +27,7 @@ from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 from dumpfile import schema as S
 
-from ._cli_helpers import Op, contiguous_stride, write_dump
+from ._cli_helpers import Op, bf16_bits, contiguous_stride, write_dump
 
 runner = CliRunner(env={"COLUMNS": "160", "NO_COLOR": "1"})
 
@@ -49,10 +49,13 @@ def _write_rank(path, rank, world, mesh_shape, ops):
     with DumpWriter(path, root_attrs=root) as w:
         for op, seqid, module, tensors in ops:
             g = w.begin_op(op, seqid, module=module)
-            for rel, (arr, lay) in tensors.items():
+            for rel, (arr, lay, *dtype) in tensors.items():
                 io, name = rel.split("/")
                 uninit = lay == "UNINIT"
-                meta = TensorMeta(dtype=str(arr.dtype), shape=tuple(arr.shape), stride=contiguous_stride(arr.shape),
+                if dtype == ["bfloat16"]:
+                    arr = bf16_bits(arr)
+                meta = TensorMeta(dtype=dtype[0] if dtype else str(arr.dtype), shape=tuple(arr.shape),
+                                  stride=contiguous_stride(arr.shape),
                                   uninitialized=uninit, extra={S.ATTR_DTENSOR: lay} if lay and not uninit else {})
                 w.write_tensor(g[io], name, np.ascontiguousarray(arr), meta)
             w.end_op()
@@ -96,6 +99,25 @@ def test_every_placement_of_a_1d_mesh_becomes_the_global_tensor(tmp_path):
     np.testing.assert_array_equal(_read(out, "aten.relu.default", 2, "input/self")[0], r)
     with DumpFile(out) as f:
         assert int(f.attrs[S.ROOT_WORLD_SIZE]) == 1
+
+
+def test_bfloat16_shards_keep_their_bits_and_partial_sums_round_once(tmp_path):
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    p = [rng.standard_normal((3,)).astype(np.float32) for _ in range(2)]
+    as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)    # noqa: E731
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(2):
+        _write_rank(run / f"d_rank{k}.h5", k, 2, [2], [("aten.mm.default", 1, "fc", {
+            "input/mat2": (w[2 * k:2 * k + 2], _layout([2], [k], ["Shard(0)"], w.shape, [2 * k, 0]), "bfloat16"),
+            "output/result": (p[k], _layout([2], [k], ["Partial(sum)"], (3,), [0]), "bfloat16")})])
+    assemble_run(run, tmp_path / "asm.h5")
+    got, attrs = _read(tmp_path / "asm.h5", "aten.mm.default", 1, "input/mat2")
+    assert attrs[S.ATTR_DTYPE] == "bfloat16"
+    np.testing.assert_array_equal(got, as_bf16(w))                       # the shards' bits, placed
+    got, _ = _read(tmp_path / "asm.h5", "aten.mm.default", 1, "output/result")
+    np.testing.assert_array_equal(got, as_bf16(as_bf16(p[0]) + as_bf16(p[1])))   # summed, rounded once
 
 
 def test_a_2d_mesh_shards_on_both_dims_and_replicates_on_one(tmp_path):
