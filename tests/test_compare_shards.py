@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from accucmp.cli.main import app
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.compare.shards import (ATTR_ASSEMBLED, ShardError, assemble_run, fsdp_gradient_files, holds_dtensors,
-                                    shard_of)
+from accucmp.compare.fsdp_gradients import fsdp_gradient_files
+from accucmp.compare.shards import ATTR_ASSEMBLED, ShardError, assemble_run, holds_dtensors, shard_of
 from accucmp.compare.verdict import apply_verdict
 from dumpfile import DumpFile, DumpWriter, TensorMeta
 from dumpfile import schema as S

@@ -44,7 +44,6 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -93,7 +92,7 @@ class AssembledRun:
 
 
 # ---- which files, which ops ------------------------------------------------
-def _rank_files(run_dir: str | os.PathLike) -> list[RankFile]:
+def run_rank_files(run_dir: str | os.PathLike) -> list[RankFile]:
     files = [rank_key(p) for p in _dump_files(Path(run_dir))]
     steps = sorted({f.step for f in files}, key=lambda s: -1 if s is None else s)
     if len(steps) > 1:
@@ -151,7 +150,7 @@ def _rel(rec, op) -> str:
     return rec.path[len(op.path) + 1:]
 
 
-def _op_pairs(run_dir, files: list[DumpFile]) -> list[list]:
+def rank_op_groups(run_dir, files: list[DumpFile]) -> list[list]:
     """The ops of every rank that are one op of the run: same position, same name."""
     lists = [f.ops() for f in files]
     n = len(lists[0])
@@ -170,7 +169,7 @@ def _op_pairs(run_dir, files: list[DumpFile]) -> list[list]:
 
 
 # ---- values ----------------------------------------------------------------
-def _encode(values: np.ndarray, dtype: str, where: str) -> np.ndarray:
+def encode_values(values: np.ndarray, dtype: str, where: str) -> np.ndarray:
     """Decoded values -> the stored array of `dtype` (schema.STORAGE_NUMPY_DTYPE)."""
     if dtype == "bfloat16":
         bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
@@ -182,7 +181,7 @@ def _encode(values: np.ndarray, dtype: str, where: str) -> np.ndarray:
     return np.asarray(values).astype(store, copy=False)
 
 
-def _digest(a: np.ndarray) -> bytes:
+def digest(a: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()
 
 
@@ -312,7 +311,7 @@ class _Assembler:
                 key = _replica_key(lay)
                 if key in replicas:
                     r0, a0 = replicas[key]
-                    if _digest(a0) != _digest(local):
+                    if digest(a0) != digest(local):
                         self._disagree(
                             f"{_where(op0, rel)} ({', '.join(lay['placements'])}): rank {self.ranks[i]}'s replica "
                             f"differs from rank {r0}'s (max abs {_max_abs(local, a0):.4g})")
@@ -320,7 +319,7 @@ class _Assembler:
                     replicas[key] = (self.ranks[i], local)
             if rel.startswith(S.OUTPUT_GROUP) and local.size:
                 recent = self.dt_outputs[i]
-                recent[_digest(local)] = (op0.seqid, lay)
+                recent[digest(local)] = (op0.seqid, lay)
                 if len(recent) > _RECENT:
                     recent.popitem(last=False)
         dtype = recs[0][rel].dtype
@@ -333,7 +332,7 @@ class _Assembler:
             full = DT.assemble(parts)
         except ValueError as e:
             raise ShardError(f"{where}: {e}") from e
-        self._replace(grp, rel, _encode(full, dtype, where), recs[0][rel].attrs,
+        self._replace(grp, rel, encode_values(full, dtype, where), recs[0][rel].attrs,
                       {"placements": lay0["placements"], "mesh_shape": lay0["mesh_shape"],
                        "mesh_ranks": lay0["mesh_ranks"], "shards": shards})
 
@@ -347,10 +346,10 @@ class _Assembler:
 
     def _note_differences(self, op, rel, vals) -> bool:
         r0, a0 = vals[0]
-        d0 = _digest(a0)
+        d0 = digest(a0)
         same = True
         for r, a in vals[1:]:
-            if a.shape != a0.shape or _digest(a) != d0:
+            if a.shape != a0.shape or digest(a) != d0:
                 same = False
                 self._disagree(f"{_where(op, rel)}: rank {r}'s value differs from rank {r0}'s "
                                f"(max abs {_max_abs(a, a0):.4g}), and no layout says why")
@@ -365,7 +364,7 @@ class _Assembler:
         # (an empty-like op's garbage differs across ranks by design: rank 0's is kept, unjudged)
         rels = [rel for rel in rels if not any(rs[rel].uninitialized for rs in recs)]
         vals = {rel: [self._read(rs[rel]) for rs in recs] for rel in rels}
-        digests = {rel: tuple(_digest(a) for a in vals[rel]) for rel in rels}
+        digests = {rel: tuple(digest(a) for a in vals[rel]) for rel in rels}
         collective = op0.op.split(".", 1)[0] in _COLLECTIVE_NAMESPACES
         if collective and any(digests[rel] in self._pending_outputs for rel in rels
                               if rel.startswith(S.INPUT_GROUP)):
@@ -414,7 +413,7 @@ class _Assembler:
                 said = f"joined along dim {d}"
             shards = [{"rank": r, "offset": off, "shape": list(a.shape), "coordinate": [k]}
                       for k, (r, a, off) in enumerate(zip(self.ranks, arrays, offsets))]
-            self._replace(grp, rel, _encode(full, recs[0][rel].dtype, f"{self.run}: {_where(op0, rel)}"),
+            self._replace(grp, rel, encode_values(full, recs[0][rel].dtype, f"{self.run}: {_where(op0, rel)}"),
                           recs[0][rel].attrs, {"placements": placements, "mesh_shape": [len(arrays)],
                                                "mesh_ranks": list(self.ranks), "shards": shards,
                                                "sharded_local_op": f"{said}, {why}"})
@@ -434,7 +433,7 @@ class _Assembler:
             lay = checked_layout(recs[0][rel].attrs[S.ATTR_DTENSOR], f"{group[0].file.path}: {recs[0][rel].path}")
             if len(lay["placements"]) != 1 or not lay["placements"][0].startswith("Shard("):
                 continue
-            digests = tuple(_digest(self._read(rs[rel])) for rs in recs if rel in rs)
+            digests = tuple(digest(self._read(rs[rel])) for rs in recs if rel in rs)
             if digests not in self._pending_outputs:
                 continue
             d = int(lay["placements"][0][len("Shard("):-1])
@@ -451,7 +450,7 @@ class _Assembler:
         for rel in recs[0]:
             if not rel.startswith(S.INPUT_GROUP):
                 continue
-            hits = [self.dt_outputs[i].get(_digest(a)) for i, a in enumerate(vals[rel])]
+            hits = [self.dt_outputs[i].get(digest(a)) for i, a in enumerate(vals[rel])]
             if all(h is not None for h in hits) and len({h[0] for h in hits}) == 1 and vals[rel][0].ndim:
                 return hits[0][0], hits[0][1], vals[rel][0].shape[-1], vals[rel][0].size
         return None
@@ -492,7 +491,7 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
     `out_path` whose tensors are the global values (module docstring). ShardError (one
     line) when the ranks' ops cannot be paired or a layout cannot be put together."""
     run_dir, out_path = os.fspath(run_dir), os.fspath(out_path)
-    rfiles = _rank_files(run_dir)
+    rfiles = run_rank_files(run_dir)
     if len(rfiles) < 2:
         raise ShardError(f"{run_dir}: {len(rfiles)} dump file(s); shards are put together from 2 or more ranks")
     tmp = out_path + ".partial"
@@ -507,7 +506,7 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
         try:
             with DumpWriter(tmp, mode=files[0].mode, root_attrs=root) as w:
                 asm = _Assembler(run_dir, files, ranks, w)
-                for group in _op_pairs(run_dir, files):
+                for group in rank_op_groups(run_dir, files):
                     with h5_errors(group[0].file.path):
                         asm.op(group)
                 asm.finish()
@@ -732,159 +731,6 @@ def report_lines(sharded: ShardedCompare, summary) -> tuple[list[str], bool]:
             lines.append(f"  shard: {what.strip()}" + (f" in {mod}" if isinstance(mod, str) and mod else "")
                          + f": {said}")
     return lines, bool(sharded.findings())
-
-
-# ---- FSDP2: reduce-scattered gradients ---------------------------------------------
-# FSDP2 records no DTensor layout; its reduced gradients are flat shards that hold a slice of
-# every parameter of a module group: fsdp.chunk_cat lays the ranks' local gradients out as
-# (world, n) (each gradient cut into `world` chunks along dim 0, padded to equal chunks),
-# c10d._reduce_scatter_base_ hands row r, reduced, to rank r.
-_FSDP_CHUNK_CAT = "fsdp.chunk_cat.default"
-_REDUCE_SCATTER = "c10d._reduce_scatter_base_.default"
-
-
-@dataclass
-class ReducedGradient:
-    op: str            # the backward op whose output was the local gradient (rank 0's)
-    seqid: int
-    module: str
-    name: str          # its output's name
-    value: np.ndarray  # the gradient after the reduce-scatter, put together from every rank
-    occurrence: int = 0   # how many backward ops of this name ran in this module before it
-    made_dtype: str = ""  # the local gradient's dtype (bfloat16 under a MixedPrecisionPolicy)
-
-    @property
-    def key(self) -> tuple:
-        return gradient_key(self.module, self.op, self.occurrence, self.name)
-
-
-def gradient_key(module: str, op: str, occurrence: int, name: str) -> tuple:
-    """What names a gradient in any run of the model: the backward op that made it, by
-    module (a wrapper's `module.` prefix dropped), op and its place among that module's
-    backward ops of that name, and the output."""
-    while module.startswith("module."):
-        module = module[len("module."):]
-    return (module, op, occurrence, name)
-
-
-def fsdp_gradients(run_dir: str | os.PathLike):
-    """The reduced gradients of an FSDP2 run folder, one ReducedGradient per parameter,
-    each put together from the ranks' reduce-scatter outputs and named by the backward op
-    that made its local gradient (the same bytes on rank 0: the op a single-process run has
-    too). Yields them group by group, as the reduce-scatters ran; memory: one module
-    group's gradients."""
-    run_dir = os.fspath(run_dir)
-    rfiles = _rank_files(run_dir)
-    world = len(rfiles)
-    with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(DumpFile(rf.path)) for rf in rfiles]
-        made: dict[bytes, tuple] = {}          # rank 0: digest of a backward output -> (op, name, occurrence)
-        seen: dict[tuple, int] = {}             # (module, op) -> backward ops so far
-        pending = None                          # the chunk_cat waiting for its reduce-scatter
-        for group in _op_pairs(run_dir, files):
-            op0 = group[0]
-            with h5_errors(op0.file.path):
-                if op0.op == _FSDP_CHUNK_CAT:
-                    pending = [np.asarray(c.read()) for c in op0.inputs()["tensors"].children]
-                elif op0.op == _REDUCE_SCATTER and pending is not None:
-                    rows = [np.asarray(op.outputs()["result0"].read()).reshape(-1) for op in group]
-                    yield from _split_reduced(pending, rows, world, made, run_dir)
-                    pending = None
-                elif op0.phase == S.PHASE_BACKWARD:
-                    k = seen.get((op0.module, op0.op), 0)
-                    seen[(op0.module, op0.op)] = k + 1
-                    for name, rec in op0.outputs().items():
-                        if rec.is_tensor and rec.numel:
-                            made[_digest(np.asarray(rec.read()))] = (op0, name, k, rec.dtype)
-
-
-def _split_reduced(locals_: list[np.ndarray], rows: list[np.ndarray], world: int, made: dict, run_dir: str):
-    off = 0
-    for local in locals_:
-        n0 = local.shape[0] if local.ndim else 1
-        rest = int(np.prod(local.shape[1:], dtype=np.int64)) if local.ndim > 1 else 1
-        chunk = -(-n0 // world) * rest
-        if any(off + chunk > len(r) for r in rows):
-            raise ShardError(f"{run_dir}: a reduce-scatter output holds fewer elements than the gradients "
-                             "its chunk_cat laid out; cannot put them together")
-        full = np.concatenate([r[off:off + chunk] for r in rows])[:n0 * rest].reshape(local.shape)
-        off += chunk
-        who = made.get(_digest(local))
-        if who is not None:
-            op, name, k, dtype = who
-            yield ReducedGradient(op.op, op.seqid, op.module, name, full, k, dtype)
-
-
-def fsdp_gradient_files(run_dir: str | os.PathLike, reference: str | os.PathLike,
-                        out_dir: str | os.PathLike) -> tuple[Path, Path, int]:
-    """The reduced gradients of an FSDP2 run folder and the same gradients of a
-    single-process reference dump, as two small dumps with one op per gradient in the same
-    order (the backward op that made it, its output only), for compare: (target, golden,
-    gradients paired). The reference's gradient of a parameter is the output of the same
-    backward op (gradient_key); a gradient the reference has no such op for is left out."""
-    from accucmp.report.outputs import _free_basename, timestamp
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    grads = sorted(fsdp_gradients(run_dir), key=lambda g: (g.seqid, g.name))
-    with DumpFile(reference) as ref, h5_errors(os.fspath(reference)):
-        seen: dict[tuple, int] = {}
-        keyed: dict[tuple, Any] = {}
-        for op in ref.ops():
-            if op.phase != S.PHASE_BACKWARD:
-                continue
-            k = seen.get((op.module, op.op), 0)
-            seen[(op.module, op.op)] = k + 1
-            keyed[gradient_key(op.module, op.op, k, "")[:3]] = op
-        pairs = []
-        for g in grads:
-            op = keyed.get(g.key[:3])
-            rec = op.outputs().get(g.name) if op is not None else None
-            # (same elements: a bias gradient is recorded as sum's (1, n) and reduced as the (n,) parameter)
-            if rec is not None and rec.is_tensor and rec.numel == g.value.size:
-                pairs.append((g, op, np.asarray(rec.read()).reshape(g.value.shape), rec.dtype))
-    if not pairs:
-        raise ShardError(f"{reference}: holds none of the backward ops that made the gradients of {run_dir}; "
-                         "is it a dump of the same model's training step?")
-    stem = _free_basename(out_dir, f"fsdp_gradients_{Path(run_dir).name or 'run'}_{timestamp()}", ".h5")
-    target, golden = out_dir / f"{stem}.h5", out_dir / f"{stem}_reference.h5"
-    # the golden keeps its own seqids while they run in the target's order, else the target's
-    g_seq = [op.seqid for _, op, _, _ in pairs]
-    keep = all(a < b for a, b in zip(g_seq, g_seq[1:]))
-    # the gradient was computed in its local dtype (bfloat16 under a MixedPrecisionPolicy) and
-    # reduced in float32: judged at the precision it was computed in (op attribute compute_dtype)
-    _write_gradients(target, run_dir, [(g.op, g.seqid, g.module, g.name, g.value, g.value.dtype.name, g.made_dtype)
-                                       for g, _, _, _ in pairs])
-    _write_gradients(golden, reference, [(op.op, op.seqid if keep else g.seqid, op.module, g.name, v, dt, "")
-                                         for g, op, v, dt in pairs])
-    return target, golden, len(pairs)
-
-
-def _write_gradients(path: Path, source, rows) -> None:
-    from dumpfile import TensorMeta
-
-    tmp = f"{path}.partial"
-    try:
-        with DumpWriter(tmp, root_attrs={S.ROOT_RANK: 0, S.ROOT_WORLD_SIZE: 1, ROOT_ASSEMBLED_FROM: json.dumps(
-                {"run": os.path.abspath(source), "what": "gradients after the reduction"})}) as w:
-            last = None
-            for op, seqid, module, name, value, dtype, computed in rows:
-                if last != (op, seqid):
-                    if last is not None:
-                        w.end_op()
-                    grp = w.begin_op(op, seqid, phase=S.PHASE_BACKWARD, module=module,
-                                     attrs={S.OP_COMPUTE_DTYPE: computed} if computed and computed != dtype else None)
-                    last = (op, seqid)
-                meta = TensorMeta(dtype=dtype, shape=tuple(value.shape),
-                                  stride=tuple(S.contiguous_strides(tuple(value.shape))))
-                w.write_tensor(grp[S.OUTPUT_GROUP], name, _encode(value, dtype, str(path)), meta)
-            if last is not None:
-                w.end_op()
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
 
 
 def summary_fields(sharded: ShardedCompare, lines: list[str], record: dict) -> dict:
