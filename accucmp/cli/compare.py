@@ -86,6 +86,17 @@ def compare(
             from dumpfile.safe_output import check_target
 
             check_target(summary_json, force=summary_json_force(summary_json, force))
+        sharded = None
+        if my_dump.is_dir() or golden_dump.is_dir():
+            # a run whose ops hold DTensors against another layout: its shards put together
+            # into one file first (accucmp/compare/shards.py), then compared as files
+            from accucmp.compare.shards import prepare
+
+            sharded = prepare(my_dump, golden_dump, out, selected=select is not None)
+            if sharded is not None:
+                for line in sharded.lines():
+                    typer.echo(f"accucmp: {line}", err=True)
+                my_dump, golden_dump = sharded.target, sharded.golden
         if my_dump.is_dir() and golden_dump.is_dir():
             from accucmp.compare.ranks import run_folder_compare
 
@@ -158,19 +169,34 @@ def compare(
             paths += write_failures(failing_rows_of_csv(csv_path), my_dump, golden_dump, out,
                                     stamp=paths[0].stem.split("_", 1)[1], force=force, budget=caps)
         console = _console()
+        for line in sharded.findings() if sharded is not None and not quiet else ():
+            console.print(line, highlight=False, soft_wrap=True)     # ranks that disagree lead the verdict
         if not quiet:
             print_summary(None, console=console, meta=meta, top=top, summary=result.summary)
+        code = exit_code_for_counts(result.summary.counts, result.rows)
+        if sharded is not None:
+            from accucmp.compare.shards import report_lines
+
+            lines, failed = report_lines(sharded, result.summary)
+            for line in lines if not quiet else ():
+                console.print(line, highlight=False, soft_wrap=True)
+            code = Status.FINDINGS if failed else code
+            meta["sharded"] = {"assembled": [str(a.path) for a in sharded.assembled],
+                               "lines": sharded.findings() + lines}
         for p in paths[:1] + [p for p in paths[1:] if p.suffix != ".npy"]:
             console.print(f"wrote {p}", highlight=False, soft_wrap=True)
         npys = sum(1 for p in paths if p.suffix == ".npy")
         if npys:
             console.print(f"wrote {npys} .npy files to {paths[-1].parent}", soft_wrap=True)
-        code = exit_code_for_counts(result.summary.counts, result.rows)
         if summary_json is not None:
             from accucmp.report.outputs import summary_record, write_summary_json
 
             rec = summary_record(result.summary, code=code, meta=meta,
                                  outputs=[p for p in paths if p.suffix != ".npy"])
+            if sharded is not None:
+                from accucmp.compare.shards import summary_fields
+
+                rec.update(summary_fields(sharded, meta["sharded"]["lines"], rec))
             console.print(f"wrote {write_summary_json(summary_json, rec, force=force)}", highlight=False,
                           soft_wrap=True)
     raise typer.Exit(code)
