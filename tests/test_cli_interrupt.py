@@ -32,6 +32,15 @@ def pair(tmp_path_factory):
     return (write_dump(d / "target.h5", perturbed(ops, 5, 0.3)), write_dump(d / "golden.h5", ops))
 
 
+def _as_from_a_terminal() -> None:
+    # A suite started in the background by a non-interactive shell (`.ci/run &`, nohup)
+    # inherits SIGINT *ignored*, and an ignored disposition survives exec: the program then
+    # rightly keeps ignoring Ctrl-C (dumpfile.interrupts.install), and every moment here
+    # "lost" its interrupt (6 of 8 failed, exit 1 with nothing said). The child gets the
+    # disposition a terminal gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _compare_interrupted_after(delay: float, pair, out: str) -> tuple[subprocess.CompletedProcess, bool]:
     target, golden = pair
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -39,7 +48,8 @@ def _compare_interrupted_after(delay: float, pair, out: str) -> tuple[subprocess
     try:
         p = subprocess.Popen([sys.executable, "-m", "accucmp.cli", "compare", "-m", target, "-g", golden, "-out", out,
                               "-q", "-p", "--format", "csv,jsonl,html,json"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
+                             stderr=subprocess.PIPE, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                             preexec_fn=_as_from_a_terminal)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     time.sleep(delay)
