@@ -10,6 +10,7 @@ tensors within a pair) and align.py (regions of fused vs decomposed ops).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from dumpfile import schema as S
@@ -34,6 +35,29 @@ class Matched:
     notes: tuple[str, ...]
     aligned_regions: tuple[str, ...]
     warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OpChoice:
+    """Which ops a compare takes part in: `--select` (a regex searched in the op name or the
+    module path) and `--exclude` (op-name patterns with the dumper's `exclude=` syntax,
+    dumpfile.opfilter.matches: a glob or a regex against the full overload name, the packet
+    name and the bare name). Applied to both dumps, and so to every check made of them
+    (the folder compare's replica check runs the same selection)."""
+
+    select: re.Pattern | None = None
+    exclude: tuple[str, ...] = ()
+
+    def keeps(self, op) -> bool:
+        from dumpfile.opfilter import matches
+
+        if self.select is not None and not (self.select.search(op.op) or self.select.search(op.module or "")):
+            return False
+        return not any(matches(p, op.op) for p in self.exclude)
+
+    @property
+    def trivial(self) -> bool:
+        return self.select is None and not self.exclude
 
 
 def _attr_text(v) -> str:
@@ -71,7 +95,8 @@ def _note_outside_compiled(pairs: list, tf: DumpFile, gf: DumpFile) -> None:
 
 def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
-    execution order); `pattern`: --select, `amap`: the --align-map overrides."""
+    execution order); `pattern`: --select (a compiled regex) or an OpChoice (--select and
+    --exclude), `amap`: the --align-map overrides."""
     from dumpfile.bookkeeping import is_bookkeeping
     from dumpfile.golden_info import read_not_replayed
 
@@ -95,9 +120,9 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     if any(is_bookkeeping(o.op) for o in t_ops) or any(is_bookkeeping(o.op) for o in g_ops):
         t_ops = [o for o in t_ops if not is_bookkeeping(o.op)]
         g_ops = [o for o in g_ops if not is_bookkeeping(o.op)]
-    if pattern is not None:
-        keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
-        t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
+    choice = pattern if isinstance(pattern, OpChoice) or pattern is None else OpChoice(pattern)
+    if choice is not None and not choice.trivial:
+        t_ops, g_ops = [o for o in t_ops if choice.keeps(o)], [o for o in g_ops if choice.keeps(o)]
     with h5_errors(gf.path):
         not_replayed = read_not_replayed(gf.h5)
     if _compiled_vs_eager(tf, gf) and not matching.is_replay_pairing(tf.mode, gf.mode):
