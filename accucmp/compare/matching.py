@@ -267,3 +267,144 @@ def pair_tensors(target: dict[str, ValueRecord], golden: dict[str, ValueRecord]
             out.append((key, t, None))
     out += [(k, None, g) for k, g in golden.items() if k not in used]
     return out
+
+
+# ---- pairs that cannot be one op's calls -------------------------------------------------
+# Independent runs pair by name and k-th call (above). When a run makes one op's calls in
+# another order, the k-th calls are different tensors: DDP's reducer scales each gradient
+# with a `mul.out` as autograd hands it over, and under autocast a layer's bias gradient
+# comes before its weight's, so the name pairing joined (64, 32) with (64) (36 "size
+# mismatch" rows on a DDP bf16 vs fp32 compare). A pair is kept only when its tensors
+# could be one computation's; else its ops are re-paired with the same-named ops near them
+# (same shapes first, then compatible ones) and what is left stays unmatched.
+SHAPE_REPAIR_WINDOW = 64       # pairs either side of a bad pair searched for its partner
+_ROLES = (S.PHASE_FORWARD, S.PHASE_BACKWARD)
+
+
+def shapes_compatible(a: tuple, b: tuple) -> bool:
+    """Whether tensors of shapes `a` and `b` could stand for one tensor of two runs: equal
+    shapes, as many elements (a view or reshape: compared flat), or as many dimensions each
+    a multiple of the other's (a micro-batch against the full batch, a shard against the
+    whole tensor: the distributed compares pair those and measure them sliced or assembled).
+    (64, 32) and (64) are none of these."""
+    a, b = tuple(a), tuple(b)
+    if a == b:
+        return True
+    na, nb = 1, 1
+    for d in a:
+        na *= int(d)
+    for d in b:
+        nb *= int(d)
+    if na == nb:
+        return True
+    if len(a) != len(b):
+        return False
+    return all(x == y or (x and y and (x % y == 0 or y % x == 0)) for x, y in zip(a, b))
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignature:
+    """What pairing checks of an op besides its name: its role (phase) and its tensors' shapes
+    by name ("input/self", "output/result", list members "input/tensors/tensors_0")."""
+
+    phase: str
+    shapes: tuple[tuple[str, tuple], ...]
+
+    def fits(self, other: "OpSignature") -> bool:
+        """Could these two ops be one op of two runs: the same role, every tensor both name
+        of compatible shape."""
+        if self.phase != other.phase and self.phase in _ROLES and other.phase in _ROLES:
+            return False
+        mine = dict(self.shapes)
+        return all(shapes_compatible(mine[n], s) for n, s in other.shapes if n in mine)
+
+    def same(self, other: "OpSignature") -> bool:
+        return self.phase == other.phase and self.shapes == other.shapes
+
+
+def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPAIR_WINDOW) -> tuple[list[OpPair], int]:
+    """Undo the name pairs whose ops cannot be one op's calls (OpSignature.fits), re-pairing
+    the same-named ops around each (within `window` pairs) by signature: equal signatures
+    first, in order, then compatible ones; a target left without one keeps its name partner
+    when no other target took it (an op's one call with a wrong shape is a size-mismatch
+    finding), the rest stay unmatched. `signature(op)`: the op's OpSignature. Returns the
+    pairs (order kept: a re-paired target stays where it was) and how many pairs changed.
+    Reads one signature per paired op pair (no tensor data)."""
+    sigs: dict[int, OpSignature] = {}
+
+    def sig(op) -> OpSignature:
+        s = sigs.get(id(op))
+        if s is None:
+            s = sigs[id(op)] = signature(op)
+        return s
+
+    bad = []
+    for i, p in enumerate(pairs):
+        if p.target is None or p.golden is None or p.matched_by not in ("name", "map"):
+            continue
+        if not sig(p.target).fits(sig(p.golden)):
+            bad.append(i)
+        else:                               # keep only what a cluster may need again
+            sigs.pop(id(p.target), None), sigs.pop(id(p.golden), None)
+    if not bad:
+        return pairs, 0
+    # clusters: pairs holding an op of the bad pair's canonical name within the window
+    name_of = lambda p: canonical_op((p.target or p.golden).op)  # noqa: E731
+    clusters: dict[str, set[int]] = {}
+    for i in bad:
+        c = name_of(pairs[i])
+        members = clusters.setdefault(c, set())
+        for j in range(max(0, i - window), min(len(pairs), i + window + 1)):
+            p = pairs[j]
+            if p.matched_by in ("name", "map", "unmatched") and name_of(p) == c:
+                members.add(j)
+    replaced: dict[int, list[OpPair]] = {}
+    for members in clusters.values():
+        slots = sorted(members)
+        ts = [(j, pairs[j].target) for j in slots if pairs[j].target is not None]
+        gs = sorted(((j, pairs[j].golden) for j in slots if pairs[j].golden is not None),
+                    key=lambda x: x[1].seqid)
+        partner: dict[int, OpRecord] = {}
+        used: set[int] = set()
+        for test in (lambda a, b: a.same(b), lambda a, b: a.fits(b)):
+            for j, t in ts:
+                if j in partner:
+                    continue
+                for k, (_, g) in enumerate(gs):
+                    if k not in used and test(sig(t), sig(g)):
+                        partner[j] = g
+                        used.add(k)
+                        break
+        # a target no partner fits keeps its name partner if nobody took it: the one call
+        # of an op on each side is that op, and its wrong shape is the finding (a size
+        # mismatch fails), not a reason to call it unmatched
+        for j, t in ts:
+            g0 = pairs[j].golden
+            k0 = next((k for k, (_, g) in enumerate(gs) if g is g0), None)
+            if j not in partner and k0 is not None and k0 not in used:
+                partner[j] = g0
+                used.add(k0)
+        left = {id(g): g for k, (_, g) in enumerate(gs) if k not in used}
+        for j in slots:
+            p = pairs[j]
+            out: list[OpPair] = []
+            if p.target is not None:
+                g = partner.get(j)
+                out.append(OpPair(p.target, g, _how(p.target, g)) if g is not None else _target_only(
+                    p.target, f"No partner of matching shape for {p.target.op} in golden dump data "
+                              "(its same-named ops there hold other shapes or run in another phase)."))
+            if p.golden is not None and id(p.golden) in left:
+                out.append(_golden_only(p.golden, f"No partner of matching shape for {p.golden.op} in my dump "
+                                                  "data (its same-named ops there hold other shapes or run in "
+                                                  "another phase)."))
+            replaced[j] = out
+    result: list[OpPair] = []
+    changed = 0
+    for i, p in enumerate(pairs):
+        new = replaced.get(i)
+        if new is None:
+            result.append(p)
+            continue
+        changed += not (len(new) == 1 and new[0].target is p.target and new[0].golden is p.golden)
+        result += new
+    return result, changed

@@ -167,7 +167,11 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     # Independent runs that computed one thing with different ops (fused attention vs
     # bmm+softmax+bmm): the ops both sides left unmatched, aligned many-to-one (align.py)
     regions = []
+    repaired = 0
     if not replay:
+        # a name pair whose tensors cannot be one op's (a run that makes one op's calls in
+        # another order) is re-paired by shape or left unmatched (matching.repair_incompatible)
+        pairs, repaired = matching.repair_incompatible(pairs, op_signature)
         pairs, regions = align.align_pairs(pairs, amap)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
@@ -176,5 +180,24 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
                 if io in tf.recorded_io and io in gf.recorded_io)
     return Matched(tuple(pairs), replay, not matching.is_replay_pairing(tf.mode, gf.mode), ios,
                    len(t_ops), len(g_ops), t_sel.describe() if t_sel else "", g_sel.describe() if g_sel else "",
-                   filtered_out, tuple(([subset_note] if subset_note else []) + align.notes(regions)),
+                   filtered_out, tuple(([subset_note] if subset_note else []) + align.notes(regions)
+                                       + ([f"{repaired} pair(s) of same-named ops whose shapes or phases cannot "
+                                           "match re-paired by shape (one run makes that op's calls in another "
+                                           "order)"] if repaired else [])),
                    tuple(r.description for r in regions), tuple(warnings))
+
+
+def op_signature(op) -> matching.OpSignature:
+    """An op's role (phase) and its tensors' shapes by name, from the catalog where the file
+    has one (rows.op_tensors without tensor data); no shapes when the op cannot be read (it
+    then fits every partner and the rows say what is wrong with it)."""
+    from accucmp.compare.rows import op_tensors
+    from dumpfile.errors import DumpError
+
+    try:
+        ot = op_tensors(op, 0)
+        shapes = tuple((f"{io}/{n}", tuple(int(d) for d in rec.shape)) for io, values in
+                       ((S.INPUT_GROUP, ot.inputs), (S.OUTPUT_GROUP, ot.outputs)) for n, rec in values.items())
+    except (DumpError, OSError, ValueError, KeyError, TypeError):
+        shapes = ()
+    return matching.OpSignature(op.phase or "", shapes)
