@@ -274,10 +274,12 @@ def pair_tensors(target: dict[str, ValueRecord], golden: dict[str, ValueRecord]
 # another order, the k-th calls are different tensors: DDP's reducer scales each gradient
 # with a `mul.out` as autograd hands it over, and under autocast a layer's bias gradient
 # comes before its weight's, so the name pairing joined (64, 32) with (64) (36 "size
-# mismatch" rows on a DDP bf16 vs fp32 compare). A pair is kept only when its tensors
-# could be one computation's; else its ops are re-paired with the same-named ops near them
-# (same shapes first, then compatible ones) and what is left stays unmatched.
-SHAPE_REPAIR_WINDOW = 64       # pairs either side of a bad pair searched for its partner
+# mismatch" rows on a DDP bf16 vs fp32 compare); addmm's backward makes its two mm calls
+# in the other order than x @ W.t()'s. Where a pair's ops differ in shapes or phase, the
+# same-named ops near it are re-paired by signature, and the new pairing is kept when it
+# has more pairs of equal signature (or fewer that cannot match) than the old one.
+SHAPE_REPAIR_WINDOW = 64       # a cluster: same-named pairs no further apart than this ...
+SHAPE_REPAIR_CLUSTER = 64      # ... and at most this many (re-pairing is quadratic in it)
 _ROLES = (S.PHASE_FORWARD, S.PHASE_BACKWARD)
 
 
@@ -322,89 +324,102 @@ class OpSignature:
         return self.phase == other.phase and self.shapes == other.shapes
 
 
-def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPAIR_WINDOW) -> tuple[list[OpPair], int]:
-    """Undo the name pairs whose ops cannot be one op's calls (OpSignature.fits), re-pairing
-    the same-named ops around each (within `window` pairs) by signature: equal signatures
-    first, in order, then compatible ones; a target left without one keeps its name partner
-    when no other target took it (an op's one call with a wrong shape is a size-mismatch
-    finding), the rest stay unmatched. `signature(op)`: the op's OpSignature. Returns the
-    pairs (order kept: a re-paired target stays where it was) and how many pairs changed.
-    Reads one signature per paired op pair (no tensor data)."""
-    sigs: dict[int, OpSignature] = {}
-
-    def sig(op) -> OpSignature:
-        s = sigs.get(id(op))
-        if s is None:
-            s = sigs[id(op)] = signature(op)
-        return s
-
-    bad = []
-    for i, p in enumerate(pairs):
-        if p.target is None or p.golden is None or p.matched_by not in ("name", "map"):
-            continue
-        if not sig(p.target).fits(sig(p.golden)):
-            bad.append(i)
-        else:                               # keep only what a cluster may need again
-            sigs.pop(id(p.target), None), sigs.pop(id(p.golden), None)
-    if not bad:
-        return pairs, 0
-    # clusters: pairs holding an op of the bad pair's canonical name within the window
-    name_of = lambda p: canonical_op((p.target or p.golden).op)  # noqa: E731
-    clusters: dict[str, set[int]] = {}
-    for i in bad:
-        c = name_of(pairs[i])
-        members = clusters.setdefault(c, set())
-        for j in range(max(0, i - window), min(len(pairs), i + window + 1)):
-            p = pairs[j]
-            if p.matched_by in ("name", "map", "unmatched") and name_of(p) == c:
-                members.add(j)
-    replaced: dict[int, list[OpPair]] = {}
-    for members in clusters.values():
-        slots = sorted(members)
-        ts = [(j, pairs[j].target) for j in slots if pairs[j].target is not None]
-        gs = sorted(((j, pairs[j].golden) for j in slots if pairs[j].golden is not None),
-                    key=lambda x: x[1].seqid)
-        partner: dict[int, OpRecord] = {}
-        used: set[int] = set()
-        for test in (lambda a, b: a.same(b), lambda a, b: a.fits(b)):
-            for j, t in ts:
-                if j in partner:
-                    continue
-                for k, (_, g) in enumerate(gs):
-                    if k not in used and test(sig(t), sig(g)):
-                        partner[j] = g
-                        used.add(k)
-                        break
-        # a target no partner fits keeps its name partner if nobody took it: the one call
-        # of an op on each side is that op, and its wrong shape is the finding (a size
-        # mismatch fails), not a reason to call it unmatched
+def _rematch(ts, gs, original, sig):
+    """Targets `ts` [(slot, op)] with goldens `gs` [(slot, op)] (golden order): equal
+    signatures first, then compatible ones, each in order; a target left over keeps its
+    `original` partner if nobody took it. Returns {slot: golden}."""
+    partner: dict[int, OpRecord] = {}
+    used: set[int] = set()
+    for test in (OpSignature.same, OpSignature.fits):
         for j, t in ts:
-            g0 = pairs[j].golden
-            k0 = next((k for k, (_, g) in enumerate(gs) if g is g0), None)
-            if j not in partner and k0 is not None and k0 not in used:
-                partner[j] = g0
-                used.add(k0)
-        left = {id(g): g for k, (_, g) in enumerate(gs) if k not in used}
+            if j in partner:
+                continue
+            for k, (_, g) in enumerate(gs):
+                if k not in used and test(sig(t), sig(g)):
+                    partner[j] = g
+                    used.add(k)
+                    break
+    for j, t in ts:
+        g0 = original.get(j)
+        k0 = next((k for k, (_, g) in enumerate(gs) if g is g0), None)
+        if j not in partner and k0 is not None and k0 not in used:
+            partner[j] = g0
+            used.add(k0)
+    return partner
+
+
+def _score(pairs_tg, sig) -> tuple[int, int]:
+    """(pairs of equal signature, pairs that cannot match) of [(target, golden)]."""
+    same = sum(1 for t, g in pairs_tg if sig(t).same(sig(g)))
+    bad = sum(1 for t, g in pairs_tg if not sig(t).fits(sig(g)))
+    return same, bad
+
+
+def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPAIR_WINDOW,
+                        max_cluster: int = SHAPE_REPAIR_CLUSTER) -> tuple[list[OpPair], int]:
+    """Re-pair same-named ops where a name pair's ops differ in signature (OpSignature:
+    phase, shapes). Clusters of same-named pairs around such a pair (`window`, `max_cluster`)
+    are re-matched by signature (_rematch); a cluster's new pairing replaces the old when it
+    has more pairs of equal signature, or as many and fewer that cannot match. An op's one
+    call with a wrong shape keeps its partner: the size mismatch is the finding. Returns the
+    pairs (a target stays where it was; a golden left alone goes where it was) and how many
+    pairs changed. Reads each paired op's signature once (no tensor data), again for the
+    ops of a cluster; holds none of them between clusters."""
+    name_of = lambda p: canonical_op((p.target or p.golden).op)  # noqa: E731
+    by_name: dict[str, list[int]] = {}
+    odd: set[int] = set()
+    for i, p in enumerate(pairs):
+        if p.matched_by not in ("name", "map", "unmatched"):
+            continue
+        by_name.setdefault(name_of(p), []).append(i)
+        if p.target is not None and p.golden is not None and not signature(p.target).same(signature(p.golden)):
+            odd.add(i)
+    if not odd:
+        return pairs, 0
+    clusters: list[list[int]] = []
+    for idx in by_name.values():
+        run: list[int] = []
+        for i in idx + [None]:
+            if run and (i is None or i - run[-1] > window or len(run) >= max_cluster):
+                if any(j in odd for j in run):
+                    clusters.append(run)
+                run = []
+            if i is not None:
+                run.append(i)
+    replaced: dict[int, list[OpPair]] = {}
+    changed = 0
+    why = ("No partner of matching shape for {op} in {side} dump data (its same-named ops there hold "
+           "other shapes or run in another phase).")
+    for slots in clusters:
+        cache: dict[int, OpSignature] = {}
+
+        def sig(op):
+            s = cache.get(id(op))
+            if s is None:
+                s = cache[id(op)] = signature(op)
+            return s
+
+        ts = [(j, pairs[j].target) for j in slots if pairs[j].target is not None]
+        gs = sorted(((j, pairs[j].golden) for j in slots if pairs[j].golden is not None), key=lambda x: x[1].seqid)
+        original = {j: pairs[j].golden for j in slots if pairs[j].target is not None and pairs[j].golden is not None}
+        partner = _rematch(ts, gs, original, sig)
+        before = _score([(pairs[j].target, g) for j, g in original.items()], sig)
+        after = _score([(pairs[j].target, g) for j, g in partner.items()], sig)
+        if not (after[0] > before[0] or (after[0] == before[0] and after[1] < before[1])):
+            continue
+        taken = {id(g) for g in partner.values()}
         for j in slots:
             p = pairs[j]
             out: list[OpPair] = []
             if p.target is not None:
                 g = partner.get(j)
-                out.append(OpPair(p.target, g, _how(p.target, g)) if g is not None else _target_only(
-                    p.target, f"No partner of matching shape for {p.target.op} in golden dump data "
-                              "(its same-named ops there hold other shapes or run in another phase)."))
-            if p.golden is not None and id(p.golden) in left:
-                out.append(_golden_only(p.golden, f"No partner of matching shape for {p.golden.op} in my dump "
-                                                  "data (its same-named ops there hold other shapes or run in "
-                                                  "another phase)."))
+                out.append(OpPair(p.target, g, _how(p.target, g)) if g is not None else
+                           _target_only(p.target, why.format(op=p.target.op, side="golden")))
+            if p.golden is not None and id(p.golden) not in taken:
+                out.append(_golden_only(p.golden, why.format(op=p.golden.op, side="my")))
+            changed += not (len(out) == 1 and out[0].target is p.target and out[0].golden is p.golden)
             replaced[j] = out
     result: list[OpPair] = []
-    changed = 0
     for i, p in enumerate(pairs):
-        new = replaced.get(i)
-        if new is None:
-            result.append(p)
-            continue
-        changed += not (len(new) == 1 and new[0].target is p.target and new[0].golden is p.golden)
-        result += new
+        result += replaced.get(i, [p])
     return result, changed

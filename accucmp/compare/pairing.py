@@ -93,6 +93,21 @@ def _note_outside_compiled(pairs: list, tf: DumpFile, gf: DumpFile) -> None:
             p.reason = f"{p.golden.op} " + why.format(path=tf.path)
 
 
+def _selected_across(sel):
+    """A test of whether the other dump's op filter `sel` selects an op: its module prefixes
+    and the op's path compared without wrapper components (dumpfile.departures.
+    unwrapped_module), so a DDP run filtered to `module.fc1` selects an unwrapped run's
+    `fc1`, and the other way."""
+    if not sel.modules:
+        return lambda op: sel.selected(op.op, op.phase, op.module)
+    from dumpfile.departures import unwrapped_module
+    from dumpfile.opfilter import OpSelection
+
+    bare = OpSelection(sel.include, sel.exclude, [unwrapped_module(m) for m in sel.modules], sel.phases)
+    return lambda op: (sel.selected(op.op, op.phase, op.module)
+                       or bare.selected(op.op, op.phase, unwrapped_module(op.module)))
+
+
 def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
     execution order); `pattern`: --select (a compiled regex) or an OpChoice (--select and
@@ -112,9 +127,11 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     if t_sel != g_sel:
         n = len(t_ops) + len(g_ops)
         if g_sel is not None:
-            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
+            keep = _selected_across(g_sel)
+            t_ops = [o for o in t_ops if keep(o)]
         if t_sel is not None:
-            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
+            keep = _selected_across(t_sel)
+            g_ops = [o for o in g_ops if keep(o)]
         filtered_out = n - len(t_ops) - len(g_ops)
     # profiler labels an older dump recorded: no numerics to pair (dumpfile/bookkeeping.py)
     if any(is_bookkeeping(o.op) for o in t_ops) or any(is_bookkeeping(o.op) for o in g_ops):
