@@ -205,16 +205,22 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
 
 
 def op_signature(op) -> matching.OpSignature:
-    """An op's role (phase) and its tensors' shapes by name, from the catalog where the file
-    has one (rows.op_tensors without tensor data); no shapes when the op cannot be read (it
-    then fits every partner and the rows say what is wrong with it)."""
+    """An op's role (phase) and its tensors' shapes by name, from its catalog row where the
+    file has one (dumpfile.read.catalog.op_shapes), else from its groups (rows.op_tensors
+    without tensor data); no shapes when the op cannot be read (it then fits every partner
+    and the rows say what is wrong with it)."""
     from accucmp.compare.rows import op_tensors
     from dumpfile.errors import DumpError
+    from dumpfile.read.catalog import op_shapes
 
     try:
-        ot = op_tensors(op, 0)
-        shapes = tuple((f"{io}/{n}", tuple(int(d) for d in rec.shape)) for io, values in
-                       ((S.INPUT_GROUP, ot.inputs), (S.OUTPUT_GROUP, ot.outputs)) for n, rec in values.items())
+        found = op_shapes(op.file, op) if not getattr(op.file, "is_table", False) else None
+        if found is not None:
+            shapes = tuple((f"{io}/{n}", shape) for io, n, shape in found)
+        else:
+            ot = op_tensors(op, 0)
+            shapes = tuple((f"{io}/{n}", tuple(int(d) for d in rec.shape)) for io, values in
+                           ((S.INPUT_GROUP, ot.inputs), (S.OUTPUT_GROUP, ot.outputs)) for n, rec in values.items())
     except (DumpError, OSError, ValueError, KeyError, TypeError):
         shapes = ()
     return matching.OpSignature(op.phase or "", shapes)
