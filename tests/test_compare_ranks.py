@@ -452,3 +452,12 @@ def test_exclude_on_two_files_leaves_the_op_out(tmp_path):
     r = runner.invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(tmp_path / "g.h5"), "-o",
                             str(tmp_path / "o2"), "-q", "--exclude", "*"])
     assert r.exit_code == 2 and "no op is left by --exclude '*'" in r.output
+
+
+def test_folders_where_select_leaves_no_op_are_one_line_exit_2(drifted_replica, tmp_path):
+    d = drifted_replica
+    r = runner.invoke(app, ["compare", "-m", str(d / "B"), "-g", str(d / "A"), "-o", str(tmp_path),
+                            "--workers", "1", "-q", "-f", "html", "--select", "nothinghere"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        f"accucmp: error: {d / 'B'}: no op is left by --select 'nothinghere' on any rank; nothing to compare")

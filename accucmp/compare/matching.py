@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -365,23 +366,26 @@ def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPA
     pairs (a target stays where it was; a golden left alone goes where it was) and how many
     pairs changed. Reads each paired op's signature once (no tensor data), again for the
     ops of a cluster; holds none of them between clusters."""
+    from array import array
+
     name_of = lambda p: canonical_op((p.target or p.golden).op)  # noqa: E731
-    by_name: dict[str, list[int]] = {}
-    odd: set[int] = set()
+    # 8 bytes a pair, 1 a flag: a 1M-op compare holds ~9 MB here, not lists and sets of ints
+    by_name: dict[str, array] = {}
+    odd = bytearray(len(pairs))
     for i, p in enumerate(pairs):
         if p.matched_by not in ("name", "map", "unmatched"):
             continue
-        by_name.setdefault(name_of(p), []).append(i)
+        by_name.setdefault(name_of(p), array("q")).append(i)
         if p.target is not None and p.golden is not None and not signature(p.target).same(signature(p.golden)):
-            odd.add(i)
-    if not odd:
+            odd[i] = 1
+    if not any(odd):
         return pairs, 0
     clusters: list[list[int]] = []
     for idx in by_name.values():
         run: list[int] = []
-        for i in idx + [None]:
+        for i in itertools.chain(idx, (None,)):
             if run and (i is None or i - run[-1] > window or len(run) >= max_cluster):
-                if any(j in odd for j in run):
+                if any(odd[j] for j in run):
                     clusters.append(run)
                 run = []
             if i is not None:

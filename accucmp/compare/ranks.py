@@ -315,6 +315,11 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
             bar.stop()
     counts = r.counts
     rows = sum(p.get("rows") or 0 for p in r.pairs)
+    if not rows and not r.errors and (kw.get("select") or kw.get("exclude")):
+        # nothing compared is not a pass (as for two files: bad input, one line)
+        asked = " ".join(([f"--select {kw['select']!r}"] if kw.get("select") else [])
+                         + [f"--exclude {x!r}" for x in kw.get("exclude") or ()])
+        raise DumpFormatError(f"{target_dir}: no op is left by {asked} on any rank; nothing to compare")
     code = r.exit_code
     if "html" in formats:
         from accucmp.report.folder import write_folder_html

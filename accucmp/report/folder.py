@@ -273,7 +273,7 @@ def write_folder_html(r, path, *, meta: dict | None = None, force: bool = False)
     from dumpfile.errors import DumpWriteError
     from dumpfile.safe_output import output_path
 
-    ordered = [p for p in ranks_leading(r) if p.get("csv") and not p.get("error")]
+    ordered = [p for p in ranks_leading(r) if p.get("csv") and not p.get("error") and p.get("rows")]
     lead = ordered[0] if ordered else None
     table = None
     if lead is not None:
