@@ -10,7 +10,9 @@ Two regimes (decided by `pair_ops`):
   later pair. Inside a region the alignment could not pair, ops pair by canonical
   name and k-th call. Equal streams (the usual case) pair one to one without difflib.
 
-Ops left over stay as unmatched pairs, on both sides, with a reason.
+Ops left over stay as unmatched pairs, on both sides, with a reason. A name pair whose
+ops cannot be one op's calls (another phase, shapes that cannot match) is re-paired with
+the same-named ops near it by shape (`repair_incompatible`, run by pairing.match_ops).
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
         parts.append("<p class='pass'>Every compared tensor passes.</p>")
     parts.append("</header>")
     parts += report_sections(table, s, meta)
-    parts.append(f"<script>{_JS}</script></body></html>")
+    parts.append(PAGE_END)
     return "".join(parts)
 
 
