@@ -51,10 +51,14 @@ _active: "dumper | None" = None
 def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
     """Root attribute `parallel_layout` (JSON): the data-parallel wrappers found on the
     model the block ran (DistributedDataParallel, FSDP2's fully_shard) and the distinct
-    device meshes of the DTensors it saw, so a reader knows the layout without the names."""
+    device meshes of the DTensors it saw and of the model's DTensor parameters, so a reader
+    knows the layout without the names. FSDP2 (`fully_shard`) keeps its mesh on the
+    parameters only: the ops it dispatches run on the all-gathered plain tensors, so no op
+    argument is a DTensor (before: `"meshes": []` for every FSDP2 run)."""
     import json
     wrappers = set()
     root = tracker.root
+    param_meshes = []
     if root is not None:
         for m in root.modules():
             cls = type(m)
@@ -62,6 +66,7 @@ def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
                 wrappers.add("ddp")
             elif any(c.__name__ == "FSDPModule" for c in cls.__mro__):
                 wrappers.add("fsdp2")
+        param_meshes = _parameter_meshes(root)
     meshes = []
     for spec in sorted(mode.dtensor_layouts):
         d = json.loads(spec)
@@ -69,7 +74,45 @@ def parallel_layout(tracker: ModuleTracker, mode: DumpMode) -> str:
                 "mesh_ranks": d["mesh_ranks"]}
         if mesh not in meshes:
             meshes.append(mesh)
+    for mesh in param_meshes:
+        if mesh not in meshes:
+            meshes.append(mesh)
     return json.dumps({"wrappers": sorted(wrappers), "meshes": meshes}, separators=(",", ":"))
+
+
+def _parameter_meshes(root) -> list[dict]:
+    """The distinct device meshes of the model's DTensor parameters (FSDP2's sharded
+    parameters, tensor parallel's), as the `dtensor` attribute describes a mesh. FSDP2
+    swaps a parameter for its unsharded plain tensor between all-gather and reshard
+    (reshard_after_forward=False keeps it so after forward): the mesh is then read from
+    the module's FSDP state (its parameter group's mesh_info)."""
+    out: list[dict] = []
+
+    def add(mesh) -> None:
+        try:
+            d = {"mesh_shape": list(mesh.shape),
+                 "mesh_dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+                 "mesh_ranks": mesh.mesh.flatten().tolist()}
+        except Exception:  # noqa: BLE001 - a mesh torch cannot describe: the layout goes without it
+            return
+        if d not in out:
+            out.append(d)
+
+    try:
+        for p in root.parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None:
+                add(mesh)
+        for m in root.modules():
+            state = getattr(m, "_get_fsdp_state", None)
+            group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+            for fp in getattr(group, "fsdp_params", None) or ():
+                mesh = getattr(getattr(fp, "mesh_info", None), "mesh", None)
+                if mesh is not None:
+                    add(mesh)
+    except Exception:  # noqa: BLE001 - the layout is a description: never lose the dump over it
+        pass
+    return out
 
 
 # Set when writer="auto" could not start the writer process although the dump file could be

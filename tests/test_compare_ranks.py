@@ -365,3 +365,99 @@ def test_a_rank_pair_reports_a_damaged_file_as_its_error_but_lets_a_bug_through(
     monkeypatch.setattr(streaming, "compare_to_csv", our_bug)
     with pytest.raises(KeyError, match="a bug of ours"):
         rank_tasks.pair_task("t.h5", "g.h5", str(tmp_path / "r.csv"), {})
+
+
+# ---- folder mode as a first-class compare (issue 33) -------------------------------------
+def test_cli_folders_summary_json_carries_the_verdict_and_per_rank_results(ddp_runs, tmp_path):
+    d, _ = ddp_runs
+    js = tmp_path / "verdict.json"
+    r = runner.invoke(app, ["compare", "-m", str(d / "B"), "-g", str(d / "A"), "-o", str(tmp_path / "o"),
+                            "--workers", "1", "-q", "--summary-json", str(js)])
+    assert r.exit_code == 1, r.output
+    rec = json.loads(js.read_text())
+    two_file_keys = {"verdict", "sentence", "exit_code", "tensors", "counts", "inherited", "first_failure",
+                     "worst", "target", "golden", "thresholds", "outputs", "accucmp_version"}
+    assert two_file_keys <= set(rec)
+    assert (rec["verdict"], rec["exit_code"]) == ("FAIL", r.exit_code)
+    assert rec["sentence"].startswith("FAIL: first failing op is on rank 2: aten.relu.default #2 in l1")
+    assert (rec["first_failure"]["rank"], rec["first_failure"]["op"]) == (2, "aten.relu.default")
+    ranks = rec["ranks"]
+    assert [x["rank"] for x in ranks] == [2, 1, 0]          # the diverge-first rank leads
+    by = {x["rank"]: x for x in ranks}
+    assert by[2]["diverges_first"] and by[2]["first_failure"]["module"] == "l1"
+    assert (by[1]["verdict"], by[1]["first_failure"]["op"], by[1]["replica"]["differ"]) == (
+        "FAIL", "aten.mm.default", 1)
+    assert by[0]["verdict"] == "PASS" and by[0]["counts"] == {"pass": 8}
+    assert rec["diverge_first"] == [2] and rec["worst"][0]["rank"] in (1, 2)
+    # the merged summary json next to the csvs carries the same verdict
+    merged = json.loads(next((tmp_path / "o").glob("result_*_summary.json")).read_text())
+    assert (merged["verdict"], merged["sentence"], merged["exit_code"]) == (
+        rec["verdict"], rec["sentence"], rec["exit_code"])
+
+
+def test_cli_folders_html_is_one_report_led_by_the_diverge_first_rank(ddp_runs, tmp_path):
+    d, _ = ddp_runs
+    r = runner.invoke(app, ["compare", "-m", str(d / "B"), "-g", str(d / "A"), "-o", str(tmp_path),
+                            "--workers", "1", "-q", "-f", "html"])
+    assert r.exit_code == 1, r.output
+    (page,) = tmp_path.glob("result_*.html")
+    text = page.read_text()
+    assert "FAIL: first failing op is on rank 2: aten.relu.default #2 in l1" in text
+    assert "<h2>Ranks</h2>" in text and "2 (diverges first)" in text
+    assert text.index("2 (diverges first)") < text.index("result_", text.index("<h2>Ranks</h2>"))
+    assert "Rank 2 (diverges first): its report" in text and "<table id='all'>" in text
+    assert "<h2>Replica checks</h2>" in text and "rank 1 vs rank 0" in text
+
+
+@pytest.fixture(scope="module")
+def drifted_replica(tmp_path_factory):
+    """Rank 1's second weight off by a few float32 ulps: every tensor passes against the golden,
+    and only the replica check (bit-for-bit equal across ranks in the golden) sees it."""
+    d = tmp_path_factory.mktemp("replica")
+    _run(d / "A", lambda r: _ddp_ops(r), [0, 1])
+    _run(d / "B", lambda r: _ddp_ops(r, weight_fault=3e-7 if r == 1 else 0.0), [0, 1])
+    return d
+
+
+@pytest.mark.parametrize("args, code", [([], 1), (["--select", "relu"], 0), (["--exclude", "aten.mm"], 0),
+                                        (["-x", "mm"], 0), (["--exclude", "aten.relu.*"], 1)])
+def test_select_and_exclude_reach_the_replica_check_and_the_sentence_agrees(drifted_replica, tmp_path,
+                                                                           args, code):
+    """Before: --select relu printed 'PASS: 4 tensors within bounds' and exited 1, from the
+    replica check of the unselected mm's weight."""
+    d = drifted_replica
+    js = tmp_path / "v.json"
+    r = runner.invoke(app, ["compare", "-m", str(d / "B"), "-g", str(d / "A"), "-o", str(tmp_path / "o"),
+                            "--workers", "1", "--summary-json", str(js)] + args)
+    assert r.exit_code == code, r.output
+    head = r.output.splitlines()[0]
+    rec = json.loads(js.read_text())
+    assert rec["exit_code"] == code and rec["sentence"] == head
+    assert head.startswith("PASS" if code == 0 else "FAIL"), head
+    if code:
+        assert head.startswith("FAIL: replica check: rank 1 differs from rank 0 in 1 of ")
+        assert "aten.mm.default #3 in l2 input/mat2" in head
+    by = {x["rank"]: x for x in rec["ranks"]}
+    assert by[1]["verdict"] == ("PASS" if code == 0 else "FAIL")
+
+
+def test_exclude_on_two_files_leaves_the_op_out(tmp_path):
+    write_dump(tmp_path / "g.h5", _ddp_ops(0))
+    write_dump(tmp_path / "t.h5", _ddp_ops(0, out_fault_seqid=3))
+    r = runner.invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(tmp_path / "g.h5"), "-o",
+                            str(tmp_path / "o"), "-q", "--exclude", "aten.mm.default"])
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(next((tmp_path / "o").glob("result_*.csv")))
+    assert set(table["NPUDump"]) == {"aten.relu.default"}
+    r = runner.invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(tmp_path / "g.h5"), "-o",
+                            str(tmp_path / "o2"), "-q", "--exclude", "*"])
+    assert r.exit_code == 2 and "no op is left by --exclude '*'" in r.output
+
+
+def test_folders_where_select_leaves_no_op_are_one_line_exit_2(drifted_replica, tmp_path):
+    d = drifted_replica
+    r = runner.invoke(app, ["compare", "-m", str(d / "B"), "-g", str(d / "A"), "-o", str(tmp_path),
+                            "--workers", "1", "-q", "-f", "html", "--select", "nothinghere"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        f"accucmp: error: {d / 'B'}: no op is left by --select 'nothinghere' on any rank; nothing to compare")

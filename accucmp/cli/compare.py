@@ -48,6 +48,7 @@ def compare(
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Output directory.")] = Path("."),
     alg: Annotated[str, typer.Option("--alg", help="'all' or comma-separated metric names.")] = "all",
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", "-x", metavar="PATTERN", help="Leave out ops whose name matches (repeatable; the dumper's exclude= syntax: a glob or regex on the full, packet or bare name, e.g. aten.copy_). Applies to every check, the folders' replica check too.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", metavar="NAME=VALUE", help="Override one verdict threshold (repeatable).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="LIST", help="Comma-separated: csv,json,jsonl,html,xlsx (csv always; jsonl: a JSON object per row as rows are judged).")] = "csv",
     tolerance: Tolerance = None,
@@ -102,15 +103,17 @@ def compare(
 
             if align_map is not None:
                 raise UsageProblem("--align-map takes two files, not folders")
-            if summary_json is not None:
-                raise UsageProblem("--summary-json takes two files; folders write their summary json "
-                                   "next to the per-rank csvs")
+            meta = {"command": _command_line()} if _command_line() else {}
+            if thresholds:
+                meta["threshold_overrides"] = thresholds
             code = run_folder_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
+                                      exclude=tuple(exclude or ()),
                                       thresholds=thresholds, chunk_elements=chunk_elements, top=top,
                                       quiet=quiet, scheduler=scheduler, workers=workers,
                                       replica_check=replica_check, formats=formats,
                                       console=_console(), golden_fp64=golden_fp64,
-                                      dump_failures=pickle_failures)
+                                      dump_failures=pickle_failures, summary_json=summary_json,
+                                      meta=meta, force=force)
             raise typer.Exit(code)
         if my_dump.is_dir() and golden_dump.is_file():
             # every rank of a run against one single-process reference (docs/COMPARE.md)
@@ -118,15 +121,17 @@ def compare(
 
             if align_map is not None:
                 raise UsageProblem("--align-map takes two files, not a folder")
-            if summary_json is not None:
-                raise UsageProblem("--summary-json takes two files; a folder's summary json is written "
-                                   "next to the per-rank csvs")
+            meta = {"command": _command_line()} if _command_line() else {}
+            if thresholds:
+                meta["threshold_overrides"] = thresholds
             code = run_reference_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
+                                         exclude=tuple(exclude or ()),
                                          thresholds=thresholds, chunk_elements=chunk_elements, top=top,
                                          quiet=quiet, scheduler=scheduler, workers=workers, formats=formats,
                                          console=_console(), golden_fp64=golden_fp64,
                                          dump_failures=pickle_failures, batch_split=batch_split,
-                                         loss=loss_reduction)
+                                         loss=loss_reduction, summary_json=summary_json, meta=meta,
+                                         force=force)
             raise typer.Exit(code)
         from accucmp.report.outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
         from accucmp.compare.streaming import compare_to_csv
@@ -139,6 +144,7 @@ def compare(
         # rows go to the csv as they are judged; only the summary's rows stay in memory
         with _compare_progress(_console(), quiet) as on_rows:
             result = compare_to_csv(str(my_dump), str(golden_dump), csv_path, algorithms=algorithms, select=select,
+                                    exclude=tuple(exclude or ()),
                                     jobs=jobs, chunk_elements=chunk_elements,
                                     golden_fp64=str(golden_fp64) if golden_fp64 else None,
                                     thresholds=thresholds, top=top, force=force,
@@ -148,7 +154,7 @@ def compare(
                                     align_map=str(align_map) if align_map else None)
         if jsonl_path is not None and not result.rows:
             jsonl_path.unlink(missing_ok=True)
-        _require_ops(result, my_dump, golden_dump, select)
+        _require_ops(result, my_dump, golden_dump, select, exclude)
         for line in sanity_lines(result.meta or {}, my_dump, golden_dump):
             typer.echo(line, err=True)
         meta = dict(result.meta or {})
@@ -311,7 +317,7 @@ def _noise_floor_adjuster(noise_floor: Path | None, factor: float):
     return lambda table: apply_noise_floor(table, floor, factor)
 
 
-def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -> None:
+def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None, exclude=None) -> None:
     """Nothing compared is not a pass: a dump with no op (or a --select matching none) is bad input."""
     from dumpfile.errors import DumpFormatError
 
@@ -323,8 +329,11 @@ def _require_ops(result, my_dump: Path, golden_dump: Path, select: str | None) -
     csv = getattr(result, "csv", None)
     if csv is not None:          # a streamed result's csv holds only a header: not a report
         Path(csv).unlink(missing_ok=True)
-    if select:
+    if select and not exclude:
         raise DumpFormatError(f"{empty or my_dump}: no op matches --select {select!r}; nothing to compare")
+    if select or exclude:
+        asked = " ".join(([f"--select {select!r}"] if select else []) + [f"--exclude {x!r}" for x in exclude or ()])
+        raise DumpFormatError(f"{empty or my_dump}: no op is left by {asked}; nothing to compare")
     if empty is None:
         raise DumpFormatError(f"{my_dump}: no tensor to compare with {golden_dump}")
     flt = meta.get("op_filter") or {}

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from dumpfile.departures import unwrapped_module
 from dumpfile.read.reader import OpRecord, ValueRecord
 
 from accucmp.compare.align_map import AlignMap
@@ -298,7 +299,10 @@ def _runs(ops: list[OpRecord]) -> list[list[OpRecord]]:
 
 def _nested(a: str, b: str) -> bool:
     """One module path is the other or inside it: x @ W.t() + b written in a block's forward
-    runs in `block`, the nn.Linear it replaces in `block.lin`."""
+    runs in `block`, the nn.Linear it replaces in `block.lin`. Paths are compared without
+    wrapper components (dumpfile.departures.unwrapped_module): DDP's `module.`, compile's
+    `_orig_mod.` name one model's `block` against an unwrapped run's."""
+    a, b = unwrapped_module(a), unwrapped_module(b)
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
@@ -336,7 +340,9 @@ def _align_gap(ts: list[OpRecord], gs: list[OpRecord], amap: AlignMap | None) ->
     taken_g: set[int] = set()
     for t_run in t_runs:
         mod = t_run[0].module
-        mapped = amap.modules.get(mod) if amap else None
+        mapped = None
+        if amap:              # the override file may name the wrapped path or the model's own
+            mapped = amap.modules.get(mod, amap.modules.get(unwrapped_module(mod)))
         want = (t_run[0].phase, mapped if mapped is not None else mod)
         for j, g_run in enumerate(g_runs):
             if j in taken_g or g_run[0].phase != want[0] or not _nested(g_run[0].module, want[1]):

@@ -10,13 +10,16 @@ Two regimes (decided by `pair_ops`):
   later pair. Inside a region the alignment could not pair, ops pair by canonical
   name and k-th call. Equal streams (the usual case) pair one to one without difflib.
 
-Ops left over stay as unmatched pairs, on both sides, with a reason.
+Ops left over stay as unmatched pairs, on both sides, with a reason. A name pair whose
+ops cannot be one op's calls (another phase, shapes that cannot match) is re-paired with
+the same-named ops near it by shape (`repair_incompatible`, run by pairing.match_ops).
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -267,3 +270,162 @@ def pair_tensors(target: dict[str, ValueRecord], golden: dict[str, ValueRecord]
             out.append((key, t, None))
     out += [(k, None, g) for k, g in golden.items() if k not in used]
     return out
+
+
+# ---- pairs that cannot be one op's calls -------------------------------------------------
+# Independent runs pair by name and k-th call (above). When a run makes one op's calls in
+# another order, the k-th calls are different tensors: DDP's reducer scales each gradient
+# with a `mul.out` as autograd hands it over, and under autocast a layer's bias gradient
+# comes before its weight's, so the name pairing joined (64, 32) with (64) (36 "size
+# mismatch" rows on a DDP bf16 vs fp32 compare); addmm's backward makes its two mm calls
+# in the other order than x @ W.t()'s. Where a pair's ops differ in shapes or phase, the
+# same-named ops near it are re-paired by signature, and the new pairing is kept when it
+# has more pairs of equal signature (or fewer that cannot match) than the old one.
+SHAPE_REPAIR_WINDOW = 64       # a cluster: same-named pairs no further apart than this ...
+SHAPE_REPAIR_CLUSTER = 64      # ... and at most this many (re-pairing is quadratic in it)
+_ROLES = (S.PHASE_FORWARD, S.PHASE_BACKWARD)
+
+
+def shapes_compatible(a: tuple, b: tuple) -> bool:
+    """Whether tensors of shapes `a` and `b` could stand for one tensor of two runs: equal
+    shapes, as many elements (a view or reshape: compared flat), or as many dimensions each
+    a multiple of the other's (a micro-batch against the full batch, a shard against the
+    whole tensor: the distributed compares pair those and measure them sliced or assembled).
+    (64, 32) and (64) are none of these."""
+    a, b = tuple(a), tuple(b)
+    if a == b:
+        return True
+    na, nb = 1, 1
+    for d in a:
+        na *= int(d)
+    for d in b:
+        nb *= int(d)
+    if na == nb:
+        return True
+    if len(a) != len(b):
+        return False
+    return all(x == y or (x and y and (x % y == 0 or y % x == 0)) for x, y in zip(a, b))
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignature:
+    """What pairing checks of an op besides its name: its role (phase) and its tensors' shapes
+    by name ("input/self", "output/result", list members "input/tensors/tensors_0")."""
+
+    phase: str
+    shapes: tuple[tuple[str, tuple], ...]
+
+    def fits(self, other: "OpSignature") -> bool:
+        """Could these two ops be one op of two runs: the same role, every tensor both name
+        of compatible shape."""
+        if self.phase != other.phase and self.phase in _ROLES and other.phase in _ROLES:
+            return False
+        mine = dict(self.shapes)
+        return all(shapes_compatible(mine[n], s) for n, s in other.shapes if n in mine)
+
+    def same(self, other: "OpSignature") -> bool:
+        return self.phase == other.phase and self.shapes == other.shapes
+
+
+def _rematch(ts, gs, original, sig):
+    """Targets `ts` [(slot, op)] with goldens `gs` [(slot, op)] (golden order): equal
+    signatures first, then compatible ones, each in order; a target left over keeps its
+    `original` partner if nobody took it. Returns {slot: golden}."""
+    partner: dict[int, OpRecord] = {}
+    used: set[int] = set()
+    for test in (OpSignature.same, OpSignature.fits):
+        for j, t in ts:
+            if j in partner:
+                continue
+            for k, (_, g) in enumerate(gs):
+                if k not in used and test(sig(t), sig(g)):
+                    partner[j] = g
+                    used.add(k)
+                    break
+    for j, t in ts:
+        g0 = original.get(j)
+        k0 = next((k for k, (_, g) in enumerate(gs) if g is g0), None)
+        if j not in partner and k0 is not None and k0 not in used:
+            partner[j] = g0
+            used.add(k0)
+    return partner
+
+
+def _score(pairs_tg, sig) -> tuple[int, int]:
+    """(pairs of equal signature, pairs that cannot match) of [(target, golden)]."""
+    same = sum(1 for t, g in pairs_tg if sig(t).same(sig(g)))
+    bad = sum(1 for t, g in pairs_tg if not sig(t).fits(sig(g)))
+    return same, bad
+
+
+def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPAIR_WINDOW,
+                        max_cluster: int = SHAPE_REPAIR_CLUSTER) -> tuple[list[OpPair], int]:
+    """Re-pair same-named ops where a name pair's ops differ in signature (OpSignature:
+    phase, shapes). Clusters of same-named pairs around such a pair (`window`, `max_cluster`)
+    are re-matched by signature (_rematch); a cluster's new pairing replaces the old when it
+    has more pairs of equal signature, or as many and fewer that cannot match. An op's one
+    call with a wrong shape keeps its partner: the size mismatch is the finding. Returns the
+    pairs (a target stays where it was; a golden left alone goes where it was) and how many
+    pairs changed. Reads each paired op's signature once (no tensor data), again for the
+    ops of a cluster; holds none of them between clusters."""
+    from array import array
+
+    name_of = lambda p: canonical_op((p.target or p.golden).op)  # noqa: E731
+    # 8 bytes a pair, 1 a flag: a 1M-op compare holds ~9 MB here, not lists and sets of ints
+    by_name: dict[str, array] = {}
+    odd = bytearray(len(pairs))
+    for i, p in enumerate(pairs):
+        if p.matched_by not in ("name", "map", "unmatched"):
+            continue
+        by_name.setdefault(name_of(p), array("q")).append(i)
+        if p.target is not None and p.golden is not None and not signature(p.target).same(signature(p.golden)):
+            odd[i] = 1
+    if not any(odd):
+        return pairs, 0
+    clusters: list[list[int]] = []
+    for idx in by_name.values():
+        run: list[int] = []
+        for i in itertools.chain(idx, (None,)):
+            if run and (i is None or i - run[-1] > window or len(run) >= max_cluster):
+                if any(odd[j] for j in run):
+                    clusters.append(run)
+                run = []
+            if i is not None:
+                run.append(i)
+    replaced: dict[int, list[OpPair]] = {}
+    changed = 0
+    why = ("No partner of matching shape for {op} in {side} dump data (its same-named ops there hold "
+           "other shapes or run in another phase).")
+    for slots in clusters:
+        cache: dict[int, OpSignature] = {}
+
+        def sig(op):
+            s = cache.get(id(op))
+            if s is None:
+                s = cache[id(op)] = signature(op)
+            return s
+
+        ts = [(j, pairs[j].target) for j in slots if pairs[j].target is not None]
+        gs = sorted(((j, pairs[j].golden) for j in slots if pairs[j].golden is not None), key=lambda x: x[1].seqid)
+        original = {j: pairs[j].golden for j in slots if pairs[j].target is not None and pairs[j].golden is not None}
+        partner = _rematch(ts, gs, original, sig)
+        before = _score([(pairs[j].target, g) for j, g in original.items()], sig)
+        after = _score([(pairs[j].target, g) for j, g in partner.items()], sig)
+        if not (after[0] > before[0] or (after[0] == before[0] and after[1] < before[1])):
+            continue
+        taken = {id(g) for g in partner.values()}
+        for j in slots:
+            p = pairs[j]
+            out: list[OpPair] = []
+            if p.target is not None:
+                g = partner.get(j)
+                out.append(OpPair(p.target, g, _how(p.target, g)) if g is not None else
+                           _target_only(p.target, why.format(op=p.target.op, side="golden")))
+            if p.golden is not None and id(p.golden) not in taken:
+                out.append(_golden_only(p.golden, why.format(op=p.golden.op, side="my")))
+            changed += not (len(out) == 1 and out[0].target is p.target and out[0].golden is p.golden)
+            replaced[j] = out
+    result: list[OpPair] = []
+    for i, p in enumerate(pairs):
+        result += replaced.get(i, [p])
+    return result, changed

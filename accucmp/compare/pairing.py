@@ -10,6 +10,7 @@ tensors within a pair) and align.py (regions of fused vs decomposed ops).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from dumpfile import schema as S
@@ -34,6 +35,29 @@ class Matched:
     notes: tuple[str, ...]
     aligned_regions: tuple[str, ...]
     warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OpChoice:
+    """Which ops a compare takes part in: `--select` (a regex searched in the op name or the
+    module path) and `--exclude` (op-name patterns with the dumper's `exclude=` syntax,
+    dumpfile.opfilter.matches: a glob or a regex against the full overload name, the packet
+    name and the bare name). Applied to both dumps, and so to every check made of them
+    (the folder compare's replica check runs the same selection)."""
+
+    select: re.Pattern | None = None
+    exclude: tuple[str, ...] = ()
+
+    def keeps(self, op) -> bool:
+        from dumpfile.opfilter import matches
+
+        if self.select is not None and not (self.select.search(op.op) or self.select.search(op.module or "")):
+            return False
+        return not any(matches(p, op.op) for p in self.exclude)
+
+    @property
+    def trivial(self) -> bool:
+        return self.select is None and not self.exclude
 
 
 def _attr_text(v) -> str:
@@ -69,9 +93,25 @@ def _note_outside_compiled(pairs: list, tf: DumpFile, gf: DumpFile) -> None:
             p.reason = f"{p.golden.op} " + why.format(path=tf.path)
 
 
+def _selected_across(sel):
+    """A test of whether the other dump's op filter `sel` selects an op: its module prefixes
+    and the op's path compared without wrapper components (dumpfile.departures.
+    unwrapped_module), so a DDP run filtered to `module.fc1` selects an unwrapped run's
+    `fc1`, and the other way."""
+    if not sel.modules:
+        return lambda op: sel.selected(op.op, op.phase, op.module)
+    from dumpfile.departures import unwrapped_module
+    from dumpfile.opfilter import OpSelection
+
+    bare = OpSelection(sel.include, sel.exclude, [unwrapped_module(m) for m in sel.modules], sel.phases)
+    return lambda op: (sel.selected(op.op, op.phase, op.module)
+                       or bare.selected(op.op, op.phase, unwrapped_module(op.module)))
+
+
 def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
-    execution order); `pattern`: --select, `amap`: the --align-map overrides."""
+    execution order); `pattern`: --select (a compiled regex) or an OpChoice (--select and
+    --exclude), `amap`: the --align-map overrides."""
     from dumpfile.bookkeeping import is_bookkeeping
     from dumpfile.golden_info import read_not_replayed
 
@@ -87,17 +127,19 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     if t_sel != g_sel:
         n = len(t_ops) + len(g_ops)
         if g_sel is not None:
-            t_ops = [o for o in t_ops if g_sel.selected(o.op, o.phase, o.module)]
+            keep = _selected_across(g_sel)
+            t_ops = [o for o in t_ops if keep(o)]
         if t_sel is not None:
-            g_ops = [o for o in g_ops if t_sel.selected(o.op, o.phase, o.module)]
+            keep = _selected_across(t_sel)
+            g_ops = [o for o in g_ops if keep(o)]
         filtered_out = n - len(t_ops) - len(g_ops)
     # profiler labels an older dump recorded: no numerics to pair (dumpfile/bookkeeping.py)
     if any(is_bookkeeping(o.op) for o in t_ops) or any(is_bookkeeping(o.op) for o in g_ops):
         t_ops = [o for o in t_ops if not is_bookkeeping(o.op)]
         g_ops = [o for o in g_ops if not is_bookkeeping(o.op)]
-    if pattern is not None:
-        keep = lambda o: bool(pattern.search(o.op) or pattern.search(o.module or ""))  # noqa: E731
-        t_ops, g_ops = [o for o in t_ops if keep(o)], [o for o in g_ops if keep(o)]
+    choice = pattern if isinstance(pattern, OpChoice) or pattern is None else OpChoice(pattern)
+    if choice is not None and not choice.trivial:
+        t_ops, g_ops = [o for o in t_ops if choice.keeps(o)], [o for o in g_ops if choice.keeps(o)]
     with h5_errors(gf.path):
         not_replayed = read_not_replayed(gf.h5)
     if _compiled_vs_eager(tf, gf) and not matching.is_replay_pairing(tf.mode, gf.mode):
@@ -142,7 +184,11 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     # Independent runs that computed one thing with different ops (fused attention vs
     # bmm+softmax+bmm): the ops both sides left unmatched, aligned many-to-one (align.py)
     regions = []
+    repaired = 0
     if not replay:
+        # a name pair whose tensors cannot be one op's (a run that makes one op's calls in
+        # another order) is re-paired by shape or left unmatched (matching.repair_incompatible)
+        pairs, repaired = matching.repair_incompatible(pairs, op_signature)
         pairs, regions = align.align_pairs(pairs, amap)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
@@ -151,5 +197,30 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
                 if io in tf.recorded_io and io in gf.recorded_io)
     return Matched(tuple(pairs), replay, not matching.is_replay_pairing(tf.mode, gf.mode), ios,
                    len(t_ops), len(g_ops), t_sel.describe() if t_sel else "", g_sel.describe() if g_sel else "",
-                   filtered_out, tuple(([subset_note] if subset_note else []) + align.notes(regions)),
+                   filtered_out, tuple(([subset_note] if subset_note else []) + align.notes(regions)
+                                       + ([f"{repaired} pair(s) of same-named ops whose shapes or phases cannot "
+                                           "match re-paired by shape (one run makes that op's calls in another "
+                                           "order)"] if repaired else [])),
                    tuple(r.description for r in regions), tuple(warnings))
+
+
+def op_signature(op) -> matching.OpSignature:
+    """An op's role (phase) and its tensors' shapes by name, from its catalog row where the
+    file has one (dumpfile.read.catalog.op_shapes), else from its groups (rows.op_tensors
+    without tensor data); no shapes when the op cannot be read (it then fits every partner
+    and the rows say what is wrong with it)."""
+    from accucmp.compare.rows import op_tensors
+    from dumpfile.errors import DumpError
+    from dumpfile.read.catalog import op_shapes
+
+    try:
+        found = op_shapes(op.file, op) if not getattr(op.file, "is_table", False) else None
+        if found is not None:
+            shapes = tuple((f"{io}/{n}", shape) for io, n, shape in found)
+        else:
+            ot = op_tensors(op, 0)
+            shapes = tuple((f"{io}/{n}", tuple(int(d) for d in rec.shape)) for io, values in
+                           ((S.INPUT_GROUP, ot.inputs), (S.OUTPUT_GROUP, ot.outputs)) for n, rec in values.items())
+    except (DumpError, OSError, ValueError, KeyError, TypeError):
+        shapes = ()
+    return matching.OpSignature(op.phase or "", shapes)

@@ -30,7 +30,7 @@ from dumpfile.read.reader import DumpFile, ending_text
 from accucmp.compare import align_map, matching
 from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure, structural_pairs
 from accucmp.compare.measure import Comparer, Measured
-from accucmp.compare.pairing import match_ops
+from accucmp.compare.pairing import OpChoice, match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
 from accucmp.compare.precision import PrecisionCarry, to_frame
 from accucmp.compare.rows import (BASE_COLUMNS, EAGER_ELEMENTS, FP64_COLUMNS, NOT_MEASURED, TAIL_COLUMNS,
@@ -74,7 +74,7 @@ def _open(path, role: str) -> DumpFile:
 
 def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
                   chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
-                  align_map: str | None = None) -> CompareResult:
+                  align_map: str | None = None, exclude=()) -> CompareResult:
     """Compare every tensor of `target` against its pair in `golden`.
 
     Returns a CompareResult whose table has one row per tensor (BASE_COLUMNS, one
@@ -83,9 +83,10 @@ def compare_dumps(target: str, golden: str, *, algorithms=None, select: str | No
     compares in that many worker processes (threads where fork is unavailable);
     0 picks one per core when there are many ops (auto_jobs). Results do not
     depend on it. `align_map`: override file for aligning different op streams (align.py).
+    `select`/`exclude`: the ops taking part (pairing.OpChoice).
     """
     amap = _load_align_map(align_map)
-    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
+    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select, exclude)
     try:
         return _compare_files(*files, algs, pattern, jobs, chunk_elements, amap)
     finally:
@@ -101,8 +102,10 @@ def _load_align_map(path: str | None):
         raise CompareError(str(e)) from e
 
 
-def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, select: str | None):
-    """(metric names, --select pattern, [target, golden, fp64 golden or None] open) for
+def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, select: str | None,
+                 exclude=()):
+    """(metric names, the ops chosen (pairing.OpChoice of --select, --exclude; None: all),
+    [target, golden, fp64 golden or None] open) for
     compare_dumps and stream_compare: bad options are said before a file is opened, and a
     file that fails to open closes the ones opened before it."""
     try:
@@ -113,6 +116,8 @@ def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, 
         pattern = re.compile(select) if select else None
     except re.error as e:
         raise CompareError(f"--select {select!r}: not a valid regular expression ({e})") from e
+    exclude = tuple(str(p) for p in (exclude or ()) if str(p))
+    choice = OpChoice(pattern, exclude) if pattern is not None or exclude else None
     files: list = []
     try:
         files.append(_open(target, "target"))
@@ -123,7 +128,7 @@ def _open_inputs(target: str, golden: str, golden_fp64: str | None, algorithms, 
             if f is not None:
                 f.close()
         raise
-    return algs, pattern, files
+    return algs, choice, files
 
 
 @dataclass
@@ -156,13 +161,14 @@ class CompareStream:
 
 def stream_compare(target: str, golden: str, *, algorithms=None, select: str | None = None, jobs: int = 1,
                    chunk_elements: int = 1 << 22, golden_fp64: str | None = None,
-                   batch_rows: int = 4096, align_map: str | None = None, view=None) -> CompareStream:
+                   batch_rows: int = 4096, align_map: str | None = None, view=None,
+                   exclude=()) -> CompareStream:
     """compare_dumps as a stream of row batches (see CompareStream): the same rows, the
     same order, for results larger than memory (`accucmp compare` writes them to the csv
     as they come). A batch holds whole ops and about `batch_rows` rows. `view`: how a
     rank's tensors pair with a single-process reference's (reference_runs.RankView)."""
     amap = _load_align_map(align_map)
-    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select)
+    algs, pattern, files = _open_inputs(target, golden, golden_fp64, algorithms, select, exclude)
     opened = [f for f in files if f is not None]
     try:
         setup = _setup(*files, algs, pattern, jobs, chunk_elements, amap, view)
@@ -216,7 +222,8 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "notes": list(m.notes),
         "aligned_regions": list(m.aligned_regions),
         "rows": None, "compared_io": list(m.ios), "algorithms": list(algs),
-        "select": pattern.pattern if pattern else None,
+        "select": pattern.select.pattern if pattern is not None and pattern.select is not None else None,
+        "exclude": list(pattern.exclude) if pattern is not None else [],
         "warnings": warnings,
         "target_world_size": _world_size(tf), "golden_world_size": _world_size(gf),
     }

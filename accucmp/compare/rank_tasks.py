@@ -100,7 +100,7 @@ def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
             send.flush()
     s = r.summary
     return {
-        "error": None, "csv": str(r.csv), "rows": r.rows, "counts": s.counts,
+        "error": None, "csv": str(r.csv), "rows": r.rows, "counts": s.counts, "inherited": int(s.inherited),
         "first_failure": _small_row(s.first_failure),
         "worst": [_small_row(w) for w in s.worst], "worst_by": s.worst_by,
         "warnings": list(r.meta.get("warnings") or []), "seconds": time.perf_counter() - t0,
@@ -110,17 +110,24 @@ def pair_task(target: str, golden: str, csv_path: str, options: dict[str, Any],
 _REPLICA_METRICS = ["MaxAbsoluteError", "RelativeEuclideanDistance"]
 
 
-def _tensor_keys(part, seen: dict[str, tuple[Any, int]]) -> list[tuple]:
-    """A key per row that names the same tensor in another run: op name, its k-th call,
-    input/output, tensor name (seqids differ between runs that ran other ops in between)."""
+def _tensor_keys(part, seen: dict[tuple, tuple[Any, int]]) -> list[tuple]:
+    """A key per row that names the same tensor in another run: op name, input/output,
+    tensor name, shape, and the k-th call of that op with a tensor so named and shaped
+    (seqids differ between runs that ran other ops in between). The shape keeps calls of
+    one op on different tensors apart when a run makes them in another order: DDP's
+    reducer scales each gradient with a `mul.out` as autograd hands it over, and under
+    autocast the bias's comes before the weight's; keyed by call alone, the target's
+    k-th `mul.out` was another tensor than the golden's and read as a desync."""
     keys = []
-    for op, sq, io, name in zip(part["NPUDump"].tolist(), part["SeqId"].tolist(),
-                                part["IO"].tolist(), part["TensorName"].tolist()):
-        last, k = seen.get(op, (None, -1))
+    shapes = part["Shape"].tolist() if "Shape" in part.columns else [None] * len(part)
+    for op, sq, io, name, shape in zip(part["NPUDump"].tolist(), part["SeqId"].tolist(),
+                                       part["IO"].tolist(), part["TensorName"].tolist(), shapes):
+        sig = (op, io, name, str(shape))
+        last, k = seen.get(sig, (None, -1))
         if sq != last:
             k += 1
-            seen[op] = (sq, k)
-        keys.append((op, k, io, name))
+            seen[sig] = (sq, k)
+        keys.append(sig + (k,))
     return keys
 
 
@@ -128,7 +135,7 @@ def _keyed_batches(target: str, golden: str, opts: dict[str, Any]):
     """The non-empty row batches of one compare, each with its rows' _tensor_keys."""
     from accucmp.compare.pipeline import stream_compare
 
-    seen: dict[str, tuple[Any, int]] = {}
+    seen: dict[tuple, tuple[Any, int]] = {}
     with stream_compare(target, golden, **opts) as st:
         for measured in st.batches:
             if not measured.table.empty:
@@ -148,13 +155,17 @@ def _equal_mask(part):
 
 
 def replica_task(golden_ref: str, golden_r: str, target_ref: str, target_r: str, *,
-                 chunk_elements: int = 1 << 22, keep: int = 5) -> dict[str, Any]:
+                 chunk_elements: int = 1 << 22, keep: int = 5, select: str | None = None,
+                 exclude=()) -> dict[str, Any]:
     """Which tensors the golden run holds equal on two ranks, and which of those the
-    target run does not. Memory: 8 bytes per equal golden tensor (a sorted hash array)."""
+    target run does not. Memory: 8 bytes per equal golden tensor (a sorted hash array).
+    `select`/`exclude`: the ops the compare takes part in (as for the rank pairs: an op the
+    user left out is out of every check)."""
     import numpy as np
 
     t0 = time.perf_counter()
-    opts = dict(algorithms=_REPLICA_METRICS, chunk_elements=chunk_elements, jobs=1)
+    opts = dict(algorithms=_REPLICA_METRICS, chunk_elements=chunk_elements, jobs=1, select=select,
+                exclude=tuple(exclude or ()))
     try:
         hashes = []
         for part, keys in _keyed_batches(golden_r, golden_ref, opts):

@@ -60,6 +60,20 @@ class RunsResult:
         return ([f"{p['target']}: {p['error']}" for p in self.pairs if p.get("error")]
                 + [f"replica check {r['label']}: {r['error']}" for r in self.replicas if r.get("error")])
 
+    @property
+    def exit_code(self) -> int:
+        """0 / 1 / 2, decided with the sentence (accucmp/report/folder.py: they always agree)."""
+        from accucmp.report.folder import folder_verdict
+
+        return folder_verdict(self)[0]
+
+    @property
+    def sentence(self) -> str:
+        """The verdict sentence over all ranks: FAIL exactly when exit_code is not 0."""
+        from accucmp.report.folder import folder_verdict
+
+        return folder_verdict(self)[1]
+
 
 def _failure_key(p: dict[str, Any]) -> tuple:
     ff = p.get("first_failure") or {}
@@ -92,7 +106,7 @@ def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: st
                  thresholds: Mapping[str, float] | None = None, chunk_elements: int = 1 << 22,
                  top: int = 5, scheduler: str | None = None, workers: int = 0,
                  replica_check: bool = True, golden_fp64=None, progress=None,
-                 basename: str | None = None) -> RunsResult:
+                 basename: str | None = None, exclude=()) -> RunsResult:
     """Pair the ranks of two run folders and compare every pair on Dask; the merged result.
     `progress`: an object with start(n_pairs), rows(n), pair_done() (the CLI's bar)."""
     from accucmp.report.outputs import _free_basename, _mkdir, timestamp
@@ -114,8 +128,9 @@ def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: st
         raise DumpFormatError(f"{target_dir} and {golden_dir}: no rank pairs to compare ({why})")
     out_dir = _mkdir(Path(out_dir))
     base = basename or _free_basename(out_dir, f"result_{timestamp()}", suffix="_ranks.csv")
+    exclude = tuple(exclude or ())
     options = dict(algorithms=algorithms, select=select, chunk_elements=chunk_elements,
-                   thresholds=dict(thresholds) if thresholds else None, top=top)
+                   thresholds=dict(thresholds) if thresholds else None, top=top, exclude=exclude)
 
     # replica checks: per step, each rank against the lowest rank present in both runs
     replica_specs = []
@@ -147,7 +162,7 @@ def compare_runs(target_dir, golden_dir, out_dir, *, algorithms=None, select: st
             futures[fut] = ("pair", p)
         for ref, p in replica_specs:
             fut = client.submit(replica_task, ref.golden.path, p.golden.path, ref.target.path, p.target.path,
-                                chunk_elements=chunk_elements,
+                                chunk_elements=chunk_elements, select=select, exclude=exclude,
                                 key=f"accucmp-replica-{p.key[0]}-{p.key[1]}-{uuid.uuid4().hex[:8]}", pure=False)
             futures[fut] = ("replica", (ref, p))
         pair_results, replicas = _gather(client, futures, progress, queue)
@@ -243,6 +258,7 @@ def _write_merged(r: RunsResult, out_dir: Path, base: str, target_dir, golden_di
                         x.get("checked", ""), x.get("differ", ""), f"{p.get('seconds', 0):.2f}",
                         p["target"], p["golden"], p.get("csv", ""), p.get("error") or ""])
     summary = {
+        "verdict": "PASS" if r.exit_code == 0 else "FAIL", "sentence": r.sentence, "exit_code": r.exit_code,
         "target": str(target_dir), "golden": str(golden_dir), "counts": r.counts,
         "earliest_failure": r.earliest, "diverge_first": r.diverge_first,
         "ranks": r.pairs, "replica_checks": r.replicas,
@@ -282,15 +298,18 @@ class _Bar:
 
 
 def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool = False,
-                       formats=("csv",), dump_failures: bool = False, compare=None, **kw) -> int:
-    """`accucmp compare` given two folders: compare, print the merged answer, exit code.
+                       formats=("csv",), dump_failures: bool = False, compare=None, summary_json=None,
+                       meta: dict | None = None, force: bool = False, **kw) -> int:
+    """`accucmp compare` given two folders: compare, print the merged answer, write the
+    asked outputs (`--format html`: one report over the ranks; `--summary-json`), exit code.
     `compare`: what makes the RunsResult (compare_runs; reference_runs.compare_with_reference
     for a folder against one single-process dump)."""
     from accucmp.report.summary import describe_row, fmt_value
 
-    extra = [f for f in formats if f != "csv"]
+    extra = [f for f in formats if f not in ("csv", "html")]
     if extra:
-        raise DumpFormatError(f"--format {','.join(extra)}: folders write csv (per rank) and a summary json only")
+        raise DumpFormatError(f"--format {','.join(extra)}: folders write csv (per rank), html (one report over "
+                              "the ranks) and a summary json")
     if dump_failures:
         raise DumpFormatError("-p/--dump-failures takes two files; with folders, run it on one rank's pair")
     bar = _Bar(console) if console.is_terminal and not quiet else None
@@ -301,17 +320,22 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
             bar.stop()
     counts = r.counts
     rows = sum(p.get("rows") or 0 for p in r.pairs)
+    if not rows and not r.errors and (kw.get("select") or kw.get("exclude")):
+        # nothing compared is not a pass (as for two files: bad input, one line)
+        asked = " ".join(([f"--select {kw['select']!r}"] if kw.get("select") else [])
+                         + [f"--exclude {x!r}" for x in kw.get("exclude") or ()])
+        raise DumpFormatError(f"{target_dir}: no op is left by {asked} on any rank; nothing to compare")
+    code = r.exit_code
+    if "html" in formats:
+        from accucmp.report.folder import write_folder_html
+
+        r.paths.append(write_folder_html(r, Path(r.paths[0]).with_name(Path(r.paths[0]).name.replace(
+            "_ranks.csv", ".html")), meta=meta, force=force))
     if not quiet:
         from rich.table import Table
 
-        from accucmp.report.headline import verdict_sentence
-
         # the verdict sentence first, as for two files; the rank says where too
-        head = verdict_sentence(r.earliest, counts, rows)
-        if r.earliest is not None:
-            e = r.earliest
-            head = head.replace(" is ", f" is on rank {e['rank']}" + ("" if e["step"] is None else
-                                                                     f" step {e['step']}") + ": ", 1)
+        head = r.sentence
         console.print(head, style="bold red" if head.startswith("FAIL") else "bold green", markup=False,
                       highlight=False, soft_wrap=not console.is_terminal)
         parts = [f"{len(r.pairs)} rank pair(s)", f"{rows} tensors"] + [
@@ -341,7 +365,7 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
             if e.get("FailReason"):
                 console.print(f"  why: {e['FailReason']}", soft_wrap=True, markup=False)
             console.print(f"  diverge first: rank(s) {', '.join(map(str, r.diverge_first))}", soft_wrap=True)
-        elif counts.get("pass"):
+        elif code == 0:
             console.print("[green]every compared tensor passes on every rank[/green]")
         for x in r.replicas:
             if x.get("differ"):
@@ -359,8 +383,13 @@ def run_folder_compare(target_dir, golden_dir, out_dir, *, console, quiet: bool 
         console.print(f"wrote {p}", highlight=False, soft_wrap=True)
     console.print(f"wrote {len([p for p in r.pairs if p.get('csv')])} per-rank result csv(s) to {Path(out_dir)}",
                   highlight=False, soft_wrap=True)
-    if r.errors:
-        return 2
-    if counts.get("fail", 0) or any(x.get("differ") for x in r.replicas):
-        return 1
-    return 0 if counts.get("pass", 0) or not rows else 1
+    if summary_json is not None:
+        from accucmp.report.folder import folder_summary_record
+        from accucmp.report.outputs import write_summary_json
+
+        rec = folder_summary_record(r, meta=dict(meta or {}, target=str(target_dir), golden=str(golden_dir)),
+                                    outputs=r.paths + [p["csv"] for p in r.pairs if p.get("csv")],
+                                    top=kw.get("top", 5))
+        console.print(f"wrote {write_summary_json(Path(summary_json), rec, force=force)}", highlight=False,
+                      soft_wrap=True)
+    return code

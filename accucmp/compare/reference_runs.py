@@ -648,7 +648,7 @@ def compare_with_reference(target_dir, golden, out_dir, *, batch_split: str = "a
                            algorithms=None, select: str | None = None, thresholds=None,
                            chunk_elements: int = 1 << 22, top: int = 5, scheduler: str | None = None,
                            workers: int = 0, golden_fp64=None, progress=None,
-                           basename: str | None = None, on_plan=None):
+                           basename: str | None = None, on_plan=None, exclude=(), replica_check: bool = True):
     """Every rank of `target_dir` against the single-process dump `golden`, one Dask task a
     rank; the merged result (ranks.RunsResult). `on_plan(line)` is told what is paired how
     before any tensor is read."""
@@ -679,7 +679,8 @@ def compare_with_reference(target_dir, golden, out_dir, *, batch_split: str = "a
             view = {"rank": rf.rank, "world": lay.world_size, "rows": split.rows(rf.rank, lay.world_size),
                     "batch": split.batch, "grad_scale": scale, "wrappers": list(lay.wrappers)}
             options = dict(algorithms=algorithms, select=select, chunk_elements=chunk_elements,
-                           thresholds=dict(thresholds) if thresholds else None, top=top, view=view)
+                           thresholds=dict(thresholds) if thresholds else None, top=top, view=view,
+                           exclude=tuple(exclude or ()))
             csv = out_dir / f"{base}_rank{rf.rank}{'' if rf.step is None else f'_step{rf.step}'}.csv"
             fut = client.submit(pair_task, rf.path, str(golden), str(csv), options, None,
                                 key=f"accucmp-ref-{rf.rank}-{uuid.uuid4().hex[:8]}", pure=False)

@@ -33,7 +33,8 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
                    observe: Callable[[Any], None] | None = None,
                    batch_rows: int = 4096, force: bool = False,
                    adjust: Callable[[Any], Any] | None = None,
-                   jsonl_path: Path | None = None, align_map: str | None = None, view=None) -> StreamedResult:
+                   jsonl_path: Path | None = None, align_map: str | None = None, view=None,
+                   exclude=()) -> StreamedResult:
     """Compare `target` against `golden`, judge each row (verdict.judge, per batch of
     whole ops) and write the result table to `csv_path` as it comes. `on_rows(n)` is told
     of every n rows written (progress); `observe(batch)` sees every judged batch;
@@ -53,7 +54,8 @@ def compare_to_csv(target: str, golden: str, csv_path: Path, *, algorithms=None,
     builder = SummaryBuilder(top)
     with stream_compare(target, golden, algorithms=algorithms, select=select, jobs=jobs,
                         chunk_elements=chunk_elements, golden_fp64=golden_fp64,
-                        batch_rows=batch_rows, align_map=align_map, view=view) as stream:
+                        batch_rows=batch_rows, align_map=align_map, view=view,
+                        exclude=exclude) as stream:
         # a temporary file renamed into place at the end (dumpfile.safe_output): never
         # written through a link, never over an existing file unless `force`
         with open_output(csv_path, "w", force=force, encoding="utf-8", newline="") as fh, \

@@ -290,10 +290,7 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
     first = s.first_failure
     sentence = verdict_sentence(first, s.counts, s.total)
     kind = "v-fail" if sentence.startswith("FAIL") else "v-pass"
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-             f"<style>{_CSS}</style></head><body>",
-             f"<header class='verdict {kind}'><h1>{html.escape(sentence)}</h1>"]
+    parts = [page_head(title), f"<header class='verdict {kind}'><h1>{html.escape(sentence)}</h1>"]
     counts = "".join(f"<span class='{html.escape(k)}'>{n} {html.escape(k)}</span>" for k, n in s.counts.items())
     parts.append(f"<p class='counts'><span>{s.total} tensors</span>{counts}</p>")
     if first is not None:
@@ -305,6 +302,27 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
     elif s.counts.get("pass") and not s.counts.get("fail"):
         parts.append("<p class='pass'>Every compared tensor passes.</p>")
     parts.append("</header>")
+    parts += report_sections(table, s, meta)
+    parts.append(PAGE_END)
+    return "".join(parts)
+
+
+def page_head(title: str) -> str:
+    """The page's start, up to and including <body>: title, viewport, the inline style."""
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<style>{_CSS}</style></head><body>")
+
+
+PAGE_END = f"<script>{_JS}</script></body></html>"
+
+
+def report_sections(table: pd.DataFrame, s, meta: dict | None) -> list[str]:
+    """The report of one compared pair below its verdict header: what the findings mean, the
+    worst ops, the plot along the op sequence, the run table and every row (the folder
+    report shows these for its leading rank: accucmp/report/folder.py)."""
+    first = s.first_failure
+    parts = []
     parts.append(_explain_html(explanations(table, s)))
     parts.append(_worst_html(s))
     parts.append("<h2>Along the op sequence</h2><div class='plot'>" + plot_svg(table, first) + "</div>")
@@ -337,5 +355,4 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
                  "passing rows</label> <span style='color:#666'>(click a column header to sort)</span></div>"
                  f"<div class='scroll'><table id='all'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}"
                  "</tbody></table></div>")
-    parts.append(f"<script>{_JS}</script></body></html>")
-    return "".join(parts)
+    return parts

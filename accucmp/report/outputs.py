@@ -159,26 +159,34 @@ def write_jsonl_rows(fh, table: pd.DataFrame) -> None:
         fh.write("\n")
 
 
+def op_record(row) -> dict | None:
+    """One failing row as the summary JSON names it: op, seqid, phase, module, tensor, where,
+    the bound it broke (why, metric, value, bound, dtype, decided_by), severity, reason."""
+    from accucmp.report.headline import bound_clause, seqid_text, where_clause
+
+    if row is None:
+        return None
+    path = row.get("NPUDumpPath") if isinstance(row.get("NPUDumpPath"), str) else ""
+    tensor = "/".join(path.strip("/").split("/")[2:]) if path else "/".join(
+        x for x in (row.get("IO"), row.get("TensorName")) if isinstance(x, str) and x)
+    seq = seqid_text(row.get("SeqId"))
+    rec = {"op": row.get("NPUDump"), "seqid": int(seq) if seq.isdigit() else None, "phase": row.get("Phase"),
+           "module": row.get("Module"), "tensor": tensor,
+           "where": where_clause(row), "why": bound_clause(row),
+           "metric": row.get("DecidingMetric"), "value": row.get("DecidingValue"),
+           "bound": row.get("DecidingBound"), "dtype": row.get("PrecisionDtype"),
+           "decided_by": row.get("DecidedBy"), "severity": row.get("Severity"),
+           "reason": row.get("FailReason")}
+    return {k: _jsonable(v) for k, v in rec.items()}
+
+
 def summary_record(summary, *, code: int, meta: dict | None = None, outputs=()) -> dict:
     """The verdict for a CI pipeline (`--summary-json`): PASS/FAIL, the sentence, the exit
     code, counts, and the first and worst failing ops with the bound each broke."""
     from accucmp.cli.options import package_version
-    from accucmp.report.headline import bound_clause, seqid_text, verdict_sentence, where_clause
+    from accucmp.report.headline import verdict_sentence
 
-    def op(row):
-        if row is None:
-            return None
-        path = row.get("NPUDumpPath") if isinstance(row.get("NPUDumpPath"), str) else ""
-        seq = seqid_text(row.get("SeqId"))
-        rec = {"op": row.get("NPUDump"), "seqid": int(seq) if seq.isdigit() else None, "phase": row.get("Phase"),
-               "module": row.get("Module"), "tensor": "/".join(path.strip("/").split("/")[2:]),
-               "where": where_clause(row), "why": bound_clause(row),
-               "metric": row.get("DecidingMetric"), "value": row.get("DecidingValue"),
-               "bound": row.get("DecidingBound"), "dtype": row.get("PrecisionDtype"),
-               "decided_by": row.get("DecidedBy"), "severity": row.get("Severity"),
-               "reason": row.get("FailReason")}
-        return {k: _jsonable(v) for k, v in rec.items()}
-
+    op = op_record
     meta = meta or {}
     return {
         "verdict": "PASS" if code == 0 else "FAIL",

@@ -257,6 +257,36 @@ def op_values(f: DumpFile, op, eager: int = 0, op_id=None) -> tuple[dict, dict] 
         return None
 
 
+def op_shapes(f: DumpFile, op) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
+    """The shapes of an op's tensors, ((io, name, shape), ...) with io "input"/"output" and
+    list members named "name/name_i", from its catalog row alone: no group opened, no
+    placement checked (compare's pairing reads them for every op: accucmp/compare/
+    matching.OpSignature). None when the catalog cannot say (no usable catalog, an empty or
+    malformed row): the caller reads the groups."""
+    cat = f.catalog
+    row = getattr(op, "index_row", -1)
+    if cat is None or row < 0:
+        return None
+    try:
+        raw = cat.get(row)
+        if not raw:
+            return None
+        d = jsontext.loads(raw)
+        out = []
+        for io, key in ((S.INPUT_GROUP, S.CAT_INPUTS), (S.OUTPUT_GROUP, S.CAT_OUTPUTS)):
+            for e in d[key]:
+                code = e[S.CAT_TYPE]
+                if type(code) is not int or code not in S.TENSOR_TYPES:
+                    continue
+                n, shape = e[S.CAT_NAME], e[S.ATTR_SHAPE]
+                if type(n) is not str or type(shape) is not list or not all(type(x) is int for x in shape):
+                    return None
+                out.append((io, n, tuple(shape)))
+        return tuple(out)
+    except (*_CAT_ERRORS, OSError, RuntimeError):
+        return None
+
+
 class _SideGroup:
     """An op's input/ or output/ group for the offset checks of its tensors: opened at the
     first check (through the C library, from the op group) and closed with the op, so a
