@@ -48,7 +48,7 @@ def compare(
     out: Annotated[Path, typer.Option("-out", "--out", "-o", help="Output directory.")] = Path("."),
     alg: Annotated[str, typer.Option("--alg", help="'all' or comma-separated metric names.")] = "all",
     select: Annotated[Optional[str], typer.Option("--select", help="Regex on op name / module: compare only matching ops.")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", "-x", metavar="PATTERN", help="Leave out ops whose name matches (repeatable; the dumper's exclude= syntax: a glob or regex on the full, packet or bare name, e.g. aten.copy_). Applies to every check, the folders' replica check too.")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", "-x", metavar="PATTERN", help="Leave out ops by name (repeatable; the dumper's exclude= glob or regex, e.g. aten.copy_), in every check.")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option("--threshold", "-t", metavar="NAME=VALUE", help="Override one verdict threshold (repeatable).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", metavar="LIST", help="Comma-separated: csv,json,jsonl,html,xlsx (csv always; jsonl: a JSON object per row as rows are judged).")] = "csv",
     tolerance: Tolerance = None,
@@ -61,7 +61,7 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary; only the output paths.")] = False,
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Folders: run on this Dask cluster (tcp://host:port) instead of a local one.")] = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=0, metavar="N", help="Folders: local Dask worker processes; 0: one per core, at most one per rank pair.")] = 0,
-    replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: check that tensors equal on every golden rank (DDP weights, reduced grads) are equal on every target rank too.")] = True,
+    replica_check: Annotated[bool, typer.Option("--replica-check/--no-replica-check", help="Folders: tensors equal on every golden rank (weights, reduced grads) must be equal on every target rank.")] = True,
     force: Force = False,
     max_files: MaxFiles = MAX_FILES,
     max_bytes: MaxBytes = MAX_BYTES,
@@ -74,9 +74,8 @@ def compare(
 ) -> None:
     """Compare TARGET (-m) against GOLDEN (-g): a result csv in DIR and the verdict; exit 0 all pass, 1 some fail, 2 bad input.
 
-    Given two folders of per-rank dumps, pairs their files by rank (and step) and compares
-    every pair in parallel on Dask; a folder against one file compares every rank with that
-    single-process reference (docs/COMPARE.md)."""
+    Two folders of per-rank dumps: every rank pair, in parallel on Dask; a folder against
+    one file: every rank against that single-process reference (docs/COMPARE.md)."""
     with boundary(my_dump, golden_dump):
         formats = parse_formats(fmt)
         thresholds = with_tolerance(parse_thresholds(threshold), tolerance)

@@ -73,8 +73,8 @@ def parse_algorithms(value: str | None) -> list[str] | None:
 
 # ---- the verdict's one tolerance knob (issue 22) ---------------------------------
 Tolerance = Annotated[Optional[float], typer.Option(
-    "--tolerance", metavar="F", help="Scale every dtype-derived bound at once: 2 allows twice the "
-                        "default error, 0.5 half (-t NAME=VALUE sets one bound).")]
+    "--tolerance", metavar="F", help="Scale every dtype-derived bound: 2 allows twice the default "
+                        "error, 0.5 half.")]
 
 
 def with_tolerance(thresholds: dict[str, float] | None, tolerance: float | None) -> dict[str, float] | None:

@@ -108,7 +108,8 @@ def _selected_across(sel):
                        or bare.selected(op.op, op.phase, unwrapped_module(op.module)))
 
 
-def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None) -> Matched:
+def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None, amap=None,
+              repair_shapes: bool = True) -> Matched:
     """Pair the ops `t_ops` of `tf` with the ops `g_ops` of `gf` (each file's ops() in
     execution order); `pattern`: --select (a compiled regex) or an OpChoice (--select and
     --exclude), `amap`: the --align-map overrides."""
@@ -188,7 +189,8 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
     if not replay:
         # a name pair whose tensors cannot be one op's (a run that makes one op's calls in
         # another order) is re-paired by shape or left unmatched (matching.repair_incompatible)
-        pairs, repaired = matching.repair_incompatible(pairs, op_signature)
+        if repair_shapes:
+            pairs, repaired = matching.repair_incompatible(pairs, op_signature)
         pairs, regions = align.align_pairs(pairs, amap)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one

@@ -186,12 +186,14 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     parallel_ops = []
     if view is not None:        # ops only the parallel run has: listed, never aligned
         t_ops, parallel_ops = view.parallel_ops(tf, t_ops)
-    m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
+    # against a single-process reference a rank's tensors differ from the reference's in the
+    # batch dimension by design: the view says how they pair, not a re-pairing by shape
+    m = match_ops(tf, gf, t_ops, g_ops, pattern, amap, repair_shapes=view is None)
     pairs = matched = m.pairs
     if view is not None:
         view.bind(gf, m.pairs)
         if pattern is not None:
-            parallel_ops = [o for o in parallel_ops if pattern.search(o.op) or pattern.search(o.module or "")]
+            parallel_ops = [o for o in parallel_ops if pattern.keeps(o)]
         matched = tuple(p for p in m.pairs if not view.is_parallel(p))
         parallel_ops = sorted(parallel_ops + [p.target for p in m.pairs if view.is_parallel(p)],
                               key=lambda o: o.seqid)

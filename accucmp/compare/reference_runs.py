@@ -246,7 +246,7 @@ def find_batch_split(target: str, golden: str, world: int, rank: int, stated: st
             raise UncomparableRuns(f"{target}: written without links (dedup off or no catalog): compare cannot tell "
                                    "which tensors depend on the batch")
         keep = [o for o in tf.ops() if _namespace(o.op) not in PARALLELISM_NAMESPACES]
-        m = match_ops(tf, gf, keep, gf.ops())
+        m = match_ops(tf, gf, keep, gf.ops(), repair_shapes=False)
         _check_same_model(tf, gf, m.pairs, world)
         for pair in m.pairs:
             t, g = pair.target, pair.golden
