@@ -178,11 +178,15 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     t_ops, g_ops = tf.ops(), gf.ops()
     m = match_ops(tf, gf, t_ops, g_ops, pattern, amap)
     metric_cols = list(algs)
+    # a compiled step against an eager one: ops outside the compiled graphs, functionalization's
+    # copies and values a fused kernel never materialises have no partner by design; a fault
+    # in the compiled code is no op of its own but a node's own error, which the dumper
+    # measures on every compiled node (docs/COMPILED.md), so an unpaired op neither departs
+    # nor stops a row within its own error from passing as inherited
+    compiled = _compiled(tf, gf)
     work = _Work(m.pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios,
-                 structure="" if m.replay else structure_differs(m.pairs),
-                 # (a compiled step against an eager one: ops outside the compiled graphs and
-                 # values a fused kernel never materialises have no partner by design)
-                 structural=frozenset() if m.replay or _compiled(tf, gf) else structural_pairs(m.pairs))
+                 structure="" if m.replay or compiled else structure_differs(m.pairs),
+                 structural=frozenset() if m.replay or compiled else structural_pairs(m.pairs))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
