@@ -105,6 +105,8 @@ def test_wrong_decomposition_named_by_op_and_module(tmp_path, bf16, scale):
     head = out.splitlines()[0]
     assert code == 1, out
     assert head.startswith("FAIL") and "aten.silu.default" in head and " in act" in head, head
+    # the source line of the FX node (its stack trace), after the module
+    assert " in act at test_compiled.py:" in head, head
 
 
 def test_compiled_dump_records_nodes_with_names(tmp_path):
@@ -363,3 +365,26 @@ def test_normalisation_mean_measured_as_a_cancelling_sum():
     own = json.loads(ev.group_attrs[S.OP_OWN_ERROR])
     assert len(own["result1"]) == 4 and own["result1"][3] > 1e3, own     # kappa of the mean
     assert len(own["result0"]) == 3, own                                  # no sum: no kappa
+
+
+def test_headline_names_the_source_line_within_80_columns():
+    """The headline: op, module, then the source line's file and line (the csv's Source column
+    keeps the whole line), fitted to a terminal of 80 columns; the details show the line."""
+    import io
+    from rich.console import Console
+    from accucmp.report.summary import Summary, print_summary
+    src = ("/opt/venv/lib/python3.11/site-packages/transformers/models/some_really_long_model_name/"
+           "modeling_some_really_long_model_name.py:1234 in forward: hidden = self.LayerNorm(hidden + residual)")
+    row = {"NPUDump": "aten.native_layer_norm_backward.default", "SeqId": 72, "Phase": "backward",
+           "Module": "model.encoder.layer.11.attention.output.LayerNorm", "Source": src, "Result": "fail",
+           "Origin": "caused here", "DecidingMetric": "RelativeEuclideanDistance", "DecidingValue": 0.02,
+           "DecidingBound": 1e-4, "DecidedBy": "RelativeEuclideanDistanceFloor", "PrecisionDtype": "float32",
+           "NPUDumpPath": "/aten.native_layer_norm_backward.default/72/output/result0", "Severity": 200.0}
+    s = Summary(counts={"fail": 1, "pass": 9}, total=10, first_failure=row, worst=[row])
+    buf = io.StringIO()
+    print_summary(None, console=Console(file=buf, width=80, force_terminal=True, color_system=None), summary=s)
+    lines = buf.getvalue().splitlines()
+    assert all(len(ln) <= 80 for ln in lines), "\n".join(ln for ln in lines if len(ln) > 80)
+    head = " ".join(ln.strip() for ln in lines[:3])
+    assert head.startswith("FAIL") and ":1234" in head and " at modeling_" in head, lines[:3]
+    assert any("source:" in ln for ln in lines), lines

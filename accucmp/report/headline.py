@@ -12,6 +12,7 @@ in here without touching the renderers. Light: no pandas, no numpy.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 # how a deciding metric is named in a sentence (the csv keeps the full column name)
@@ -87,8 +88,25 @@ def bound_clause(row: Mapping[str, Any]) -> str:
 
 
 
+# the Source column: "file:line in function: code" (the dumper's record_stack form)
+_SOURCE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in |$)")
+_PATH_SEP = re.compile(r"[/\\]")
+
+
+def source_place(source: Any) -> str:
+    """'modeling_bert.py:293', the file's name and line of a Source cell
+    ('/…/transformers/models/bert/modeling_bert.py:293 in forward: hidden_states = …'); ""
+    when there is none."""
+    m = _SOURCE.match(_text(source).strip())
+    if not m:
+        return ""
+    name = _PATH_SEP.split(m["file"])[-1]
+    return f"{name}:{m['line']}"
+
+
 def where_clause(row: Mapping[str, Any]) -> str:
-    """'aten.gelu.default #153 in encoder.layer.3.mlp' (the module left out when unknown)."""
+    """'aten.gelu.default #153 in encoder.layer.3.mlp at modeling_bert.py:293' (the module
+    and the source line left out when unknown)."""
     op = _text(row.get("NPUDump")) or _text(row.get("GoldenOp")) or "?"
     seq = seqid_text(row.get("SeqId")) or seqid_text(row.get("GoldenSeqId"))
     text = f"{op} #{seq}" if seq else op
@@ -98,6 +116,9 @@ def where_clause(row: Mapping[str, Any]) -> str:
         text += f" in {module}"
     if phase == "backward":
         text += " (backward)"
+    place = source_place(row.get("Source"))
+    if place:
+        text += f" at {place}"
     return text
 
 
