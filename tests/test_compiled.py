@@ -217,9 +217,11 @@ def test_graph_level_load_replay_separates_own_error(tmp_path):
 
 def test_narrow_names_the_decomposition(tmp_path):
     """The failing op rebuilt alone from the eager dump's inputs, bisected by PyTorch's
-    compiler bisector: the planted decomposition is named; a clean op narrows to None."""
+    compiler bisector: the planted decomposition is named (by the API and by
+    `python -m npu_dumper.compiled narrow`); a clean op narrows to None."""
     from dumpfile.read.reader import DumpFile
     from npu_dumper.compiled import narrow_recorded_op
+    from npu_dumper.compiled.cli import app as narrow_app
     torch.manual_seed(0)
     model, x = SiluMLP(), torch.randn(3, 8)
     eager = tmp_path / "eager.h5"
@@ -227,12 +229,48 @@ def test_narrow_names_the_decomposition(tmp_path):
         _step(model, x, False)
     with DumpFile(str(eager)) as f:
         seq = {o.op: o.seqid for o in f.ops()}
+    silu = seq["aten.silu.default"]
     with planted_decomposition(aten.silu.default, _silu_off(1.02)):
-        found = narrow_recorded_op(eager, "aten.silu.default", seq["aten.silu.default"])
+        found = narrow_recorded_op(eager, "aten.silu.default", silu)
         clean = narrow_recorded_op(eager, "aten.addmm.default", seq["aten.addmm.default"])
+        cli = CliRunner().invoke(narrow_app, ["narrow", str(eager), "--op", "aten.silu", "--seqid", str(silu)])
     assert found is not None and found.subsystem == "decomposition", found
     assert "aten.silu" in str(found.debug_info), found
     assert clean is None
+    # the command: one line naming the op, the subsystem and what the bisector found; exit 1
+    assert cli.exit_code == 1, cli.output
+    line, = cli.stdout.splitlines()     # (the bisector's progress: on stderr)
+    assert line.startswith(f"aten.silu.default #{silu}: ") and "subsystem decomposition" in line, line
+    assert "aten.silu" in line.split("subsystem decomposition", 1)[1], line
+
+
+def test_narrow_command_bad_input(tmp_path):
+    """Bad input to the narrow command: one line naming the file and the problem, exit 2
+    (nothing compiles: each is refused before the bisector runs)."""
+    import subprocess
+    import sys
+    from npu_dumper.compiled.cli import app as narrow_app
+    torch.manual_seed(0)
+    eager, model, x = tmp_path / "eager.h5", SiluMLP(), torch.randn(3, 8)
+    with dumper(dump_path=str(eager), writer="thread"):
+        _step(model, x, False)
+    not_dump = tmp_path / "notes.h5"
+    not_dump.write_text("not a dump")
+    cases = {(str(eager), "999", None): "no op with seqid 999",
+             (str(eager), "1", "aten.silu"): "seqid 1 is aten.addmm.default, not aten.silu",
+             (str(tmp_path / "missing.h5"), "1", None): "no such file",
+             (str(not_dump), "1", None): "not an HDF5 file"}
+    for (path, seqid, op), problem in cases.items():
+        args = ["narrow", path, "--seqid", seqid] + (["--op", op] if op else [])
+        r = CliRunner().invoke(narrow_app, args)
+        assert r.exit_code == 2, r.output
+        line, = r.output.strip().splitlines()
+        assert path in line and problem in line, line
+    # the module's entry point, as a user runs it
+    r = subprocess.run([sys.executable, "-m", "npu_dumper.compiled", "narrow", str(eager), "--seqid", "999"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "no op with seqid 999" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 class _Swish(nn.Module):
