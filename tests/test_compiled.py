@@ -107,6 +107,9 @@ def test_wrong_decomposition_named_by_op_and_module(tmp_path, bf16, scale):
     assert head.startswith("FAIL") and "aten.silu.default" in head and " in act" in head, head
     # the source line of the FX node (its stack trace), after the module
     assert " in act at test_compiled.py:" in head, head
+    # judged by its own error vs fp64 (recorded on every compiled node), in the dtype's words:
+    # a bound of the defaults, never "(-t PointwiseUlps)" as if the user had given it
+    assert "own error vs fp64" in head and "-t " not in head, head
 
 
 def test_compiled_dump_records_nodes_with_names(tmp_path):

@@ -26,13 +26,18 @@ METRIC_WORDS = {
     "MeanRelativeError": "MeanRelErr",
     "ExactMismatches": "differing elements",
     "NonFiniteMismatch": "NaN/Inf on one side only",
+    # judged by the op's own error (vs float64 on the inputs it got: load-replay, plain and
+    # compiled dumps)
+    "OwnErrorVsFp64": "own error vs fp64",
+    "OwnMaxErrorVsFp64/OwnRefAbsMax": "own MaxAbsErr/max|ref|",
 }
 # thresholds whose bound is in unit roundoffs of the op's precision (DecidingValue/Bound in u)
-_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps")
+_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps", "PointwiseUlps")
 # thresholds derived from the op's dtype (scaled by --tolerance); any other DecidedBy is a
 # metric's absolute threshold a user gave with -t
 _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorUlps",
-                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps")
+                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps",
+                    "PointwiseUlps", "SumCancellationFactor")
 # metrics where a larger value is better (a failure is value < bound)
 _HIGHER_IS_BETTER = ("CosineSimilarity",)
 
