@@ -218,6 +218,48 @@ def test_graph_level_load_replay_separates_own_error(tmp_path):
     assert len(failing["compiled"]) > 1, failing
 
 
+class _NativeDropout(nn.Module):
+    """Dropout as CUDA's eager nn.Dropout runs it: one native_dropout (values and mask), the
+    op the compiled graph holds. (On CPU eager nn.Dropout runs bernoulli_, div_ and mul,
+    which no compiled node pairs with: docs/COMPILED.md.)"""
+
+    def forward(self, x):
+        return torch.native_dropout(x, 0.5, True)[0]
+
+
+class _DropoutMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.drop, self.fc2 = nn.Linear(8, 16), _NativeDropout(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.drop(self.fc1(x)))
+
+
+def test_graph_level_replay_hands_dropout_its_recorded_mask(tmp_path):
+    """A random node replayed at graph level draws its own numbers when it runs compiled;
+    its outputs (the dropped values and the mask the backward reads) become the eager run's
+    recorded ones, as eager load-replay does (the old code kept the compiled draws, in a
+    record marked as replayed)."""
+    torch.manual_seed(0)
+    model, x = _DropoutMLP().train(), torch.randn(4, 8)
+    eager, replay = tmp_path / "eager.h5", tmp_path / "replay.h5"
+    with dumper(dump_path=str(eager), writer="thread"):
+        _step(model, x, False)
+    torch.manual_seed(1)            # (other draws than the eager run's)
+    with dumper(load_file_path=str(eager), dump_path=str(replay), compiled=True, writer="thread") as d:
+        _step(torch.compile(model), x, False)
+    assert d.summary["replay"].random_replayed == 1, d.summary["replay"]
+    with h5py.File(eager, "r") as fe, h5py.File(replay, "r") as fr:
+        (se, ge), = fe["aten.native_dropout.default"].items()
+        (sr, gr), = fr["aten.native_dropout.default"].items()
+        assert gr.attrs[S.OP_RANDOM_OUTPUTS_REPLAYED]
+        for name in ("result0", "result1"):
+            assert (gr["output"][name][()] == ge["output"][name][()]).all(), name
+    code, out = compare(tmp_path, replay, eager)
+    assert code == 0, out
+
+
 def test_narrow_names_the_decomposition(tmp_path):
     """The failing op rebuilt alone from the eager dump's inputs, bisected by PyTorch's
     compiler bisector: the planted decomposition is named (by the API and by
