@@ -11,7 +11,10 @@ interleaved with `stock` steps; `pieces` interleaved with `stock` outside it:
   pieces    the recording backend outside a block: the graphs run as one compiled piece
             per ATen op, nothing recorded (what splitting alone costs)
   dumped    the same inside torch.utils.dumper(compiled=True): every node's values
-            written to HDF5 (writer process)
+            written to HDF5 (writer process), and each node's own error measured (the
+            node's op re-run in float64 on its inputs, the default)
+  no-own    the same with own_error=False (nothing re-run in float64), in a block of its
+            own, interleaved with stock too
 OMP_NUM_THREADS defaults to 1 here (see main). Prints the median milliseconds per step and the ratios to `stock`, and the first step's
 time of each (compile; Inductor's caches in a fresh temporary directory, warm after `stock`).
 """
@@ -68,7 +71,7 @@ def main() -> None:
         t = time.perf_counter()
         step(m)
         first[name] = time.perf_counter() - t
-    times = {"stock": [], "pieces": [], "dumped": [], "stock ": []}
+    times = {"stock": [], "pieces": [], "dumped": [], "stock ": [], "no-own": [], "stock  ": []}
     for _ in range(a.steps):          # outside a block: stock and pieces, interleaved
         for name, m in (("stock", stock), ("pieces", pieces)):
             t = time.perf_counter()
@@ -76,27 +79,32 @@ def main() -> None:
             times[name].append(time.perf_counter() - t)
     # One block for all dumped steps (its entry resets Dynamo: every model recompiles on
     # its first call in it, untimed), interleaved with stock steps.
-    with npu_dumper.dumper(dump_path=os.path.join(tmp, "compiled.h5"), compiled=True) as d:
-        t = time.perf_counter()
-        step(dumped)
-        first["dumped"] = time.perf_counter() - t
-        n = d.num_ops
-        step(stock)
-        for _ in range(a.steps):
-            for name, m in (("stock ", stock), ("dumped", dumped)):
-                t = time.perf_counter()
-                step(m)
-                times[name].append(time.perf_counter() - t)
+    for label, own, ref in (("dumped", True, "stock "), ("no-own", False, "stock  ")):
+        with npu_dumper.dumper(dump_path=os.path.join(tmp, f"{label}.h5"), compiled=True, own_error=own) as d:
+            t = time.perf_counter()
+            step(dumped)
+            first[label] = time.perf_counter() - t
+            n = d.num_ops
+            step(stock)
+            for _ in range(a.steps):
+                for name, m in ((ref, stock), (label, dumped)):
+                    t = time.perf_counter()
+                    step(m)
+                    times[name].append(time.perf_counter() - t)
+        if own:
+            written = d.summary["bytes_written"]
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"MLP width {a.width} depth {a.depth} batch {a.batch}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, {a.steps} steps each; {n} ops recorded per dumped step, "
-          f"{d.summary['bytes_written'] / (a.steps + 1) / 1e6:.2f} MB per step")
+          f"{written / (a.steps + 1) / 1e6:.2f} MB per step")
     print(f"  first step (compile; Inductor's caches cold for stock, warm after): "
           + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
     print(f"  pieces  {med['pieces'] * 1e3:8.2f} ms/step  x{med['pieces'] / med['stock']:.2f} of stock "
           f"({med['stock'] * 1e3:.2f} ms/step, interleaved outside the block)")
     print(f"  dumped  {med['dumped'] * 1e3:8.2f} ms/step  x{med['dumped'] / med['stock ']:.2f} of stock "
           f"({med['stock '] * 1e3:.2f} ms/step, interleaved inside the block)")
+    print(f"  no-own  {med['no-own'] * 1e3:8.2f} ms/step  x{med['no-own'] / med['stock  ']:.2f} of stock "
+          f"({med['stock  '] * 1e3:.2f} ms/step, interleaved inside its block): own_error=False")
 
 
 if __name__ == "__main__":

@@ -199,11 +199,15 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
                               key=lambda o: o.seqid)
         pairs = _with_ops(matched, parallel_ops)
     metric_cols = list(algs)
+    # a compiled step against an eager one: ops outside the compiled graphs, functionalization's
+    # copies and values a fused kernel never materialises have no partner by design; a fault
+    # in the compiled code is no op of its own but a node's own error, which the dumper
+    # measures on every compiled node (docs/COMPILED.md), so an unpaired op neither departs
+    # nor stops a row within its own error from passing as inherited
+    compiled = _compiled(tf, gf)
     work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
-                 structure="" if m.replay else structure_differs(matched),
-                 # (a compiled step against an eager one: ops outside the compiled graphs and
-                 # values a fused kernel never materialises have no partner by design)
-                 structural=frozenset() if m.replay or _compiled(tf, gf) else structural_pairs(matched))
+                 structure="" if m.replay or compiled else structure_differs(matched),
+                 structural=frozenset() if m.replay or compiled else structural_pairs(matched))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])

@@ -60,6 +60,10 @@ TAIL_COLUMNS = [
     # a run against a single-process reference (compare/reference_runs.py): which part of the
     # reference's tensor the row compares with (a batch slice, a gradient after the all-reduce)
     "ReferencePart",
+    # the user's source line the op came from (op attribute stack: compiled dumps always,
+    # eager dumps with record_stack=True): "file:line in function: code", the target's
+    # (the golden's when the target has none)
+    "Source",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -134,6 +138,7 @@ _B_OWN_ERROR = S.OP_OWN_ERROR.encode()
 _B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
 _B_SCALAR_ARGS = S.OP_SCALAR_ARGS.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
+_B_STACK = S.OP_STACK.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
 EAGER_ELEMENTS = 1 << 14
@@ -149,6 +154,7 @@ class OpTensors:
     own_error: dict = field(default_factory=dict)   # output name -> [RED, max abs, max |ref|(, kappa)]
     made_inputs: frozenset[str] | None = None       # inputs an earlier op wrote; None: not recorded
     scalar_args: dict | None = None                 # the op's plain arguments; None: not recorded
+    source: str = ""                                # the user's source line (op attribute stack)
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -161,7 +167,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
-                          _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)))
+                          _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
+                          _text(a.get(S.OP_STACK)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -178,11 +185,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         cd = _text(a.get(_B_COMPUTE))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
-                          _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)))
+                          _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
+                          _text(a.get(_B_STACK)))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
-                       _B_SCALAR_ARGS))
+                       _B_SCALAR_ARGS, _B_STACK))
 
 
 def _text(v: Any) -> str:
@@ -308,6 +316,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     phase = any_op.phase
     module = any_op.module
     t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
+    source = t_ts.source or g_ts.source
     region = pair.region
     if region is not None:      # an aligned region: its external inputs and final outputs
         t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype,
@@ -341,6 +350,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 "Uninitialized": bool((t is not None and t.uninitialized) or (g is not None and g.uninitialized)),
                 "CompareStatus": "", "MatchedBy": pair.matched_by,
                 "NonFiniteMismatch": 0, "TargetNonFinite": 0, "GoldenNonFinite": 0,
+                "Source": source,
             })
             if t is None or g is None:
                 row["CompareStatus"] = STATUS_UNMATCHED

@@ -70,6 +70,17 @@ def short_module(path: str, width: int) -> str:
     return ELLIPSIS + tail
 
 
+def short_place(place: str, width: int) -> str:
+    """A source place 'file.py:123' in `width` columns: the line number kept whole, the
+    file's name shortened in its middle ('modeling_…_bert.py:293')."""
+    if len(place) <= width:
+        return place
+    name, sep, line = place.rpartition(":")
+    if not sep or not line.isdigit():
+        return middle_ellipsis(place, width)
+    return middle_ellipsis(name, max(width - len(line) - 1, 1)) + ":" + line
+
+
 def wrap_dotted(path: str, width: int) -> list[str]:
     """A module path over lines of `width`, broken after dots, never inside a name (a name
     longer than a line is shortened in its middle)."""

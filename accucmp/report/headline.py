@@ -12,6 +12,7 @@ in here without touching the renderers. Light: no pandas, no numpy.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 # how a deciding metric is named in a sentence (the csv keeps the full column name)
@@ -25,13 +26,18 @@ METRIC_WORDS = {
     "MeanRelativeError": "MeanRelErr",
     "ExactMismatches": "differing elements",
     "NonFiniteMismatch": "NaN/Inf on one side only",
+    # judged by the op's own error (vs float64 on the inputs it got: load-replay, plain and
+    # compiled dumps)
+    "OwnErrorVsFp64": "own error vs fp64",
+    "OwnMaxErrorVsFp64/OwnRefAbsMax": "own MaxAbsErr/max|ref|",
 }
 # thresholds whose bound is in unit roundoffs of the op's precision (DecidingValue/Bound in u)
-_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps")
+_IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps", "PointwiseUlps")
 # thresholds derived from the op's dtype (scaled by --tolerance); any other DecidedBy is a
 # metric's absolute threshold a user gave with -t
 _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorUlps",
-                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps")
+                    "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps",
+                    "PointwiseUlps", "SumCancellationFactor")
 # metrics where a larger value is better (a failure is value < bound)
 _HIGHER_IS_BETTER = ("CosineSimilarity",)
 
@@ -87,8 +93,25 @@ def bound_clause(row: Mapping[str, Any]) -> str:
 
 
 
+# the Source column: "file:line in function: code" (the dumper's record_stack form)
+_SOURCE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in |$)")
+_PATH_SEP = re.compile(r"[/\\]")
+
+
+def source_place(source: Any) -> str:
+    """'modeling_bert.py:293', the file's name and line of a Source cell
+    ('/…/transformers/models/bert/modeling_bert.py:293 in forward: hidden_states = …'); ""
+    when there is none."""
+    m = _SOURCE.match(_text(source).strip())
+    if not m:
+        return ""
+    name = _PATH_SEP.split(m["file"])[-1]
+    return f"{name}:{m['line']}"
+
+
 def where_clause(row: Mapping[str, Any]) -> str:
-    """'aten.gelu.default #153 in encoder.layer.3.mlp' (the module left out when unknown)."""
+    """'aten.gelu.default #153 in encoder.layer.3.mlp at modeling_bert.py:293' (the module
+    and the source line left out when unknown)."""
     op = _text(row.get("NPUDump")) or _text(row.get("GoldenOp")) or "?"
     seq = seqid_text(row.get("SeqId")) or seqid_text(row.get("GoldenSeqId"))
     text = f"{op} #{seq}" if seq else op
@@ -98,6 +121,9 @@ def where_clause(row: Mapping[str, Any]) -> str:
         text += f" in {module}"
     if phase == "backward":
         text += " (backward)"
+    place = source_place(row.get("Source"))
+    if place:
+        text += f" at {place}"
     return text
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from accucmp.report import findings
 from dumpfile.departures import is_by_design_op
-from accucmp.report.fit import middle_ellipsis, short_module, short_op, wrap_prose
+from accucmp.report.fit import middle_ellipsis, short_module, short_op, short_place, wrap_prose
 from accucmp.report.headline import as_float
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
@@ -242,7 +242,8 @@ def _say(console, text: str, style: str | None = None, *, wrap: bool = True) -> 
     text = printable(text)
     width = fit_width(console) if wrap and console.is_terminal else None
     for line in wrap_prose(text, width):
-        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True,
+                      emoji=False)     # ("file.py:1234:" is no :emoji: code)
 
 
 def headline_text(s: Summary, width: int | None) -> str:
@@ -250,7 +251,7 @@ def headline_text(s: Summary, width: int | None) -> str:
     half of it is shortened where it says least (accucmp/report/fit.py: an op name loses
     `aten.` and `.default` first, a module path keeps its end; the csv keeps the full
     names); the rest of the sentence wraps at spaces on a terminal."""
-    from accucmp.report.headline import verdict_sentence
+    from accucmp.report.headline import source_place, verdict_sentence
 
     ff = s.first_failure
     if ff is None and s.inherited and s.counts.get("pass", 0) and not s.counts.get("fail", 0):
@@ -265,6 +266,9 @@ def headline_text(s: Summary, width: int | None) -> str:
         v = row.get(key)
         if isinstance(v, str) and len(v) > width // 2:
             row[key] = shorten(v, width // 2)
+    place = source_place(row.get("Source"))
+    if len(place) > width // 3:     # (the file's name and line; the csv keeps the full line)
+        row["Source"] = short_place(place, width // 3)
     return verdict_sentence(row, s.counts, s.total)
 
 
@@ -362,6 +366,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
             metrics = []            # (an op inserted or missing, an argument: nothing measured)
         if metrics:
             _say(console, "  " + "  ".join(metrics))
+        if _text(ff, "Source"):
+            _say(console, f"  source: {_text(ff, 'Source')}")
         for label, key in (("why", "FailReason"), ("note", "CompareFailReason")):
             if _text(ff, key) and not (key == "CompareFailReason" and (_text(ff, key) in _text(ff, "FailReason")
                                                                       or _text(ff, "Origin") == "departs")):

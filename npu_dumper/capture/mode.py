@@ -66,6 +66,7 @@ class DumpMode(TorchDispatchMode):
         self._before = _overriding(self.policies, "before_op")
         self._deciders = _overriding(self.policies, "should_record")
         self._after = _overriding(self.policies, "after_op")
+        self._computed = _overriding(self.policies, "op_computed")
 
     @property
     def first_device(self) -> str | None:

@@ -71,6 +71,12 @@ class Policy:
     def should_record(self, ev: OpEvent) -> bool:
         return True
 
+    def op_computed(self, ev: OpEvent) -> None:
+        """The op was computed by code the dumper does not run (a node of a torch.compile'd
+        graph, npu_dumper/compiled/): `ev.outputs` holds its result, `ev.args` its inputs,
+        which the computation did not write. Called before the record is written, so
+        `ev.group_attrs` still reaches the file."""
+
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
         pass
 

@@ -1,7 +1,7 @@
 """Narrow a compiled op's error down to the compiler pass or decomposition that makes it.
 
     from npu_dumper.compiled import narrow_recorded_op
-    narrow_recorded_op("eager.h5", "aten.silu.default", 2)
+    narrow_recorded_op("eager.h5", "aten.silu.default", 2)      # (op None: whatever #2 is)
     # BisectionResult(backend='aot_eager_decomp_partition', subsystem='decomposition',
     #                 bisect_number=3, debug_info="<OpOverload(op='aten.silu', ...)>")
 
@@ -74,18 +74,54 @@ def narrow(fn: Callable, args: tuple, kwargs: dict | None = None, *, ulps: float
             torch._dynamo.reset()
 
 
-def narrow_recorded_op(eager_dump, op: str, seqid: int, *, ulps: float = MATCH_ULPS):
-    """narrow() on one recorded op of an eager dump (its inputs as recorded)."""
+def narrow_recorded_op(eager_dump, op: str | None, seqid: int, *, ulps: float = MATCH_ULPS):
+    """narrow() on one recorded op of an eager dump (its inputs as recorded): the op with
+    `seqid`, which must be `op` when given (its full name, `aten.silu.default`, or its
+    packet, `aten.silu`)."""
+    return _narrow_recorded(eager_dump, op, seqid, ulps)[1]
+
+
+def narrow_line(eager_dump, op: str | None, seqid: int, *, ulps: float = MATCH_ULPS) -> tuple[str, bool]:
+    """narrow_recorded_op as one line (what the command prints) and whether the op's
+    compiled result differs from eager."""
+    name, result = _narrow_recorded(eager_dump, op, seqid, ulps)
+    return describe(result, f"{name} #{seqid}"), result is not None
+
+
+def _narrow_recorded(eager_dump, op: str | None, seqid: int, ulps: float):
     from ..load import load
     from ..replay.recorded import load_call
     from ..errors import DumperError
 
     with load(eager_dump) as f:
-        rec = next((o for o in f.ops() if o.op == op and o.seqid == seqid), None)
+        rec = next((o for o in f.ops() if o.seqid == seqid), None)
         if rec is None:
-            raise DumperError(f"{eager_dump}: no op {op} with seqid {seqid}")
+            raise DumperError(f"{eager_dump}: no op with seqid {seqid}")
+        if op is not None and op not in (rec.op, _packet(rec.op)):
+            raise DumperError(f"{eager_dump}: seqid {seqid} is {rec.op}, not {op}")
         call = load_call(rec)
     if not call.ok:
-        raise DumperError(f"{eager_dump}: {op} #{seqid} cannot be rebuilt: {call.why_not}")
+        raise DumperError(f"{eager_dump}: {rec.op} #{seqid} cannot be rebuilt: {call.why_not}")
     func = call.func
-    return narrow(lambda *a, **k: func(*a, **k), call.args, call.kwargs, ulps=ulps)
+    return rec.op, narrow(lambda *a, **k: func(*a, **k), call.args, call.kwargs, ulps=ulps)
+
+
+def _packet(op: str) -> str:
+    """'aten.silu.default' -> 'aten.silu'."""
+    parts = op.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 else op
+
+
+def describe(result, what: str) -> str:
+    """One line for narrow()'s result on `what` (an op and its seqid)."""
+    if result is None:
+        return (f"{what}: compiled alone it matches eager (within {MATCH_ULPS} u): its fault needs its "
+                "neighbours; narrow their module with npu_dumper.compiled.narrow(fn, args)")
+    found = f"{what}: the compiler bisector names backend {result.backend}"
+    if result.subsystem:
+        found += f", subsystem {result.subsystem}"
+    if result.bisect_number is not None:
+        found += f", application {result.bisect_number}"
+    if result.debug_info:
+        found += f": {result.debug_info}"
+    return found

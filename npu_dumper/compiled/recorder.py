@@ -92,6 +92,8 @@ class NodeRecorder:
             for p in mode._after:
                 p.after_op(ev, recorded=False)
             return
+        for p in mode._computed:     # (plain dumps: the node's own error vs float64, PlainOwnError)
+            p.op_computed(ev)
         plan = op_plan(ev.func)
         caps: list = []
         if mode.record_inputs:

@@ -318,14 +318,27 @@ class ReplayPolicy(Policy):
                 ev.group_attrs[S.OP_OWN_ERROR] = measured
             return out
         out = ev.func(*ev.args, **ev.kwargs)
+        self._hand_on_recorded(ev.func, out, entry)
+        return out
+
+    def op_computed(self, ev: OpEvent) -> None:
+        """A compiled graph's node replayed (graph-level load-replay, npu_dumper/compiled/):
+        a random op (dropout) ran compiled, drawing its own numbers; its outputs become the
+        recorded ones, as run_op does for an eager op, before later nodes read them (the
+        backward's dropout takes the recorded mask too)."""
+        entry = ev.notes.get("replay_outputs")
+        if entry is not None:
+            self._hand_on_recorded(ev.func, ev.outputs, entry)
+
+    def _hand_on_recorded(self, func: Any, out: Any, entry: Candidate) -> None:
+        """The recorded outputs of `entry` written into the op's outputs `out`."""
         recorded = entry.record.outputs()
         with torch.no_grad():
-            for name, _, value in named_returns(op_info(ev.func), out):
+            for name, _, value in named_returns(op_info(func), out):
                 rec = recorded.get(name)
                 if isinstance(value, torch.Tensor) and rec is not None and rec.is_tensor \
                         and rec.numel == value.numel():
                     value.copy_(self._load(rec).reshape(value.shape))
-        return out
 
     def should_record(self, ev: OpEvent) -> bool:
         return bool(ev.notes.get("replay_matched"))

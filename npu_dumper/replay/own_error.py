@@ -401,7 +401,8 @@ class PlainOwnError(Policy):
     (docs/COMPARE.md, "Caused here vs inherited"). Each op also says which of its tensor
     inputs an earlier op of the block wrote (`made_inputs`): the others are leaves
     (parameters, buffers, the batch), whose difference from the golden is the run's own.
-    A float32 run pays nothing (nothing is measured before a reduced-precision op)."""
+    A float32 run pays nothing (nothing is measured before a reduced-precision op). A compiled
+    dump (op_computed) measures every node, float32 included."""
 
     def __init__(self):
         self._low = False
@@ -409,6 +410,45 @@ class PlainOwnError(Policy):
 
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
+        named = self._note_arguments(ev, info)
+        if not self._low:
+            leaves = tree_flatten([v for _, _, v in named])[0]
+            self._low = any(_coarser_than_fp32(v.dtype if isinstance(v, torch.Tensor) else v) for v in leaves)
+        if not self._low:
+            return NotImplemented
+        self._note_made_inputs(ev, info, named)
+        try:
+            prepared = prepare(ev.func, ev.args, ev.kwargs, {n: v for n, _, v in named})
+        except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
+            prepared = None
+        out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
+        self._measure_into(ev, prepared, out)
+        return out
+
+    def op_computed(self, ev: OpEvent) -> None:
+        """A node of a torch.compile'd graph (npu_dumper/compiled/), already computed by the
+        compiled code: its arguments and made inputs noted as run_op notes them, and its own
+        error measured in every dtype, float32 included. Compiled code rounds differently from
+        eager in any precision (another reduction order, decomposition, fusion), so against an
+        eager dump only the node's distance from float64 on its own inputs tells rounding from
+        a fault: a sum that is 0 in exact arithmetic (an attention key bias's gradient) holds
+        rounding noise in both runs, 100% apart. The node wrote none of its inputs (the graph
+        is functional; its in-place epilogues are not measured), so their float64 copies
+        taken now are what it read."""
+        info = op_info(ev.func)
+        named = self._note_arguments(ev, info)
+        self._note_made_inputs(ev, info, named)
+        if info.written:
+            return
+        try:
+            prepared = prepare(ev.func, ev.args, ev.kwargs, {n: v for n, _, v in named})
+        except Exception:  # noqa: BLE001 - as run_op: not measured
+            prepared = None
+        self._measure_into(ev, prepared, ev.outputs)
+
+    @staticmethod
+    def _note_arguments(ev: OpEvent, info: Any) -> list:
+        """The op's named arguments; their plain values into `scalar_args`."""
         named = named_args(info, ev.args, ev.kwargs)
         scalars = {n: v for n, _, v in named if _plain_value(v)}
         passed = {n for n, _, _ in named}
@@ -419,11 +459,9 @@ class PlainOwnError(Policy):
             # (every op, the float32 golden's too: compare tells an op whose eps, scale or
             # approximate differs between two runs, which its own error cannot show)
             ev.group_attrs[S.OP_SCALAR_ARGS] = json.dumps(scalars)
-        if not self._low:
-            leaves = tree_flatten([v for _, _, v in named])[0]
-            self._low = any(_coarser_than_fp32(v.dtype if isinstance(v, torch.Tensor) else v) for v in leaves)
-        if not self._low:
-            return NotImplemented
+        return named
+
+    def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
         made = []
         for name, _, v in named:
             if name in info.not_data:
@@ -434,23 +472,18 @@ class PlainOwnError(Policy):
             elif isinstance(v, (list, tuple)):
                 made += [f"{name}/{name}_{i}" for i, x in enumerate(v)
                          if isinstance(x, torch.Tensor) and storage_key(x) in self._made]
-        if made:
-            ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
-        else:
-            ev.group_attrs[S.OP_MADE_INPUTS] = "[]"
+        ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
+
+    @staticmethod
+    def _measure_into(ev: OpEvent, prepared: Any, out: Any) -> None:
+        if prepared is None:
+            return
         try:
-            prepared = prepare(ev.func, ev.args, ev.kwargs, {n: v for n, _, v in named})
-        except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
-            prepared = None
-        out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
-        if prepared is not None:
-            try:
-                measured = measure(ev.func, prepared, out)
-            except Exception:  # noqa: BLE001 - an output that cannot be measured: the row is judged as before
-                measured = None
-            if measured is not None:
-                ev.group_attrs[S.OP_OWN_ERROR] = measured
-        return out
+            measured = measure(ev.func, prepared, out)
+        except Exception:  # noqa: BLE001 - an output that cannot be measured: the row is judged as before
+            measured = None
+        if measured is not None:
+            ev.group_attrs[S.OP_OWN_ERROR] = measured
 
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
         info = op_info(ev.func)

@@ -1,0 +1,3 @@
+from npu_dumper.compiled.cli import main
+
+main()
