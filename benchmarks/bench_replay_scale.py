@@ -24,6 +24,8 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
   --heads 4 --vocab 8192).
 --compare: `accucmp compare -m replay.h5 -g golden.h5` of the last round: rows, failing rows.
 --profile: the replay step also under cProfile (its top functions by cumulative and own time).
+Every replay kind also prints its time breakdown: matching/reading/substituting, the own-error
+  reference (and its costliest ops), the replayed ops, the rest of the dispatch mode, outside it.
 --old-code DIR: one more kind, `replay-old`: the same replay with PYTHONPATH=DIR (e.g. an
   export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run.
 --replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal),
@@ -106,6 +108,68 @@ def _writer_peak_kb() -> int:
     return 0
 
 
+def _time_breakdown() -> dict:
+    """Where the replay step's time goes: seconds in the replay policy's matching, reading and
+    substituting (before_op), in the own-error reference (own_error.prepare + measure), in
+    the replayed op itself (run_op less the reference), in the rest of the dispatch mode
+    (the ops not replayed, recording, handing outputs to the writer) and outside it (the
+    model's Python, autograd). Wrappers around the functions, installed in this child only."""
+    from npu_dumper.capture.mode import DumpMode
+    from npu_dumper.replay import load_replay, own_error
+    acc = {"match+read+substitute": 0.0, "own-error reference": 0.0, "replayed op": 0.0, "dispatch": 0.0}
+    depth = [0]
+
+    def timed(owner, name, key, nested=False):
+        fn = getattr(owner, name, None)
+        if fn is None:
+            return
+
+        def wrapper(*args, **kwargs):
+            if nested and depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += nested
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.perf_counter() - t
+                depth[0] -= nested
+        setattr(owner, name, wrapper)
+    timed(load_replay.ReplayPolicy, "before_op", "match+read+substitute")
+    timed(own_error, "prepare", "own-error reference")
+    by_op = acc.setdefault("own-error by op", {})
+    measure = own_error.measure
+
+    def measure_by_op(func, prepared, out):       # (and which ops' references cost most)
+        t = time.perf_counter()
+        try:
+            return measure(func, prepared, out)
+        finally:
+            dt = time.perf_counter() - t
+            name = str(func).replace("aten.", "").replace(".default", "")
+            by_op[name] = by_op.get(name, 0.0) + dt
+    own_error.measure = measure_by_op
+    timed(own_error, "measure", "own-error reference")
+    timed(load_replay.ReplayPolicy, "run_op", "replayed op")
+    timed(DumpMode, "__torch_dispatch__", "dispatch", nested=True)
+    return acc
+
+
+def _print_breakdown(kind: str, b: dict) -> None:
+    step = b["step"]
+    op = b["replayed op"] - b["own-error reference"]
+    parts = {"match+read+substitute": b["match+read+substitute"],
+             "own-error reference": b["own-error reference"], "replayed op (run_op less the reference)": op,
+             "rest of dispatch (unreplayed ops, recording, writer hand-off)":
+                 b["dispatch"] - b["match+read+substitute"] - b["replayed op"],
+             "outside dispatch (model Python, autograd)": step - b["dispatch"]}
+    print(f"  {kind} time breakdown (step {step:.2f} s): " +
+          "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
+    top = sorted(b.get("own-error by op", {}).items(), key=lambda kv: -kv[1])[:8]
+    if top:
+        print(f"  {kind} own-error measure by op: " + ", ".join(f"{k} {v:.2f} s" for k, v in top))
+
+
 def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: bool) -> dict:
     import contextlib
     import io
@@ -132,6 +196,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     summary = ""
     writer_kb = 0
     prof = None
+    breakdown = None
     t0 = time.perf_counter()
     c0 = time.process_time()
     if kind.startswith("plain"):
@@ -158,6 +223,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
                     rises.append((after - before, after, str(func), 0))
                 return out
             DumpMode.__torch_dispatch__ = traced
+        breakdown = _time_breakdown()
         if profile:
             import cProfile
             prof = cProfile.Profile()
@@ -192,6 +258,8 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     for path in (golden if kind == "dump" else out,):
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
+    if breakdown is not None:
+        res["breakdown"] = dict(breakdown, step=wall)
     if prof is not None:
         import pstats
         s = io.StringIO()
@@ -335,6 +403,8 @@ def main() -> None:
     for kind in kinds:
         if runs[kind][-1].get("summary"):
             print(f"  {kind}: {runs[kind][-1]['summary']}")
+        if runs[kind][-1].get("breakdown"):
+            _print_breakdown(kind, runs[kind][-1]["breakdown"])
         if runs[kind][-1].get("profile"):
             print(f"--- cProfile of {kind} ---\n{runs[kind][-1]['profile']}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
