@@ -116,7 +116,9 @@ def _time_breakdown() -> dict:
     model's Python, autograd). Wrappers around the functions, installed in this child only."""
     from npu_dumper.capture.mode import DumpMode
     from npu_dumper.replay import load_replay, own_error
-    acc = {"match+read+substitute": 0.0, "own-error reference": 0.0, "replayed op": 0.0, "dispatch": 0.0}
+    from npu_dumper.capture.walk import ArgWalk
+    acc = {"match+read+substitute": 0.0, "own-error reference": 0.0, "replayed op": 0.0, "dispatch": 0.0,
+           "recording outputs": 0.0, "after_op": 0.0}
     depth = [0]
 
     def timed(owner, name, key, nested=False):
@@ -151,6 +153,9 @@ def _time_breakdown() -> dict:
     own_error.measure = measure_by_op
     timed(own_error, "measure", "own-error reference")
     timed(load_replay.ReplayPolicy, "run_op", "replayed op")
+    timed(ArgWalk, "outputs", "recording outputs")
+    timed(DumpMode, "_submit", "recording outputs")
+    timed(load_replay.ReplayPolicy, "after_op", "after_op")
     timed(DumpMode, "__torch_dispatch__", "dispatch", nested=True)
     return acc
 
@@ -160,8 +165,11 @@ def _print_breakdown(kind: str, b: dict) -> None:
     op = b["replayed op"] - b["own-error reference"]
     parts = {"match+read+substitute": b["match+read+substitute"],
              "own-error reference": b["own-error reference"], "replayed op (run_op less the reference)": op,
-             "rest of dispatch (unreplayed ops, recording, writer hand-off)":
-                 b["dispatch"] - b["match+read+substitute"] - b["replayed op"],
+             "recording outputs (walk, hand-off to the writer)": b.get("recording outputs", 0.0),
+             "after_op (departures)": b.get("after_op", 0.0),
+             "rest of dispatch (ops not measured: casts, fp32 ops; the mode's bookkeeping)":
+                 b["dispatch"] - b["match+read+substitute"] - b["replayed op"]
+                 - b.get("recording outputs", 0.0) - b.get("after_op", 0.0),
              "outside dispatch (model Python, autograd)": step - b["dispatch"]}
     print(f"  {kind} time breakdown (step {step:.2f} s): " +
           "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))

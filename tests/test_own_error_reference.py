@@ -64,6 +64,10 @@ def test_one_ieee_operation_in_float32_rounds_to_the_float64_reference_bit_for_b
 ])
 def test_float32_only_where_one_rounding_of_float32_exact_inputs(args, kwargs, ok):
     assert own_error._rounds_alike_in_fp32(aten.add.Tensor, args, kwargs, torch.bfloat16) is ok
+    scalar = float(args[1]) if args[1].dim() == 0 else None
+    if scalar is not None:          # the same number as a .Scalar overload's Python argument
+        assert own_error._rounds_alike_in_fp32(aten.mul.Scalar, (args[0], scalar), kwargs,
+                                               torch.bfloat16) is ok
     # and never for an op that is not one IEEE operation, nor for a float64 target
     assert not own_error._rounds_alike_in_fp32(aten.gelu.default, args[:1], {}, torch.bfloat16)
     assert not own_error._rounds_alike_in_fp32(aten.add.Tensor, args, kwargs, torch.float64)
@@ -99,6 +103,8 @@ def _cases():
     yield aten.add.Tensor, (x, y.float()), {}
     yield aten.div.Tensor, (h, h.flip(0)), {}
     yield aten.add.Tensor, (x, y), {"alpha": 3}                  # float64 reference
+    yield aten.mul.Scalar, (x, 0.5), {}
+    yield aten.mul.Scalar, (x, 0.044715), {}                    # not float32-exact: float64
     yield aten.gelu.default, (x,), {}
     yield aten.mm.default, (x, w), {}
     yield aten.addmm.default, (bias, x, w), {}
@@ -107,7 +113,7 @@ def _cases():
                             torch.tensor([1e30, 3.0], dtype=torch.bfloat16)), {}     # Inf: not measured
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(11))
 @pytest.mark.parametrize("fault", [False, True])
 def test_measured_own_error_is_the_float64_one(case, fault):
     func, args, kwargs = list(_cases())[case]
@@ -118,3 +124,19 @@ def test_measured_own_error_is_the_float64_one(case, fault):
     want = _float64_numbers(func, args, kwargs, out)
     got = _measured(func, args, kwargs, out)
     assert got == want
+
+
+@pytest.mark.parametrize("op", IEEE_OPS + (aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar),
+                         ids=lambda o: str(o))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_an_op_with_a_number_rounds_alike_too(op, dtype):
+    # a Python number (a .Scalar overload, or a 0-dim float64 tensor as a .Tensor call gets
+    # it): the kernel may divide by multiplying with the reciprocal, which would be two
+    # roundings; this checks the reference gets the one
+    a = _wide_range(200_000, dtype, 4)
+    for number in (3.0, 0.5, -7.0, *(float(torch.tensor(v, dtype=torch.float32)) for v in (1.7, 1e-30, 3e38))):
+        other = torch.tensor(number, dtype=torch.float64) if "Tensor" in str(op) else number
+        assert own_error._rounds_alike_in_fp32(op, (a, other), {}, dtype)
+        want = op(a.double(), other).to(dtype)
+        got = op(a.float(), other.float() if isinstance(other, torch.Tensor) else other).to(dtype)
+        assert _same_bits(want, got), f"{op} {dtype} by {number}"

@@ -400,11 +400,11 @@ class _BlockedPointwise:
 # quotient there still has 53 bits against at most 23), and over- and underflow thresholds are
 # float64 numbers. So such an op computed in float32, on inputs that are float32-exact, is the
 # same reference bit for bit: half the bytes of the float64 one, and a kernel that rounds
-# correctly equals it (the fast path of _Errors). Overloads whose call is one such operation:
+# correctly equals it (the fast path of _Errors). The .Tensor and .Scalar overloads of the four:
 # an `alpha` other than 1 (a + alpha * b: two roundings) or a Python number that float32
 # cannot hold keeps float64.
-_ONE_IEEE_OPERATION = frozenset((torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor,
-                                 torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor))
+_ONE_IEEE_OPERATION = frozenset(getattr(getattr(torch.ops.aten, op), overload)
+                                for op in ("add", "sub", "mul", "div") for overload in ("Tensor", "Scalar"))
 _FP32_SUBSETS = (torch.float32, torch.bfloat16, torch.float16)
 
 
