@@ -11,7 +11,8 @@ Four kinds of step, each in its own Python process so that each one's peak RSS i
   replay       the bf16-autocast step load-replaying the golden file
 
 Each process builds the model, runs one warm-up step of its kind's precision (plain), then
-the measured step; it reports the step's wall time, its own peak RSS (VmHWM, which includes
+the measured step; it reports the step's wall time, its CPU time (all of the process's threads:
+on a machine shared with other work it moves less than the wall time), its own peak RSS (VmHWM, which includes
 the warm-up's), and for dump/replay the dump writer process's peak too. The kinds run one
 after the other, `--rounds` times interleaved, and the ratios are printed side by side.
 
@@ -109,7 +110,8 @@ def _writer_peak_kb() -> int:
 
 
 def _time_breakdown() -> dict:
-    """Where the replay step's time goes: seconds in the replay policy's matching, reading and
+    """Where the replay step's time goes (CPU seconds of the model's thread, which load from
+    other work moves less than wall time): in the replay policy's matching, reading and
     substituting (before_op), in the own-error reference (own_error.prepare + measure), in
     the replayed op itself (run_op less the reference), in the rest of the dispatch mode
     (the ops not replayed, recording, handing outputs to the writer) and outside it (the
@@ -130,11 +132,11 @@ def _time_breakdown() -> dict:
             if nested and depth[0]:
                 return fn(*args, **kwargs)
             depth[0] += nested
-            t = time.perf_counter()
+            t = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                acc[key] += time.perf_counter() - t
+                acc[key] += time.thread_time() - t
                 depth[0] -= nested
         setattr(owner, name, wrapper)
     timed(load_replay.ReplayPolicy, "before_op", "match+read+substitute")
@@ -143,11 +145,11 @@ def _time_breakdown() -> dict:
     measure = own_error.measure
 
     def measure_by_op(func, prepared, out):       # (and which ops' references cost most)
-        t = time.perf_counter()
+        t = time.thread_time()
         try:
             return measure(func, prepared, out)
         finally:
-            dt = time.perf_counter() - t
+            dt = time.thread_time() - t
             name = str(func).replace("aten.", "").replace(".default", "")
             by_op[name] = by_op.get(name, 0.0) + dt
     own_error.measure = measure_by_op
@@ -171,7 +173,7 @@ def _print_breakdown(kind: str, b: dict) -> None:
                  b["dispatch"] - b["match+read+substitute"] - b["replayed op"]
                  - b.get("recording outputs", 0.0) - b.get("after_op", 0.0),
              "outside dispatch (model Python, autograd)": step - b["dispatch"]}
-    print(f"  {kind} time breakdown (step {step:.2f} s): " +
+    print(f"  {kind} time breakdown (CPU of the model's thread in the step, {step:.2f} s): " +
           "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
     top = sorted(b.get("own-error by op", {}).items(), key=lambda kv: -kv[1])[:8]
     if top:
@@ -207,6 +209,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     breakdown = None
     t0 = time.perf_counter()
     c0 = time.process_time()
+    m0 = time.thread_time()
     if kind.startswith("plain"):
         with amp():
             loss = step()
@@ -257,6 +260,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             prof.disable()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
+    main_cpu = time.thread_time() - m0
     stop.set()
     sampler.join()
     res = {"kind": kind, "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
@@ -267,7 +271,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
     if breakdown is not None:
-        res["breakdown"] = dict(breakdown, step=wall)
+        res["breakdown"] = dict(breakdown, step=main_cpu)
     if prof is not None:
         import pstats
         s = io.StringIO()
@@ -390,21 +394,23 @@ def main() -> None:
     base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "plain-bf16": "plain-bf16",
             "replay": "plain-bf16", "replay-old": "plain-bf16"}
     kinds = [k for k in kinds if runs[k]]
-    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
+    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
           f"{'writer RSS':>10s} {'file':>9s}  peak at")
     for kind in kinds:
         rs = runs[kind]
         ref = runs.get(base[kind])
         wall = statistics.median(x["wall_s"] for x in rs)
         peak = statistics.median(x["peak_kb"] for x in rs) / 1024
+        cpu = statistics.median(x["cpu_s"] for x in rs)
         if ref:
             tr = statistics.median(x["wall_s"] / y["wall_s"] for x, y in zip(rs, ref))
+            cr = statistics.median(x["cpu_s"] / y["cpu_s"] for x, y in zip(rs, ref))
             mr = statistics.median(x["peak_kb"] / y["peak_kb"] for x, y in zip(rs, ref))
         else:
-            tr = mr = float("nan")
+            tr = cr = mr = float("nan")
         wk = rs[-1].get("writer_peak_kb", 0) / 1024
         fb = rs[-1].get("file_bytes", 0) / 1e9
-        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
+        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {cpu:7.2f}s {cr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
               f"{(f'{wk:.0f}M' if wk else '-'):>10s} {(f'{fb:.2f}GB' if fb else '-'):>9s}  "
               f"{rs[-1]['peak_at_s']:.1f}s of the step (anon {rs[-1]['peak_anon_kb'] / 1024:.0f}M, "
               f"file {rs[-1]['peak_file_kb'] / 1024:.0f}M)")
