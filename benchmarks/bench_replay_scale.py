@@ -162,6 +162,22 @@ def _time_breakdown() -> dict:
     return acc
 
 
+def _thread_cpu() -> dict:
+    """CPU seconds so far of each of this process's threads, by native id: (name, seconds)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (names.get(int(tid), "(not a Python thread)"),
+                             (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
 def _print_breakdown(kind: str, b: dict) -> None:
     step = b["step"]
     op = b["replayed op"] - b["own-error reference"]
@@ -175,6 +191,11 @@ def _print_breakdown(kind: str, b: dict) -> None:
              "outside dispatch (model Python, autograd)": step - b["dispatch"]}
     print(f"  {kind} time breakdown (CPU of the model's thread in the step, {step:.2f} s): " +
           "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
+    if b.get("other threads") is not None:
+        print(f"  {kind} CPU of the process's other threads in the step: " +
+              ", ".join(f"{k} {v:.2f} s" for k, v in b["other threads"].items()) +
+              f"; the process's CPU in the block's entry {b['entry']:.2f} s (reading the recording's "
+              f"index) and exit {b['exit']:.2f} s (the writer finishing, departures)")
     top = sorted(b.get("own-error by op", {}).items(), key=lambda kv: -kv[1])[:8]
     if top:
         print(f"  {kind} own-error measure by op: " + ", ".join(f"{k} {v:.2f} s" for k, v in top))
@@ -195,9 +216,15 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     peak_sampled = [0, 0.0, 0, 0]          # RSS, when, its anonymous and file-backed parts
     stop = threading.Event()
 
+    seen_threads: dict = {}                # native id -> (name, CPU s), last seen (threads that end)
+
     def sample():                                    # when in the step the peak falls
         t0 = time.perf_counter()
+        n = 0
         while not stop.wait(0.02):
+            n += 1
+            if n % 10 == 0:
+                seen_threads.update(_thread_cpu())
             r = _vm_kb("VmRSS")
             if r > peak_sampled[0]:
                 peak_sampled[:] = [r, time.perf_counter() - t0, _vm_kb("RssAnon"), _vm_kb("RssFile")]
@@ -240,10 +267,16 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             prof = cProfile.Profile()
             prof.enable()
         with contextlib.redirect_stdout(buf), amp():
+            p0 = time.process_time()
             with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=out, **options) as d:
+                p1 = time.process_time()
+                threads0 = _thread_cpu()
                 loss = step()
+                threads1 = _thread_cpu()
+                p2 = time.process_time()
                 if rises:
                     rises.append((0, _vm_kb("VmHWM"), "end of step", 0))
+            p3 = time.process_time()
         if rises:
             rises.append((0, _vm_kb("VmHWM"), "after exit", 0))
         writer_kb = _writer_peak_kb()
@@ -271,7 +304,13 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
     if breakdown is not None:
-        res["breakdown"] = dict(breakdown, step=main_cpu)
+        others: dict[str, float] = {}
+        me = threading.get_native_id()
+        for tid, (name, sec) in {**seen_threads, **threads1}.items():
+            if tid != me:
+                others[name] = others.get(name, 0.0) + sec - threads0.get(tid, (name, 0.0))[1]
+        res["breakdown"] = dict(breakdown, step=main_cpu, entry=p1 - p0, exit=p3 - p2,
+                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01}})
     if prof is not None:
         import pstats
         s = io.StringIO()

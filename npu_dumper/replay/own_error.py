@@ -16,7 +16,12 @@ OwnErrorVsFp64 / OwnMaxErrorVsFp64 and the verdict judges the op by them (docs/C
 
 Matrix products and pointwise ops, which write no input, compute the float64 reference after
 the live op in blocks (_BLOCKED, _BlockedPointwise, below), so no float64 copy of a large
-operand or result exists at once. For other ops, the float64 copies of the arguments are
+operand or result exists at once; add / sub / mul / div of float32-exact inputs compute it in
+float32, which rounds to the same reference bit for bit (_ONE_IEEE_OPERATION, below), and a
+block whose target equals the rounded reference skips the float64 difference (_Errors). Matrix
+products stay float64: a float32 reference, even in blocks of the inner dimension, rounds as
+many elements the other way as the kernel it judges (docs/REPLAY.md, "Own error").
+For other ops, the float64 copies of the arguments are
 taken before the live op runs (an in-place op, or
 batch norm's running statistics, change them). Ops left out (no attribute; the verdict then
 judges the error against the golden as before): views (their result is their input), ops
