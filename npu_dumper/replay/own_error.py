@@ -281,7 +281,7 @@ class _Errors:
         if torch.equal(live, rr):
             # the target is the reference rounded, element for element (a correctly rounded
             # pointwise kernel, a copy): the difference is all zeros, so its norm and max are 0
-            # without forming it in float64 (~2.5x quicker). An Inf makes the full path's
+            # without forming it in float64 (about half the time). An Inf makes the full path's
             # difference NaN (Inf - Inf): that block takes the full path below, as before
             max_ref = _max_abs(rr)
             if math.isfinite(max_ref):
