@@ -11,7 +11,8 @@ Four kinds of step, each in its own Python process so that each one's peak RSS i
   replay       the bf16-autocast step load-replaying the golden file
 
 Each process builds the model, runs one warm-up step of its kind's precision (plain), then
-the measured step; it reports the step's wall time, its own peak RSS (VmHWM, which includes
+the measured step; it reports the step's wall time, its CPU time (all of the process's threads:
+on a machine shared with other work it moves less than the wall time), its own peak RSS (VmHWM, which includes
 the warm-up's), and for dump/replay the dump writer process's peak too. The kinds run one
 after the other, `--rounds` times interleaved, and the ratios are printed side by side.
 
@@ -24,6 +25,8 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
   --heads 4 --vocab 8192).
 --compare: `accucmp compare -m replay.h5 -g golden.h5` of the last round: rows, failing rows.
 --profile: the replay step also under cProfile (its top functions by cumulative and own time).
+Every replay kind also prints its time breakdown: matching/reading/substituting, the own-error
+  reference (and its costliest ops), the replayed ops, the rest of the dispatch mode, outside it.
 --old-code DIR: one more kind, `replay-old`: the same replay with PYTHONPATH=DIR (e.g. an
   export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run.
 --replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal),
@@ -106,6 +109,98 @@ def _writer_peak_kb() -> int:
     return 0
 
 
+def _time_breakdown() -> dict:
+    """Where the replay step's time goes (CPU seconds of the model's thread, which load from
+    other work moves less than wall time): in the replay policy's matching, reading and
+    substituting (before_op), in the own-error reference (own_error.prepare + measure), in
+    the replayed op itself (run_op less the reference), in the rest of the dispatch mode
+    (the ops not replayed, recording, handing outputs to the writer) and outside it (the
+    model's Python, autograd). Wrappers around the functions, installed in this child only."""
+    from npu_dumper.capture.mode import DumpMode
+    from npu_dumper.replay import load_replay, own_error
+    from npu_dumper.capture.walk import ArgWalk
+    acc = {"match+read+substitute": 0.0, "own-error reference": 0.0, "replayed op": 0.0, "dispatch": 0.0,
+           "recording outputs": 0.0, "after_op": 0.0}
+    depth = [0]
+
+    def timed(owner, name, key, nested=False):
+        fn = getattr(owner, name, None)
+        if fn is None:
+            return
+
+        def wrapper(*args, **kwargs):
+            if nested and depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += nested
+            t = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.thread_time() - t
+                depth[0] -= nested
+        setattr(owner, name, wrapper)
+    timed(load_replay.ReplayPolicy, "before_op", "match+read+substitute")
+    timed(own_error, "prepare", "own-error reference")
+    by_op = acc.setdefault("own-error by op", {})
+    measure = own_error.measure
+
+    def measure_by_op(func, prepared, out):       # (and which ops' references cost most)
+        t = time.thread_time()
+        try:
+            return measure(func, prepared, out)
+        finally:
+            dt = time.thread_time() - t
+            name = str(func).replace("aten.", "").replace(".default", "")
+            by_op[name] = by_op.get(name, 0.0) + dt
+    own_error.measure = measure_by_op
+    timed(own_error, "measure", "own-error reference")
+    timed(load_replay.ReplayPolicy, "run_op", "replayed op")
+    timed(ArgWalk, "outputs", "recording outputs")
+    timed(DumpMode, "_submit", "recording outputs")
+    timed(load_replay.ReplayPolicy, "after_op", "after_op")
+    timed(DumpMode, "__torch_dispatch__", "dispatch", nested=True)
+    return acc
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds so far of each of this process's threads, by native id: (name, seconds)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (names.get(int(tid), "(not a Python thread)"),
+                             (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _print_breakdown(kind: str, b: dict) -> None:
+    step = b["step"]
+    op = b["replayed op"] - b["own-error reference"]
+    parts = {"match+read+substitute": b["match+read+substitute"],
+             "own-error reference": b["own-error reference"], "replayed op (run_op less the reference)": op,
+             "recording outputs (walk, hand-off to the writer)": b.get("recording outputs", 0.0),
+             "after_op (departures)": b.get("after_op", 0.0),
+             "rest of dispatch (ops not measured: casts, fp32 ops; the mode's bookkeeping)":
+                 b["dispatch"] - b["match+read+substitute"] - b["replayed op"]
+                 - b.get("recording outputs", 0.0) - b.get("after_op", 0.0),
+             "outside dispatch (model Python, autograd)": step - b["dispatch"]}
+    print(f"  {kind} time breakdown (CPU of the model's thread in the step, {step:.2f} s): " +
+          "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
+    if b.get("other threads") is not None:
+        print(f"  {kind} CPU of the process's other threads in the step: " +
+              ", ".join(f"{k} {v:.2f} s" for k, v in b["other threads"].items()) +
+              f"; the process's CPU in the block's entry {b['entry']:.2f} s (reading the recording's "
+              f"index) and exit {b['exit']:.2f} s (the writer finishing, departures)")
+    top = sorted(b.get("own-error by op", {}).items(), key=lambda kv: -kv[1])[:8]
+    if top:
+        print(f"  {kind} own-error measure by op: " + ", ".join(f"{k} {v:.2f} s" for k, v in top))
+
+
 def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: bool) -> dict:
     import contextlib
     import io
@@ -121,9 +216,15 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     peak_sampled = [0, 0.0, 0, 0]          # RSS, when, its anonymous and file-backed parts
     stop = threading.Event()
 
+    seen_threads: dict = {}                # native id -> (name, CPU s), last seen (threads that end)
+
     def sample():                                    # when in the step the peak falls
         t0 = time.perf_counter()
+        n = 0
         while not stop.wait(0.02):
+            n += 1
+            if n % 10 == 0:
+                seen_threads.update(_thread_cpu())
             r = _vm_kb("VmRSS")
             if r > peak_sampled[0]:
                 peak_sampled[:] = [r, time.perf_counter() - t0, _vm_kb("RssAnon"), _vm_kb("RssFile")]
@@ -132,8 +233,10 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     summary = ""
     writer_kb = 0
     prof = None
+    breakdown = None
     t0 = time.perf_counter()
     c0 = time.process_time()
+    m0 = time.thread_time()
     if kind.startswith("plain"):
         with amp():
             loss = step()
@@ -158,15 +261,22 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
                     rises.append((after - before, after, str(func), 0))
                 return out
             DumpMode.__torch_dispatch__ = traced
+        breakdown = _time_breakdown()
         if profile:
             import cProfile
             prof = cProfile.Profile()
             prof.enable()
         with contextlib.redirect_stdout(buf), amp():
+            p0 = time.process_time()
             with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=out, **options) as d:
+                p1 = time.process_time()
+                threads0 = _thread_cpu()
                 loss = step()
+                threads1 = _thread_cpu()
+                p2 = time.process_time()
                 if rises:
                     rises.append((0, _vm_kb("VmHWM"), "end of step", 0))
+            p3 = time.process_time()
         if rises:
             rises.append((0, _vm_kb("VmHWM"), "after exit", 0))
         writer_kb = _writer_peak_kb()
@@ -183,6 +293,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             prof.disable()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
+    main_cpu = time.thread_time() - m0
     stop.set()
     sampler.join()
     res = {"kind": kind, "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
@@ -192,6 +303,14 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     for path in (golden if kind == "dump" else out,):
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
+    if breakdown is not None:
+        others: dict[str, float] = {}
+        me = threading.get_native_id()
+        for tid, (name, sec) in {**seen_threads, **threads1}.items():
+            if tid != me:
+                others[name] = others.get(name, 0.0) + sec - threads0.get(tid, (name, 0.0))[1]
+        res["breakdown"] = dict(breakdown, step=main_cpu, entry=p1 - p0, exit=p3 - p2,
+                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01}})
     if prof is not None:
         import pstats
         s = io.StringIO()
@@ -314,27 +433,31 @@ def main() -> None:
     base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "plain-bf16": "plain-bf16",
             "replay": "plain-bf16", "replay-old": "plain-bf16"}
     kinds = [k for k in kinds if runs[k]]
-    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
+    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
           f"{'writer RSS':>10s} {'file':>9s}  peak at")
     for kind in kinds:
         rs = runs[kind]
         ref = runs.get(base[kind])
         wall = statistics.median(x["wall_s"] for x in rs)
         peak = statistics.median(x["peak_kb"] for x in rs) / 1024
+        cpu = statistics.median(x["cpu_s"] for x in rs)
         if ref:
             tr = statistics.median(x["wall_s"] / y["wall_s"] for x, y in zip(rs, ref))
+            cr = statistics.median(x["cpu_s"] / y["cpu_s"] for x, y in zip(rs, ref))
             mr = statistics.median(x["peak_kb"] / y["peak_kb"] for x, y in zip(rs, ref))
         else:
-            tr = mr = float("nan")
+            tr = cr = mr = float("nan")
         wk = rs[-1].get("writer_peak_kb", 0) / 1024
         fb = rs[-1].get("file_bytes", 0) / 1e9
-        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
+        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {cpu:7.2f}s {cr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
               f"{(f'{wk:.0f}M' if wk else '-'):>10s} {(f'{fb:.2f}GB' if fb else '-'):>9s}  "
               f"{rs[-1]['peak_at_s']:.1f}s of the step (anon {rs[-1]['peak_anon_kb'] / 1024:.0f}M, "
               f"file {rs[-1]['peak_file_kb'] / 1024:.0f}M)")
     for kind in kinds:
         if runs[kind][-1].get("summary"):
             print(f"  {kind}: {runs[kind][-1]['summary']}")
+        if runs[kind][-1].get("breakdown"):
+            _print_breakdown(kind, runs[kind][-1]["breakdown"])
         if runs[kind][-1].get("profile"):
             print(f"--- cProfile of {kind} ---\n{runs[kind][-1]['profile']}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -89,7 +89,8 @@ def ordered_names(names: list[str], order: Any) -> list[str]:
 
 
 # ---- a view's base (every reader of views: DumpFile, extract, load-replay) ----------
-def view_base(h5: h5py.File, file_path: str, view: Any, base_attr: Any) -> h5py.Dataset:
+def view_base(h5: h5py.File, file_path: str, view: Any, base_attr: Any,
+              view_path: str | None = None) -> h5py.Dataset:
     """The dataset a view (Type 40) is cut from, checked: the view holds one object
     reference (or a null one and a `base` path attribute, as h5copy without `-f ref`
     leaves it), and what it reaches is a plain stored tensor of this file, not the view
@@ -101,7 +102,12 @@ def view_base(h5: h5py.File, file_path: str, view: Any, base_attr: Any) -> h5py.
     from dumpfile import schema as S
     from dumpfile.read import safety
 
-    where = f"{file_path}: {view.name}"
+    # `view_path`: the view's path as the caller opened it, for the messages. Asking h5py
+    # (`view.name`) makes HDF5 search the file for the object's path (H5Iget_name): ~5-15 ms
+    # a view in a GPT-2 small dump, twice per view, most of load-replay's prefetch thread
+    # (12 of 14 s of CPU a step) although only a refusal prints it
+    name = view.name if view_path is None else view_path
+    where = f"{file_path}: {name}"
     if not isinstance(view, h5py.Dataset) or h5py.check_ref_dtype(view.dtype) is not h5py.Reference \
             or view.shape != ():
         raise DumpFormatError(f"{where}: a view (Type 40) that does not hold one object reference to its "
@@ -129,5 +135,5 @@ def view_base(h5: h5py.File, file_path: str, view: Any, base_attr: Any) -> h5py.
             or np.asarray(code).dtype.kind not in "iu" or int(np.asarray(code).reshape(())) != S.TYPE_TENSOR:
         raise DumpFormatError(f"{where}: a view whose base {base.name} is not a stored tensor (the view itself, "
                               "another view, statistics or text); refused")
-    safety.check_dataset(base.id, file_path, f"{view.name} (its base)")
+    safety.check_dataset(base.id, file_path, f"{name} (its base)")
     return base

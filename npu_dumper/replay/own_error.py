@@ -16,7 +16,12 @@ OwnErrorVsFp64 / OwnMaxErrorVsFp64 and the verdict judges the op by them (docs/C
 
 Matrix products and pointwise ops, which write no input, compute the float64 reference after
 the live op in blocks (_BLOCKED, _BlockedPointwise, below), so no float64 copy of a large
-operand or result exists at once. For other ops, the float64 copies of the arguments are
+operand or result exists at once; add / sub / mul / div of float32-exact inputs compute it in
+float32, which rounds to the same reference bit for bit (_ONE_IEEE_OPERATION, below), and a
+block whose target equals the rounded reference skips the float64 difference (_Errors). Matrix
+products stay float64: a float32 reference, even in blocks of the inner dimension, rounds as
+many elements the other way as the kernel it judges (docs/REPLAY.md, "Own error").
+For other ops, the float64 copies of the arguments are
 taken before the live op runs (an in-place op, or
 batch norm's running statistics, change them). Ops left out (no attribute; the verdict then
 judges the error against the golden as before): views (their result is their input), ops
@@ -133,6 +138,13 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
                 continue
             if not (live.is_floating_point() or live.is_complex()) or live.shape != r.shape or live.numel() == 0:
                 continue
+            if not (live.is_complex() or r.is_complex()):
+                acc = _Errors()          # (one block: the same numbers as below, quicker)
+                acc.add(live.detach(), r)
+                got = acc.result()
+                if got is not None:
+                    errors[name] = got
+                continue
             # the reference rounded to the target's output dtype: the final rounding (and an
             # underflow, a float16 result below 6e-5) is what any correct kernel must do; the
             # error measured is what the op adds beyond it
@@ -237,11 +249,13 @@ class _BlockedProduct:
                     acc.add(live, ref)
                 elif how == "cols":
                     step = max(1, _BLOCK_ELEMENTS // max(batch * (k + m), 1))
+                    a = a.to(torch.float64)         # (once, not in every block: the same values)
                     acc = _Errors()
                     for j in range(0, n, step):
                         acc.add(live[..., j:j + step], self._ref(a, b[..., j:j + step], None if c is None else c[:, j:j + step]))
                 else:
                     step = max(1, _BLOCK_ELEMENTS // max(batch * (k + n), 1))
+                    b = b.to(torch.float64)
                     acc = _Errors()
                     for i in range(0, m, step):
                         acc.add(live[..., i:i + step, :], self._ref(a[..., i:i + step, :], b, None if c is None else c[i:i + step]))
@@ -263,7 +277,19 @@ class _Errors:
     def add(self, live: torch.Tensor, r: torch.Tensor) -> None:
         if not self.finite:
             return
-        rr = r.to(live.dtype).to(torch.float64)
+        rr = r.to(live.dtype)
+        if torch.equal(live, rr):
+            # the target is the reference rounded, element for element (a correctly rounded
+            # pointwise kernel, a copy): the difference is all zeros, so its norm and max are 0
+            # without forming it in float64 (about half the time). An Inf makes the full path's
+            # difference NaN (Inf - Inf): that block takes the full path below, as before
+            max_ref = _max_abs(rr)
+            if math.isfinite(max_ref):
+                self.errs.append(0.0)
+                self.refs.append(float(torch.linalg.vector_norm(rr.to(torch.float64))))
+                self.max_ref = max(self.max_ref, max_ref)
+                return
+        rr = rr.to(torch.float64)
         d = live.detach().to(torch.float64, copy=True)
         d -= rr
         err = float(torch.linalg.vector_norm(d))
@@ -340,6 +366,7 @@ class _BlockedPointwise:
         if not isinstance(live, torch.Tensor) or not (live.is_floating_point() or live.is_complex()) \
                 or live.numel() == 0:
             return None
+        wide = _to_fp32 if _rounds_alike_in_fp32(self.func, self.args, self.kwargs, live.dtype) else _upcast
         rows = live.shape[0] if live.dim() else 1
         flat, _ = tree_flatten((self.args, self.kwargs))
         tensors = [t for t in flat if isinstance(t, torch.Tensor)]
@@ -350,7 +377,7 @@ class _BlockedPointwise:
         def block(v: Any, i: int) -> Any:
             if isinstance(v, torch.Tensor) and cut and v.dim() == live.dim() and v.shape[0] == rows and rows > 1:
                 v = v[i:i + step]
-            return _upcast(v)
+            return wide(v)
         acc = _Errors()
         try:
             with torch.no_grad(), _disable_current_modes():
@@ -365,6 +392,57 @@ class _BlockedPointwise:
             return None
         got = acc.result()
         return None if got is None else json.dumps({name: got})
+
+
+# ---- ops whose float32 result, rounded to the target, is the float64 one rounded ------------
+# The reference stored is the float64 result rounded to the target's dtype, and PyTorch rounds
+# float64 to bfloat16 / float16 through float32 (c10's conversions take a float: measured,
+# 1 + 2^-8 + 2^-30 -> 1, not 1 + 2^-7), so what is stored is fl32(fl64(x)) rounded on. For one
+# IEEE operation x = a op b (+, -, *, /) on float32 numbers (bf16 and fp16 are subsets),
+# rounding twice, to float64 (53 bits) and then to float32 (24), gives the float32 result of
+# rounding once, because 53 >= 2 * 24 + 2 (Figueroa, "When is double rounding innocuous?",
+# SIGNUM 1995; in float32's subnormal range a +- b is exact in float64, and a product or
+# quotient there still has 53 bits against at most 23), and over- and underflow thresholds are
+# float64 numbers. So such an op computed in float32, on inputs that are float32-exact, is the
+# same reference bit for bit: half the bytes of the float64 one, and a kernel that rounds
+# correctly equals it (the fast path of _Errors). The .Tensor and .Scalar overloads of the four:
+# an `alpha` other than 1 (a + alpha * b: two roundings) or a Python number that float32
+# cannot hold keeps float64.
+_ONE_IEEE_OPERATION = frozenset(getattr(getattr(torch.ops.aten, op), overload)
+                                for op in ("add", "sub", "mul", "div") for overload in ("Tensor", "Scalar"))
+_FP32_SUBSETS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _fp32_exact(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        if v.dtype in _FP32_SUBSETS:
+            return True
+        # (a Python number the op was called with arrives as a 0-dim float64 tensor)
+        return v.dim() == 0 and v.is_floating_point() and float(v.to(torch.float32)) == float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return float(torch.tensor(v, dtype=torch.float32)) == v
+    except (OverflowError, RuntimeError):
+        return False
+
+
+def _rounds_alike_in_fp32(func: Any, args: tuple, kwargs: dict, out_dtype: torch.dtype) -> bool:
+    """Whether `func(*args, **kwargs)` computed in float32, rounded to `out_dtype`, is its float64
+    result rounded to `out_dtype`, bit for bit (the argument above)."""
+    if func not in _ONE_IEEE_OPERATION or out_dtype not in _FP32_SUBSETS:
+        return False
+    if set(kwargs) - {"alpha"} or kwargs.get("alpha", 1) != 1 or len(args) != 2:
+        return False
+    return all(_fp32_exact(v) for v in args)
+
+
+def _to_fp32(v: Any) -> Any:
+    """A float32 argument of the reference (exact: bf16/fp16 widen exactly; a float32 tensor
+    is handed on as it is, the op writes none of its inputs)."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to(torch.float32)
+    return v
 
 
 def _abs(v: Any) -> Any:

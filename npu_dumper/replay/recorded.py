@@ -127,9 +127,12 @@ def _stored_tensor(ds: Any) -> torch.Tensor:
     name = name.decode() if isinstance(name, bytes) else str(name)
     data = ds[()]
     try:
-        check_stored_dtype(data.dtype, ds.name)
-    except DumpFormatError as e:
-        raise NotReplayable(str(e)) from None
+        check_stored_dtype(data.dtype, "")
+    except DumpFormatError:
+        try:            # (named only now: h5py's .name searches the file, h5util.view_base)
+            check_stored_dtype(data.dtype, ds.name)
+        except DumpFormatError as e:
+            raise NotReplayable(str(e)) from None
     if name in S.RAW_BIT_DTYPES:
         return _raw_bits_tensor(data, torch_dtype(name))
     if name == "complex32":
@@ -147,7 +150,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     large bases: it proves density with np.unique.)"""
     h5 = rec.file.h5
     try:
-        base = view_base(h5, rec.file.path, h5[rec.path], rec.attrs.get(S.ATTR_BASE))
+        base = view_base(h5, rec.file.path, h5[rec.path], rec.attrs.get(S.ATTR_BASE), rec.path)
     except DumpFormatError as e:
         raise NotReplayable(f"{rec.name}: {e}") from None
     key = hash(base.id)
@@ -177,7 +180,10 @@ def _base_storage(rec: ValueRecord, base: Any, stored: torch.Tensor | None = Non
     `stored`: the base dataset's values already read (as _stored_tensor would give them)."""
     bt = _stored_tensor(base) if stored is None else stored
     bstride = S.live_stride(base.attrs)
-    boff = S.storage_offset(base.attrs, getattr(base, "name", rec.path))
+    try:
+        boff = S.storage_offset(base.attrs)
+    except DumpFormatError:     # (named only now: h5py's .name searches the file)
+        boff = S.storage_offset(base.attrs, getattr(base, "name", rec.path))
     if len(bstride) != bt.dim():
         bstride = tuple(torch.empty(bt.shape).stride())
     n = bt.numel()
