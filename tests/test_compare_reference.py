@@ -82,21 +82,60 @@ def test_ddp_ranks_pass_against_the_single_process_reference(runs, scheduler, tm
         assert {"c10d.allreduce_.default", "aten.mul.out"} <= set(par["NPUDump"])
 
 
-def test_fsdp2_activations_pass_and_sharded_gradients_are_marked(runs, scheduler, tmp_path):
+def test_fsdp2_activations_and_reduce_scattered_gradients_pass(runs, scheduler, tmp_path):
     res, rows = _compare(runs, "fsdp2", tmp_path, scheduler)
     assert res.exit_code == 0, res.output
     assert res.output.startswith("comparing 2 FSDP2 rank(s)")
+    assert "reduce-scattered gradients per parameter" in res.output.splitlines()[0]
     assert sorted(rows) == [0, 1]
-    for t in rows.values():
+    for rank, t in rows.items():
         assert not (t["Result"].isin(["fail", "unmatched"])).any()
         sliced = t[t["ReferencePart"].fillna("").str.startswith("rows ")]
         assert len(sliced) > 80 and (sliced["Result"] == "pass").all()
-        # FSDP2's all-gather, copy-in/out and buffers: parallelism; reduce-scattered grads: sharded
+        # FSDP2's all-gather, copy-in/out and buffers: parallelism
         par = set(t.loc[t["CompareStatus"] == "parallelism", "NPUDump"])
         assert {"fsdp.all_gather_copy_in.default", "c10d._allgather_base_.default",
                 "aten.empty.memory_format"} <= par
+        # every parameter's shard of its averaged gradient against the reference's rows
+        grads = t[t["MatchedBy"] == "after reduce-scatter"]
+        assert len(grads) == 27 and (grads["Result"] == "pass").all()
+        assert pd.to_numeric(grads["RelativeEuclideanDistance"]).max() < 1e-5
+        fc1 = grads[(grads["Module"] == "blocks.0.mlp.fc1") & (grads["GoldenOp"] == "aten.mm.default")]
+        assert list(fc1["Shape"]) == ["(16,16)"]           # half of (32, 16): this rank's rows
+        assert fc1["ReferencePart"].iloc[0].startswith(f"rows {16 * rank}:{16 * rank + 16} of 32 (dim 0)")
+        # the copies of the reduced buffer: marked, compared at the reduce-scatter
         sharded = t[t["CompareStatus"] == "sharded"]
-        assert len(sharded) == 3 and sharded["CompareFailReason"].str.contains("see assembly").all()
+        assert len(sharded) == 3 and sharded["CompareFailReason"].str.contains("compared per parameter").all()
+
+
+def test_fsdp2_one_rank_s_bad_gradient_shard_is_named_by_rank_op_and_module(runs, scheduler, tmp_path):
+    """Rank 1's chunk of blocks.0.mlp.fc1's weight gradient, after the reduce-scatter, 5% off
+    (written into its dump): FAIL on rank 1 alone, at the reduce-scatter, in fc1, the row
+    saying which gradient (before: marked `sharded`, exit 0)."""
+    import h5py
+
+    _, clean = _compare(runs, "fsdp2", tmp_path / "clean", scheduler)
+    t = clean[1]
+    row = t[(t["MatchedBy"] == "after reduce-scatter") & (t["Module"] == "blocks.0.mlp.fc1")
+            & (t["GoldenOp"] == "aten.mm.default")].iloc[0]
+    lo, hi = (int(x) for x in row["TensorName"].split("[", 1)[1].rstrip("]").split(":"))
+    bad = tmp_path / "fsdp2_bad_shard"
+    shutil.copytree(runs / "fsdp2", bad)
+    with h5py.File(bad / "lm_rank1.h5", "r+") as f:
+        ds = f[row["NPUDumpPath"]]
+        ds[lo:hi] = ds[lo:hi] * 1.05
+    res = runner.invoke(app, ["compare", "-m", str(bad), "-g", str(runs / "ref.h5"), "-o", str(tmp_path / "o"),
+                              "--scheduler", scheduler, "--summary-json", str(tmp_path / "s.json")])
+    assert res.exit_code == 1, res.output
+    head = res.output.splitlines()[1]
+    assert head.startswith(f"FAIL: first failing op is on rank 1: {row['NPUDump']} #{row['SeqId']} "
+                           "in blocks.0.mlp.fc1"), head
+    rec = json.loads((tmp_path / "s.json").read_text())
+    assert rec["diverge_first"] == [1]
+    per = {r["rank"]: r for r in rec["ranks"]}
+    assert per[0]["verdict"] == "PASS" and per[1]["counts"]["fail"] == 1
+    assert "full-batch gradient aten.mm.default" in str(rec["first_failure"].get("ReferencePart", "")) or \
+        "aten.mm.default" in _rows(tmp_path / "o")[1].query("Result == 'fail'")["ReferencePart"].iloc[0]
 
 
 @pytest.mark.parametrize("case,op,module,why", [

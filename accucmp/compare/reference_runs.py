@@ -27,7 +27,12 @@ What is paired how (docs/COMPARE.md, "A run against a single-process reference")
   - ops that exist only because of the parallelism (collectives, FSDP's copy-in/out,
     DDP's bucket copies, their buffers): status `parallelism`, taken out before the op
     streams are aligned, so they neither disturb the pairing nor count as departures;
-  - FSDP2's sharded gradients (reduce-scatter outputs): status `sharded` (shard assembly).
+  - FSDP2's reduce-scattered gradients: the rank's row of the reduce-scatter holds a dim-0
+    chunk of every parameter's averaged gradient of a module group, laid out by
+    fsdp.chunk_cat (fsdp_gradients.shard_rows); each parameter's chunk (`FlatRange`, one at
+    a time) against those rows of the reference's full-batch gradient from the backward op
+    that made the local gradient (a row per parameter, MatchedBy `after reduce-scatter`);
+    copies of that buffer: status `sharded`.
   Which tensor depends on the batch, and which op made it, comes from the dump's links
   (the catalog's `obj`/`base` entries of a dump written with dedup, the default).
 * Folder: one Dask task per rank (rank_tasks.pair_task with the view's options), merged as
@@ -48,6 +53,8 @@ import numpy as np
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 from dumpfile.read.light import LightValue
+
+from accucmp.compare.fsdp_gradients import GRADIENT_LAYOUT_INPUTS, REDUCED_ROW_OUTPUTS
 
 SPLITS = ("auto", "interleaved", "contiguous")
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -377,6 +384,56 @@ class BatchSlice(LightValue):
                 yield self._scaled(piece[keep])
 
 
+@dataclass
+class FlatRange(LightValue):
+    """Elements [start, stop) of a tensor seen flat (C order), as `shape`, times `scale`:
+    one parameter's part of a rank's reduce-scattered buffer, or the rows of the
+    reference's full-batch gradient that part holds. Read in the source's own chunks."""
+
+    source: Any = None
+    start: int = 0
+    stop: int = 0
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, rec, start: int, stop: int, shape, scale: float = 1.0) -> "FlatRange":
+        attrs = dict(rec.attrs)
+        attrs[S.ATTR_SHAPE] = tuple(int(s) for s in shape)
+        return cls(rec.file, rec.path, rec.name, rec.type, attrs, source=rec, start=int(start), stop=int(stop),
+                   scale=scale)
+
+    @property
+    def stored_size(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def uninitialized(self) -> bool:
+        return self.source.uninitialized
+
+    def read(self):
+        parts = list(self.iter_chunks(1 << 22))
+        x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(self.source.read()).dtype)
+        return x.reshape(self.attrs[S.ATTR_SHAPE])
+
+    def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
+        src = self.source
+        pieces = (src.iter_chunks_into(chunk_elements) if isinstance(src, LightValue) and src.fast
+                  and src.stored_shape else src.iter_chunks(chunk_elements))
+        pos = 0
+        for piece in pieces:
+            piece = np.asarray(piece).reshape(-1)
+            lo, hi = max(self.start, pos), min(self.stop, pos + piece.size)
+            pos += piece.size
+            if lo < hi:
+                # a copy: a source read into a reused buffer overwrites the piece at the next read
+                x = piece[lo - (pos - piece.size):hi - (pos - piece.size)].copy()
+                if self.scale != 1.0 and x.dtype.kind in "fc":
+                    x = (x * x.dtype.type(self.scale)).astype(x.dtype, copy=False)
+                yield x
+            if pos >= self.stop:
+                break
+
+
 # ---- one rank against the reference --------------------------------------------------------------
 _BATCH, _GRAD, _PAR = 1, 2, 4         # tensor flags: depends on the batch, made by a backward op, parallelism
 
@@ -400,6 +457,9 @@ class RankView:
     made_by: dict = field(default_factory=dict, repr=False)       # seqid -> {input: (seqid, output)}: views
     partner: dict = field(default_factory=dict, repr=False)       # target seqid -> golden OpRecord
     par_reason: dict = field(default_factory=dict, repr=False)    # seqid -> why it is parallelism
+    # FSDP2: reduce-scatter seqid -> the local gradients its row holds a chunk of, in layout
+    # order: ((seqid, output) that made it or None, shape, dtype) each
+    reduced: dict = field(default_factory=dict, repr=False)
     _tf: Any = field(default=None, repr=False)
 
     @classmethod
@@ -415,8 +475,14 @@ class RankView:
         keep, par = [], []
         consumers: dict[int, list[int]] = {}
         allocations = set()
+        laid_out = None                      # FSDP2: the local gradients a chunk_cat laid out
         for op in ops:
             ins, _ = _entries(tf, op)
+            if op.op in GRADIENT_LAYOUT_INPUTS:
+                laid_out = self._laid_out(ins, GRADIENT_LAYOUT_INPUTS[op.op])
+            elif op.op in REDUCED_ROW_OUTPUTS and laid_out is not None:
+                self.reduced[op.seqid] = laid_out
+                laid_out = None
             why = PARALLELISM_NAMESPACES.get(_namespace(op.op), "")
             hook = BUCKET_HOOK_NODES.get(getattr(op, "grad_fn", "") or "")
             if not why and hook and any(e["n"] == "out" and e.get("uninitialized") for e in ins):
@@ -447,6 +513,16 @@ class RankView:
         for op in ops:
             (par if op.seqid in self.par_reason else keep).append(op)
         return keep, par
+
+    def _laid_out(self, ins: list[dict], name: str) -> list[tuple]:
+        """The tensors of the input list `name` in order: (what made it, shape, dtype)."""
+        items = [e for e in ins if e["n"].startswith(name + "/") and _is_tensor(e)]
+        items.sort(key=lambda e: int(e["n"].rsplit("_", 1)[-1]) if e["n"].rsplit("_", 1)[-1].isdigit() else 0)
+        out = []
+        for e in items:
+            ln = _link(e)
+            out.append((self._made(ln) if ln is not None else None, _shape(e), str(e.get("dtype") or "")))
+        return out
 
     def _made(self, ln) -> tuple[int, str] | None:
         """The (seqid, output) a link names: an output itself, or what made a linked input."""
@@ -514,12 +590,16 @@ class RankView:
             row = task.row
             io, name = row.get("IO"), row.get("TensorName")
             if why is not None:
+                if io == S.OUTPUT_GROUP and t_op.seqid in self.reduced and name == REDUCED_ROW_OUTPUTS.get(t_op.op):
+                    out.extend(self._after_reduce_scatter(t_op, task))
+                    continue
                 grad = self._after_all_reduce(t_op, task) if io == S.OUTPUT_GROUP else None
                 if grad is not None:
                     out.append(grad)
                     continue
                 row["CompareStatus"] = STATUS_SHARDED if self._sharded(t_op, task) else STATUS_PARALLELISM
-                row["CompareFailReason"] = (f"{why}: sharded gradient (shards: see assembly)"
+                row["CompareFailReason"] = (f"{why}: a copy of the reduce-scattered gradients (compared per "
+                                            "parameter at the reduce-scatter)"
                                             if row["CompareStatus"] == STATUS_SHARDED else
                                             f"{why}: exists only because of the parallelism; not compared")
                 row["MatchedBy"] = "parallelism"
@@ -591,8 +671,64 @@ class RankView:
                     "GoldenSeqId": g_op.seqid, "GoldenOp": g_op.op, "CompareStatus": "", "CompareFailReason": "",
                     "MatchedBy": "after all-reduce", "Module": g_op.module or row.get("Module"),
                     "ReferencePart": f"the full-batch gradient {g_op.op} #{g_op.seqid} {made[1]} (the rank's "
-                                     f"#{made[0]} after the all-reduce)"})
+                                     f"#{made[0]} after the all-reduce)"
+                                     + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")})
+        if self.reduced_scale != 1.0:       # a sum loss: the averaged gradient is the full one / world
+            g = FlatRange.of(g, 0, g.numel, tuple(g.shape), self.reduced_scale)
         return Task(row, t, g)
+
+    @property
+    def reduced_scale(self) -> float:
+        """Reference gradient x this = a gradient averaged over the ranks (a mean loss: 1; a
+        sum loss: each rank's sum over its rows, averaged: 1 / world)."""
+        return self.grad_scale / self.world
+
+    def _after_reduce_scatter(self, t_op, task) -> list:
+        """FSDP2's reduce-scattered row of this rank, one task per parameter: its chunk of
+        the parameter's averaged gradient (dim-0 rows rank x chunk, chunk_cat's layout)
+        against those rows of the reference's full-batch gradient, from the backward op that
+        made the local gradient. One parameter's part is read at a time (FlatRange)."""
+        from accucmp.compare.fsdp_gradients import shard_rows
+        from accucmp.compare.rows import STATUS_PARALLELISM, Task, dtype_of, op_tensors, shape_str
+
+        t = task.target
+        base = dict(task.row, MatchedBy="after reduce-scatter", CompareStatus="", CompareFailReason="")
+        try:
+            have = t.numel if t is not None else 0
+        except (DumpFormatError, ValueError, TypeError, KeyError, OSError):
+            return [task]                    # an unreadable record: the comparer reports it
+        out, off = [], 0
+        for k, (made, shape, dtype) in enumerate(self.reduced[t_op.seqid]):
+            n0, per, rest = shard_rows(shape, self.world)
+            lo, hi = min(self.rank * per, n0), min((self.rank + 1) * per, n0)
+            start, n = off, (hi - lo) * rest
+            off += per * rest
+            if n == 0:                       # this rank's chunk is padding only
+                continue
+            row = dict(base, TensorName=f"{task.row.get('TensorName')}[{start}:{start + n}]")
+            part_shape = (hi - lo,) + tuple(shape[1:])
+            g_op = self.partner.get(made[0]) if made is not None else None
+            g = op_tensors(g_op).outputs.get(made[1]) if g_op is not None else None
+            if t is None or start + n > have or g is None or not g.is_tensor or g.numel != n0 * rest:
+                why = ("its row holds fewer elements than the gradients laid out" if t is not None and
+                       start + n > have else "no reference gradient from the op that made this one")
+                row.update(CompareStatus=STATUS_PARALLELISM, MatchedBy="parallelism",
+                           CompareFailReason=f"{self.par_reason.get(t_op.seqid)}: parameter {k}'s shard: {why}")
+                out.append(Task(row, t, None))
+                continue
+            mine = FlatRange.of(t, start, start + n, part_shape)
+            ref = FlatRange.of(g, lo * rest, hi * rest, part_shape, self.reduced_scale)
+            computed = dtype if dtype and dtype != dtype_of(t) else row.get("ComputeDtype")
+            row.update({"Shape": shape_str(part_shape), "GoldenShape": shape_str(part_shape),
+                        "GroundTruthPath": g.path, "GoldenDataType": dtype_of(g), "GoldenSeqId": g_op.seqid,
+                        "GoldenOp": g_op.op, "Module": g_op.module or row.get("Module"), "ComputeDtype": computed,
+                        "ReferencePart": f"rows {lo}:{hi} of {n0} (dim 0) of the full-batch gradient {g_op.op} "
+                                         f"#{g_op.seqid} {made[1]}"
+                                         + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")
+                                         + f" (this rank's shard of the gradient its #{made[0]} made, "
+                                           "after the reduce-scatter)"})
+            out.append(Task(row, mine, ref))
+        return out
 
     def _sharded(self, t_op, task) -> bool:
         t = task.target
@@ -617,7 +753,8 @@ def _rows_text(rows) -> str:
 # ---- the folder against one reference, on Dask -------------------------------------------------------
 def _pairs_line(lay: Layout, split: BatchSplit, n_ranks: int, golden: str, loss: str) -> str:
     grads = ("gradients after the all-reduce with the full-batch gradients" if "ddp" in lay.wrappers else
-             "sharded gradients left to shard assembly" if "fsdp2" in lay.wrappers else
+             "reduce-scattered gradients per parameter with the full-batch gradients' rows each rank holds"
+             if "fsdp2" in lay.wrappers else
              "per-rank gradients as partial sums")
     return (f"comparing {n_ranks} {lay.name()} rank(s) (world size {lay.world_size}) with the 1-process reference "
             f"{golden}: activations by batch slice ({split.kind}, {split.batch} rows; {split.found}), "
