@@ -56,11 +56,13 @@ def _rows(out: Path) -> dict[int, pd.DataFrame]:
 
 @pytest.mark.parametrize("case,split", [("ddp_interleaved", "interleaved"), ("ddp_contiguous", "contiguous")])
 def test_ddp_ranks_pass_against_the_single_process_reference(runs, scheduler, tmp_path, case, split):
-    res, rows = _compare(runs, case, tmp_path, scheduler)
+    res, rows = _compare(runs, case, tmp_path, scheduler, "--format", "csv,html")
     assert res.exit_code == 0, res.output
     line = res.output.splitlines()[0]
     assert line.startswith("comparing 2 DDP rank(s)") and f"({split}, 4 rows" in line, line
     assert "gradients after the all-reduce with the full-batch gradients" in line
+    import html
+    assert html.escape(line) in next(tmp_path.glob("*.html")).read_text()     # the folder report says it too
     assert res.output.splitlines()[1].startswith("PASS")
     assert sorted(rows) == [0, 1]
     for rank, t in rows.items():
@@ -132,6 +134,7 @@ def test_fsdp2_one_rank_s_bad_gradient_shard_is_named_by_rank_op_and_module(runs
                            "in blocks.0.mlp.fc1"), head
     rec = json.loads((tmp_path / "s.json").read_text())
     assert rec["diverge_first"] == [1]
+    assert rec["plan"] == res.output.splitlines()[0]          # what is paired how, in the record too
     per = {r["rank"]: r for r in rec["ranks"]}
     assert per[0]["verdict"] == "PASS" and per[1]["counts"]["fail"] == 1
     assert "full-batch gradient aten.mm.default" in str(rec["first_failure"].get("ReferencePart", "")) or \

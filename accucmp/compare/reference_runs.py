@@ -78,6 +78,23 @@ PARALLELISM_NAMESPACES: dict[str, str] = {
 BUCKET_HOOK_NODES: dict[str, str] = {
     "torch::autograd::AccumulateGrad": "DDP reducer: a gradient copied into its all-reduce bucket",
 }
+# ops that normalise with statistics over the batch they are given (training-mode BatchNorm):
+# on a rank, over its part of the batch, so their outputs are not the reference's rows, and
+# nor is anything computed from them: by design (plain BatchNorm under DDP; SyncBatchNorm
+# normalises over the whole batch), never a finding. Keyed by op packet (op_policies.packet).
+# the inputs such an op updates in place from those statistics (running mean and variance):
+# read later, they hold this rank's update
+RUNNING_STATISTICS = ("running_mean", "running_var")
+BATCH_STATISTICS_OPS: dict[str, str] = {
+    "aten.native_batch_norm": "BatchNorm",
+    "aten._native_batch_norm_legit": "BatchNorm",
+    "aten._native_batch_norm_legit_functional": "BatchNorm",
+    "aten._native_batch_norm_legit_no_stats": "BatchNorm",
+    "aten.cudnn_batch_norm": "BatchNorm",
+    "aten.miopen_batch_norm": "BatchNorm",
+    "aten._batch_norm_with_update": "BatchNorm",
+    "aten.batch_norm_stats": "BatchNorm",
+}
 # wrappers (root attribute parallel_layout) under which ranks hold a part of the batch
 DATA_PARALLEL_WRAPPERS: dict[str, str] = {"ddp": "DDP", "fsdp2": "FSDP2"}
 
@@ -435,7 +452,9 @@ class FlatRange(LightValue):
 
 
 # ---- one rank against the reference --------------------------------------------------------------
-_BATCH, _GRAD, _PAR = 1, 2, 4         # tensor flags: depends on the batch, made by a backward op, parallelism
+# tensor flags: depends on the batch, a gradient, parallelism, computed from statistics over
+# the rank's part of the batch (BATCH_STATISTICS_OPS)
+_BATCH, _GRAD, _PAR, _RANK_STATS = 1, 2, 4, 8
 
 
 @dataclass
@@ -460,6 +479,8 @@ class RankView:
     # FSDP2: reduce-scatter seqid -> the local gradients its row holds a chunk of, in layout
     # order: ((seqid, output) that made it or None, shape, dtype) each
     reduced: dict = field(default_factory=dict, repr=False)
+    stats_op: dict = field(default_factory=dict, repr=False)     # "first": the first BATCH_STATISTICS op
+    stats_updates: set = field(default_factory=set, repr=False)  # links of the running statistics they update
     _tf: Any = field(default=None, repr=False)
 
     @classmethod
@@ -474,7 +495,7 @@ class RankView:
         self._tf = tf
         keep, par = [], []
         consumers: dict[int, list[int]] = {}
-        allocations = set()
+        allocations, packs = set(), set()
         laid_out = None                      # FSDP2: the local gradients a chunk_cat laid out
         for op in ops:
             ins, _ = _entries(tf, op)
@@ -505,8 +526,12 @@ class RankView:
                 self.made_by[op.seqid] = kept
             if not any(_is_tensor(e) for e in ins):
                 allocations.add(op.seqid)
-        # allocations whose outputs only parallelism ops use: a wrapper's buffers
-        for seq in allocations:
+            elif op.phase == S.PHASE_FORWARD and not any(_link(e) for e in ins if _is_tensor(e)):
+                packs.add(op.seqid)
+        # allocations, and ops reading only tensors no op made (parameters, buffers), whose
+        # outputs only parallelism ops use: a wrapper's buffers (DDP packs the buffers it
+        # broadcasts with a cat)
+        for seq in allocations | packs:
             users = consumers.get(seq)
             if seq not in self.par_reason and users and all(u in self.par_reason for u in users):
                 self.par_reason[seq] = "a buffer of the parallel wrapper"
@@ -533,7 +558,12 @@ class RankView:
     def _input_flags(self, seq: int, entry: dict) -> int:
         ln = _link(entry)
         if ln is None:
+            if entry["n"] in RUNNING_STATISTICS and self.stats_updates and seq > self.stats_op.get("seqid", seq):
+                # updated in place by an earlier BatchNorm (its new bytes carry no link)
+                return _BATCH | _RANK_STATS
             return _BATCH if (seq, entry["n"]) in self.batch_leaves else 0
+        if ln in self.stats_updates:
+            return _BATCH | _RANK_STATS         # a buffer BatchNorm updated from this rank's rows
         made = self._made(ln)
         if made is not None:
             return self.out_flags.get(made[0], 0)
@@ -544,17 +574,28 @@ class RankView:
         """After the pairing: the golden partner of each op, the flags of every op's
         outputs (depends on the batch, made in backward), and the allocations only the rank
         made (no tensor input, outputs uninitialized: a wrapper's buffers) as parallelism."""
+        first_backward = True
         for p in sorted((p for p in pairs if p.target is not None), key=lambda p: p.target.seqid):
             t = p.target
             ins, outs = _entries(self._tf, t)
             if p.golden is None:
                 if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
                     self.par_reason[t.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
+                elif (_copy_like(t.op) and t.seqid - 1 in self.par_reason
+                      and not any(_link(e) for e in ins if _is_tensor(e))):
+                    # (DDP's buffer broadcast copies a 0-d num_batches_tracked back: no links to follow)
+                    self.par_reason[t.seqid] = "a copy right after a collective, only the parallel run has"
                 g_ins = {}
             else:
                 self.partner[t.seqid] = p.golden
                 g_ins = {e["n"]: e for e in _entries(gf, p.golden)[0] if _is_tensor(e)}
             dep = 0
+            # a gradient (scaled as the loss's normalisation): a backward op's output that
+            # reads a gradient, or the first backward op's (the loss's: its seed is made
+            # outside the recorded ops), or one reading a tensor no recorded op made (the
+            # engine's). Not every backward op's: GELU's backward computes x^2 of the saved
+            # activation, a batch slice with no loss scale in it.
+            grad = t.phase == S.PHASE_BACKWARD and first_backward and p.golden is not None
             for e in ins:
                 if not _is_tensor(e):
                     continue
@@ -562,8 +603,22 @@ class RankView:
                     ge = g_ins.get(e["n"])
                     if ge is not None and slice_dim(_shape(e), _shape(ge), self.world) is not None:
                         self.batch_leaves.add((t.seqid, e["n"]))
-                dep |= self._input_flags(t.seqid, e) & _BATCH
-            flags = dep | (_GRAD if t.phase == S.PHASE_BACKWARD else 0)
+                    elif t.phase == S.PHASE_BACKWARD:
+                        grad = True
+                f = self._input_flags(t.seqid, e)
+                dep |= f & (_BATCH | _RANK_STATS)
+                grad = grad or (t.phase == S.PHASE_BACKWARD and bool(f & _GRAD))
+            if t.phase == S.PHASE_BACKWARD and p.golden is not None:     # (a wrapper's allocation is not it)
+                first_backward = False
+            if dep & _BATCH and _packet(t.op) in BATCH_STATISTICS_OPS:
+                dep |= _RANK_STATS
+                for e in ins:                   # the running statistics it updates: by their first appearance
+                    if e["n"] in RUNNING_STATISTICS and _is_tensor(e):
+                        self.stats_updates.add(_link(e) or (t.seqid, S.INPUT_GROUP, e["n"]))
+                self.stats_op.setdefault("seqid", t.seqid)
+                self.stats_op.setdefault("first", f"{BATCH_STATISTICS_OPS[_packet(t.op)]} {t.op} #{t.seqid}"
+                                         + (f" in {t.module}" if t.module else ""))
+            flags = dep | (_GRAD if grad else 0)
             if flags:
                 self.out_flags[t.seqid] = flags
 
@@ -610,6 +665,15 @@ class RankView:
                 out.append(task)
                 continue
             flags = self.flags_of(t_op, io, name, inputs)
+            if flags & _RANK_STATS and flags & _BATCH and not row.get("ArgsDiffer"):
+                # (an op whose arguments differ from the reference's, an eps, stays a finding)
+                row["CompareStatus"] = STATUS_PARTIAL
+                row["CompareFailReason"] = (f"computed from statistics over this rank's part of the batch "
+                                            f"({self.stats_op.get('first', 'BatchNorm')} normalises over the "
+                                            "rows it is given; SyncBatchNorm would use the whole batch's): "
+                                            "differs from the reference by design, not compared")
+                out.append(task)
+                continue
             try:
                 t_shape, g_shape = tuple(t.shape), tuple(g.shape)
             except (DumpFormatError, ValueError, TypeError, KeyError, OSError):
@@ -675,7 +739,19 @@ class RankView:
                                      + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")})
         if self.reduced_scale != 1.0:       # a sum loss: the averaged gradient is the full one / world
             g = FlatRange.of(g, 0, g.numel, tuple(g.shape), self.reduced_scale)
+        self._mark_rank_stats(row, made[0])
         return Task(row, t, g)
+
+    def _mark_rank_stats(self, row: dict, made_seq) -> None:
+        """A reduced gradient whose local parts were computed from per-rank batch statistics
+        (BatchNorm under DDP/FSDP): their average is not the full-batch gradient, by design."""
+        if made_seq is not None and self.out_flags.get(made_seq, 0) & _RANK_STATS:
+            from accucmp.compare.rows import STATUS_PARTIAL
+
+            row["CompareStatus"] = STATUS_PARTIAL
+            row["CompareFailReason"] = (f"the average of gradients computed from statistics over each rank's part "
+                                        f"of the batch ({self.stats_op.get('first', 'BatchNorm')}): not the "
+                                        "full-batch gradient, by design; not compared")
 
     @property
     def reduced_scale(self) -> float:
@@ -727,6 +803,7 @@ class RankView:
                                          + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")
                                          + f" (this rank's shard of the gradient its #{made[0]} made, "
                                            "after the reduce-scatter)"})
+            self._mark_rank_stats(row, made[0])
             out.append(Task(row, mine, ref))
         return out
 
@@ -737,6 +814,12 @@ class RankView:
         # a copy to or from a collective's buffer under FSDP2: the reduce-scattered gradient shard
         return "fsdp2" in self.wrappers and any(
             made[0] in self.par_reason for made in self.made_by.get(t_op.seqid, {}).values())
+
+
+def _packet(op: str) -> str:
+    from accucmp.compare.op_policies import packet
+
+    return packet(op)
 
 
 def _copy_like(op: str) -> bool:
