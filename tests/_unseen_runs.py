@@ -9,10 +9,11 @@ each (kind, case) of `runs`, in one spawn. Cases: ddp, fsdp, fsdp_bf16 and their
 
 import contextlib
 import os
-import socket
 
 import torch
 import torch.distributed as dist
+
+from ._dist_common import spawn
 
 
 B, T, V = 4, 8, 100
@@ -85,36 +86,25 @@ def _model(kind):
     return gpt2() if kind == "gpt2" else cnn()
 
 
-def _ranks(rank, world, port, out, runs):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rows = list(range(rank, B, world))
-        for kind, case in runs:
-            x, y = data(kind)
-            net = _model(kind)
-            m = wrap(case, net)
-            plant(case, kind, net, rank)
-            os.makedirs(os.path.join(out, kind, case), exist_ok=True)
-            step(kind, m, x[rows], y[rows], os.path.join(out, kind, case, "d.h5"))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _ranks(rank, world, out, runs):
+    rows = list(range(rank, B, world))
+    for kind, case in runs:
+        x, y = data(kind)
+        net = _model(kind)
+        m = wrap(case, net)
+        plant(case, kind, net, rank)
+        os.makedirs(os.path.join(out, kind, case), exist_ok=True)
+        step(kind, m, x[rows], y[rows], os.path.join(out, kind, case, "d.h5"))
+        dist.barrier()
 
 
 def build(out, runs) -> str:
     """Spawn 2 gloo ranks once for every (kind, case) of `runs`; the references first."""
-    import torch.multiprocessing as mp
-
     out = os.fspath(out)
     for kind in sorted({k for k, _ in runs}):
         os.makedirs(os.path.join(out, kind), exist_ok=True)
         x, y = data(kind)
         step(kind, _model(kind), x, y, os.path.join(out, kind, "ref.h5"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ranks, args=(2, port, out, tuple(runs)), nprocs=2)
+    spawn(_ranks, (out, tuple(runs)))
     return out
 
