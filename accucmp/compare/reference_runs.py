@@ -581,10 +581,13 @@ class RankView:
             if p.golden is None:
                 if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
                     self.par_reason[t.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
-                elif (_copy_like(t.op) and t.seqid - 1 in self.par_reason
-                      and not any(_link(e) for e in ins if _is_tensor(e))):
-                    # (DDP's buffer broadcast copies a 0-d num_batches_tracked back: no links to follow)
-                    self.par_reason[t.seqid] = "a copy right after a collective, only the parallel run has"
+                elif (_copy_like(t.op) and (t.seqid - 1 in self.par_reason or t.seqid + 1 in self.par_reason)
+                      and all(_link(e)[0] in self.par_reason for e in ins if _is_tensor(e) and _link(e))):
+                    # a wrapper's copy next to its collectives, reading nothing but what the
+                    # parallelism ops read or made (or what carries no link): DDP's buffer
+                    # broadcast copying a 0-d num_batches_tracked back, FSDP2 (mixed precision)
+                    # casting its flat shards into the all-gather's inputs
+                    self.par_reason[t.seqid] = "a copy next to a collective, only the parallel run has"
                 g_ins = {}
             else:
                 self.partner[t.seqid] = p.golden
