@@ -11,7 +11,7 @@ give each rank half the batch. "tp_bug" is TP with rank 1's local shard of fc1.w
 scaled by 1.05 (one shard wrong, rank 0's right); "tp_ln_bug" TP with rank 1's copy of
 the (replicated, not parallelized) ln2.weight scaled by 1.05; "fsdp_bf16" FSDP2 under a
 MixedPrecisionPolicy (bfloat16 parameters, float32 reduction); "fsdp_bug" FSDP2 with rank 1's
-shard of fc1.weight scaled by 1.05; "sp" sequence parallel (SPBlock: LayerNorm sharded on the
+shard of fc1.weight scaled by 1.05, "fsdp_bf16_bug" the same under the bfloat16 policy; "sp" sequence parallel (SPBlock: LayerNorm sharded on the
 sequence dim, the MLP's fc1 Colwise from and fc2 Rowwise to sequence shards), against the
 reference of its own model, ref_sp.h5.
 """
@@ -106,10 +106,10 @@ def _wrap(kind: str, net: TinyLM, world: int):
     if kind.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if kind == "fsdp_bf16" else MixedPrecisionPolicy()
+            if kind.startswith("fsdp_bf16") else MixedPrecisionPolicy()
         fully_shard(net.block, mp_policy=mp)
         model = fully_shard(net, mp_policy=mp)
-        if kind == "fsdp_bug" and dist.get_rank() == 1:      # rank 1's shard (rows 16:32) of fc1.weight
+        if kind in ("fsdp_bug", "fsdp_bf16_bug") and dist.get_rank() == 1:   # rank 1's shard (rows 16:32) of fc1.weight
             with torch.no_grad():
                 net.block.mlp.fc1.weight.to_local().mul_(BUG_SCALE)
         return model

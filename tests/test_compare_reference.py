@@ -222,3 +222,24 @@ def test_one_rank_file_against_the_reference_says_to_give_the_folder(runs, tmp_p
                               "-g", str(runs / "ref.h5"), "-o", str(tmp_path), "-q"])
     assert res.exit_code == 1
     assert "is one rank of a 2-rank run" in res.output and "give the run's folder" in res.output
+
+
+def test_reduce_scattered_gradients_read_in_small_pieces_measure_the_same(runs, tmp_path):
+    """FSDP2's per-parameter chunks (FlatRange: the rows of dim 0 holding the range, in slabs
+    of --chunk-elements; below one row, the source streamed) read in pieces of 24 elements
+    give the rows of the whole read."""
+    from accucmp.compare.reference_runs import RankView, find_batch_split
+    from accucmp.compare.streaming import compare_to_csv
+
+    target, ref = str(runs / "fsdp2" / "lm_rank1.h5"), str(runs / "ref.h5")
+    split = find_batch_split(target, ref, 2, 1)
+    out = {}
+    for chunk in (1 << 22, 24):
+        view = RankView(1, 2, tuple(split.rows(1, 2)), split.batch, 2.0, ("fsdp2",))
+        r = compare_to_csv(target, ref, tmp_path / f"c{chunk}.csv", view=view, chunk_elements=chunk)
+        t = pd.read_csv(r.csv)
+        out[chunk] = t[t["MatchedBy"] == "after reduce-scatter"].reset_index(drop=True)
+    a, b = out[1 << 22], out[24]
+    assert len(a) == 27 and list(a["Result"]) == list(b["Result"]) == ["pass"] * 27
+    ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
+    assert ((ra - rb).abs() < 1e-6).all() and list(a["TensorName"]) == list(b["TensorName"])

@@ -434,6 +434,14 @@ class FlatRange(LightValue):
 
     def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
         src = self.source
+        if isinstance(src, LightValue) and src.fast and src.stored_shape:
+            shape = tuple(int(d) for d in src.stored_shape)
+            per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
+            if per_row <= chunk_elements and math.prod(shape) == self.source.numel:
+                # only the rows of dim 0 that hold the range, in slabs of about chunk_elements:
+                # one parameter of a reduce-scatter row costs its own size, not the row's
+                yield from self._rows(src, shape, per_row, chunk_elements)
+                return
         pieces = (src.iter_chunks_into(chunk_elements) if isinstance(src, LightValue) and src.fast
                   and src.stored_shape else src.iter_chunks(chunk_elements))
         pos = 0
@@ -449,6 +457,31 @@ class FlatRange(LightValue):
                 yield x
             if pos >= self.stop:
                 break
+
+    def _rows(self, src, shape: tuple, per_row: int, chunk_elements: int) -> Iterator[np.ndarray]:
+        from h5py import h5s
+
+        from dumpfile.read.h5util import h5_errors
+        from dumpfile.read.values import decode_raw
+
+        first, end = self.start // per_row, -(-self.stop // per_row)
+        step = max(1, chunk_elements // per_row)
+        with h5_errors(src.file.path, src.path):
+            dsid = src._dataset()
+            fspace = dsid.get_space()
+        for r in range(first, end, step):
+            n = min(step, end - r)
+            count = (n,) + shape[1:]
+            buf = np.empty(count, dtype=src.stored_dtype)
+            with h5_errors(src.file.path, src.path):
+                fspace.select_hyperslab((r,) + (0,) * (len(shape) - 1), count)
+                dsid.read(h5s.create_simple(count), fspace, buf)
+            x = decode_raw(buf, src.dtype, f"{src.file.path}: {src.path}").reshape(-1)
+            lo, hi = max(self.start - r * per_row, 0), min(self.stop - r * per_row, x.size)
+            x = x[lo:hi]
+            if self.scale != 1.0 and x.dtype.kind in "fc":
+                x = (x * x.dtype.type(self.scale)).astype(x.dtype, copy=False)
+            yield x
 
 
 # ---- one rank against the reference --------------------------------------------------------------
@@ -668,6 +701,11 @@ class RankView:
                 out.append(task)
                 continue
             flags = self.flags_of(t_op, io, name, inputs)
+            if io == S.INPUT_GROUP and row.get("MadeBy") == "op" and self._wrapper_made(inputs.get(name), flags):
+                # a parameter the wrapper gathered (FSDP2's all-gather copy-out writes the
+                # unsharded parameters in place: the dumper knows an op made it, the catalog
+                # links no compared op): judged here as a parameter is, not passed as inherited
+                row["MadeBy"] = "leaf"
             if flags & _RANK_STATS and flags & _BATCH and not row.get("ArgsDiffer"):
                 # (an op whose arguments differ from the reference's, an eps, stays a finding)
                 row["CompareStatus"] = STATUS_PARTIAL
@@ -705,6 +743,18 @@ class RankView:
                 continue
             out.append(task)
         return out
+
+    def _wrapper_made(self, entry: dict | None, flags: int) -> bool:
+        """Whether this input, made by an op, was made by no compared op: a parallelism op
+        made it (directly or through views), or it carries no link and does not depend on
+        the batch (written in place by a wrapper's copy-out)."""
+        if entry is None:
+            return False
+        ln = _link(entry)
+        if ln is None:
+            return not flags & _BATCH
+        made = self._made(ln)
+        return (made[0] if made is not None else ln[0]) in self.par_reason
 
     def _producer_output(self, t_op, name: str):
         """The golden record of what the op that made the target op's input `name` made."""
