@@ -2,8 +2,8 @@
 full batch and 2-rank gloo runs (DDP, FSDP2, tensor parallel) on CPU, each rank holding its
 part of the batch. Reusable run builders for the distributed compare tests.
 
-`build_runs(out, cases)` spawns 2 ranks once (init via file://) and writes, under `out`:
-  ref.h5                      the single-process reference (rank 0 writes it before init)
+`build_runs(out, cases)` spawns 2 ranks once (tests/_dist_common.py) and writes, under `out`:
+  ref.h5                      the single-process reference (written before the spawn)
   ref_w24.h5                  the same for a wider model (not a reference of these runs)
   <case>/lm_rank{0,1}.h5      one folder per case of `cases` (see CASES)
 The model, its initial weights and the global batch are the same everywhere (seeded), so
@@ -17,29 +17,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from ._dist_common import Block, dump_step as _dump, spawn
+
 VOCAB, WIDTH, HEADS, SEQ, BATCH = 32, 16, 2, 8, 4
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d: int, heads: int, eps: float = 1e-5):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(d, eps=eps)
-        self.qkv = torch.nn.Linear(d, 3 * d)
-        self.proj = torch.nn.Linear(d, d)
-        self.ln2 = torch.nn.LayerNorm(d, eps=eps)
-        self.mlp = torch.nn.Sequential()
-        self.mlp.fc1 = torch.nn.Linear(d, 2 * d)
-        self.mlp.act = torch.nn.GELU()
-        self.mlp.fc2 = torch.nn.Linear(2 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
 
 
 class TinyLM(torch.nn.Module):
@@ -76,16 +56,13 @@ def rows_of(rank: int, world: int, split: str) -> list[int]:
     return list(range(rank * per, (rank + 1) * per))
 
 
-def step(net, tokens, targets) -> None:
+def step(net, tokens, targets):
     logits = net(tokens)
-    F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)).backward()
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
 def dump_step(net, tokens, targets, path: str) -> None:
-    import npu_dumper  # noqa: F401 - installs torch.utils.dumper
-
-    with torch.utils.dumper(use_dump=True, dump_path=path):
-        step(net, tokens, targets)
+    _dump(lambda: step(net, tokens, targets), path)
 
 
 def reference(out: str, name: str = "ref.h5", width: int = WIDTH) -> str:
@@ -139,36 +116,29 @@ CASES = {
 }
 
 
-def _rank_main(rank: int, world: int, init_file: str, out: str, cases: tuple[str, ...]) -> None:
+def _rank_main(rank: int, world: int, out: str, cases: tuple[str, ...]) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    if rank == 0:                        # before init: plain single-process dumps
-        reference(out)
-        reference(out, "ref_w24.h5", width=24)      # a reference of another model (wider)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        tokens, targets = batch()
-        for case in cases:
-            wrap, split, fault = CASES[case]
-            net = model()
-            wrapped = wrap(net, rank, world)
-            if fault is not None:
-                fault(net, rank)
-            rows = list(range(BATCH)) if split == "all" else rows_of(rank, world, split)
-            folder = os.path.join(out, case)
-            os.makedirs(folder, exist_ok=True)
-            dump_step(wrapped, tokens[rows], targets[rows], os.path.join(folder, "lm.h5"))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    tokens, targets = batch()
+    for case in cases:
+        wrap, split, fault = CASES[case]
+        net = model()
+        wrapped = wrap(net, rank, world)
+        if fault is not None:
+            fault(net, rank)
+        rows = list(range(BATCH)) if split == "all" else rows_of(rank, world, split)
+        folder = os.path.join(out, case)
+        os.makedirs(folder, exist_ok=True)
+        dump_step(wrapped, tokens[rows], targets[rows], os.path.join(folder, "lm.h5"))
+        dist.barrier()
 
 
 def build_runs(out, cases=tuple(CASES), world: int = 2) -> str:
-    """Spawn `world` gloo ranks that write ref.h5 and one folder per case under `out`."""
-    import torch.multiprocessing as mp
-
+    """ref.h5 and ref_w24.h5 (single process), then `world` gloo ranks writing one folder
+    per case under `out`."""
     out = str(out)
     os.makedirs(out, exist_ok=True)
-    mp.spawn(_rank_main, args=(world, os.path.join(out, "init"), out, tuple(cases)), nprocs=world)
+    reference(out)
+    reference(out, "ref_w24.h5", width=24)      # a reference of another model (wider)
+    spawn(_rank_main, (out, tuple(cases)), world)
     return out

@@ -11,7 +11,7 @@ give each rank half the batch. "tp_bug" is TP with rank 1's local shard of fc1.w
 scaled by 1.05 (one shard wrong, rank 0's right); "tp_ln_bug" TP with rank 1's copy of
 the (replicated, not parallelized) ln2.weight scaled by 1.05; "fsdp_bf16" FSDP2 under a
 MixedPrecisionPolicy (bfloat16 parameters, float32 reduction); "fsdp_bug" FSDP2 with rank 1's
-shard of fc1.weight scaled by 1.05; "sp" sequence parallel (SPBlock: LayerNorm sharded on the
+shard of fc1.weight scaled by 1.05, "fsdp_bf16_bug" the same under the bfloat16 policy; "sp" sequence parallel (SPBlock: LayerNorm sharded on the
 sequence dim, the MLP's fc1 Colwise from and fc2 Rowwise to sequence shards), against the
 reference of its own model, ref_sp.h5.
 """
@@ -19,31 +19,14 @@ reference of its own model, ref_sp.h5.
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
-VOCAB, DIM, HIDDEN, SEQ, BATCH = 16, 16, 32, 4, 4
+from ._dist_common import Block as _Block, dump_step, spawn
+
+VOCAB, DIM, HIDDEN, SEQ, BATCH = 16, 16, 32, 4, 4      # HIDDEN: the shared block's 2 x DIM
 BUG_SCALE = 1.05
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = torch.nn.LayerNorm(DIM)
-        self.qkv = torch.nn.Linear(DIM, 3 * DIM)
-        self.proj = torch.nn.Linear(DIM, DIM)
-        self.ln2 = torch.nn.LayerNorm(DIM)
-        self.mlp = torch.nn.Sequential()
-        self.mlp.add_module("fc1", torch.nn.Linear(DIM, HIDDEN))
-        self.mlp.add_module("act", torch.nn.GELU())
-        self.mlp.add_module("fc2", torch.nn.Linear(HIDDEN, DIM))
-
-    def forward(self, x):
-        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
-        x = x + self.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
-        return x + self.mlp(self.ln2(x))
 
 
 class SPBlock(torch.nn.Module):
@@ -68,10 +51,10 @@ class SPBlock(torch.nn.Module):
 
 
 class TinyLM(torch.nn.Module):
-    def __init__(self, block=Block):
+    def __init__(self, block=None):
         super().__init__()
         self.emb = torch.nn.Embedding(VOCAB, DIM)
-        self.block = block()
+        self.block = block() if block is not None else _Block(DIM)
         self.head = torch.nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens):
@@ -90,7 +73,7 @@ def _loss(logits, labels):
 
 def _model(kind: str = "") -> TinyLM:
     torch.manual_seed(0)
-    return TinyLM(SPBlock if kind == "sp" else Block)
+    return TinyLM(SPBlock if kind == "sp" else None)
 
 
 def _wrap(kind: str, net: TinyLM, world: int):
@@ -123,10 +106,10 @@ def _wrap(kind: str, net: TinyLM, world: int):
     if kind.startswith("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if kind == "fsdp_bf16" else MixedPrecisionPolicy()
+            if kind.startswith("fsdp_bf16") else MixedPrecisionPolicy()
         fully_shard(net.block, mp_policy=mp)
         model = fully_shard(net, mp_policy=mp)
-        if kind == "fsdp_bug" and dist.get_rank() == 1:      # rank 1's shard (rows 16:32) of fc1.weight
+        if kind in ("fsdp_bug", "fsdp_bf16_bug") and dist.get_rank() == 1:   # rank 1's shard (rows 16:32) of fc1.weight
             with torch.no_grad():
                 net.block.mlp.fc1.weight.to_local().mul_(BUG_SCALE)
         return model
@@ -137,39 +120,25 @@ def _wrap(kind: str, net: TinyLM, world: int):
 
 
 def _step(model, tokens, labels, path: str) -> None:
-    with torch.utils.dumper(use_dump=True, dump_path=path):
-        _loss(model(tokens), labels).backward()
+    dump_step(lambda: _loss(model(tokens), labels), path)
 
 
-def _ranks(rank: int, world: int, port: int, out: str, kinds: tuple[str, ...]) -> None:
-    import npu_dumper  # noqa: F401 - installs torch.utils.dumper
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        tokens, labels = batch()
-        for kind in kinds:
-            model = _wrap(kind, _model(kind), world)
-            if not kind.startswith(("tp", "sp")):       # data parallel: each rank its half of the batch
-                tokens_r, labels_r = tokens.chunk(world)[rank], labels.chunk(world)[rank]
-            else:
-                tokens_r, labels_r = tokens, labels
-            os.makedirs(os.path.join(out, kind), exist_ok=True)
-            _step(model, tokens_r, labels_r, os.path.join(out, kind, "d.h5"))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ranks(rank: int, world: int, out: str, kinds: tuple[str, ...]) -> None:
+    tokens, labels = batch()
+    for kind in kinds:
+        model = _wrap(kind, _model(kind), world)
+        if not kind.startswith(("tp", "sp")):       # data parallel: each rank its half of the batch
+            tokens_r, labels_r = tokens.chunk(world)[rank], labels.chunk(world)[rank]
+        else:
+            tokens_r, labels_r = tokens, labels
+        os.makedirs(os.path.join(out, kind), exist_ok=True)
+        _step(model, tokens_r, labels_r, os.path.join(out, kind, "d.h5"))
+        dist.barrier()
 
 
 def dump_reference(path: str, kind: str = "") -> None:
     """The single-process run on the whole batch (the run a user trusts); kind "sp": of
     the sequence-parallel run's model (its feed-forward half is one module)."""
-    import npu_dumper  # noqa: F401
     tokens, labels = batch()
     _step(_model(kind), tokens, labels, path)
 
@@ -177,7 +146,6 @@ def dump_reference(path: str, kind: str = "") -> None:
 def dump_runs(out: str, kinds=("tp", "tp_bug", "fsdp", "ddp"), reference: bool = True) -> str:
     """Every run of `kinds` in out/KIND/d_rank{0,1}.h5 (one spawn of 2 ranks), and the
     reference in out/ref.h5 (and out/ref_sp.h5 for "sp")."""
-    import torch.multiprocessing as mp
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
     if reference:
@@ -185,7 +153,7 @@ def dump_runs(out: str, kinds=("tp", "tp_bug", "fsdp", "ddp"), reference: bool =
         if "sp" in kinds:
             dump_reference(os.path.join(out, "ref_sp.h5"), "sp")
     if kinds:
-        mp.spawn(_ranks, args=(2, _free_port(), out, tuple(kinds)), nprocs=2)
+        spawn(_ranks, (out, tuple(kinds)))
     return out
 
 

@@ -56,11 +56,13 @@ def _rows(out: Path) -> dict[int, pd.DataFrame]:
 
 @pytest.mark.parametrize("case,split", [("ddp_interleaved", "interleaved"), ("ddp_contiguous", "contiguous")])
 def test_ddp_ranks_pass_against_the_single_process_reference(runs, scheduler, tmp_path, case, split):
-    res, rows = _compare(runs, case, tmp_path, scheduler)
+    res, rows = _compare(runs, case, tmp_path, scheduler, "--format", "csv,html")
     assert res.exit_code == 0, res.output
     line = res.output.splitlines()[0]
     assert line.startswith("comparing 2 DDP rank(s)") and f"({split}, 4 rows" in line, line
     assert "gradients after the all-reduce with the full-batch gradients" in line
+    import html
+    assert html.escape(line) in next(tmp_path.glob("*.html")).read_text()     # the folder report says it too
     assert res.output.splitlines()[1].startswith("PASS")
     assert sorted(rows) == [0, 1]
     for rank, t in rows.items():
@@ -82,21 +84,61 @@ def test_ddp_ranks_pass_against_the_single_process_reference(runs, scheduler, tm
         assert {"c10d.allreduce_.default", "aten.mul.out"} <= set(par["NPUDump"])
 
 
-def test_fsdp2_activations_pass_and_sharded_gradients_are_marked(runs, scheduler, tmp_path):
+def test_fsdp2_activations_and_reduce_scattered_gradients_pass(runs, scheduler, tmp_path):
     res, rows = _compare(runs, "fsdp2", tmp_path, scheduler)
     assert res.exit_code == 0, res.output
     assert res.output.startswith("comparing 2 FSDP2 rank(s)")
+    assert "reduce-scattered gradients per parameter" in res.output.splitlines()[0]
     assert sorted(rows) == [0, 1]
-    for t in rows.values():
+    for rank, t in rows.items():
         assert not (t["Result"].isin(["fail", "unmatched"])).any()
         sliced = t[t["ReferencePart"].fillna("").str.startswith("rows ")]
         assert len(sliced) > 80 and (sliced["Result"] == "pass").all()
-        # FSDP2's all-gather, copy-in/out and buffers: parallelism; reduce-scattered grads: sharded
+        # FSDP2's all-gather, copy-in/out and buffers: parallelism
         par = set(t.loc[t["CompareStatus"] == "parallelism", "NPUDump"])
         assert {"fsdp.all_gather_copy_in.default", "c10d._allgather_base_.default",
                 "aten.empty.memory_format"} <= par
+        # every parameter's shard of its averaged gradient against the reference's rows
+        grads = t[t["MatchedBy"] == "after reduce-scatter"]
+        assert len(grads) == 27 and (grads["Result"] == "pass").all()
+        assert pd.to_numeric(grads["RelativeEuclideanDistance"]).max() < 1e-5
+        fc1 = grads[(grads["Module"] == "blocks.0.mlp.fc1") & (grads["GoldenOp"] == "aten.mm.default")]
+        assert list(fc1["Shape"]) == ["(16,16)"]           # half of (32, 16): this rank's rows
+        assert fc1["ReferencePart"].iloc[0].startswith(f"rows {16 * rank}:{16 * rank + 16} of 32 (dim 0)")
+        # the copies of the reduced buffer: marked, compared at the reduce-scatter
         sharded = t[t["CompareStatus"] == "sharded"]
-        assert len(sharded) == 3 and sharded["CompareFailReason"].str.contains("see assembly").all()
+        assert len(sharded) == 3 and sharded["CompareFailReason"].str.contains("compared per parameter").all()
+
+
+def test_fsdp2_one_rank_s_bad_gradient_shard_is_named_by_rank_op_and_module(runs, scheduler, tmp_path):
+    """Rank 1's chunk of blocks.0.mlp.fc1's weight gradient, after the reduce-scatter, 5% off
+    (written into its dump): FAIL on rank 1 alone, at the reduce-scatter, in fc1, the row
+    saying which gradient (before: marked `sharded`, exit 0)."""
+    import h5py
+
+    _, clean = _compare(runs, "fsdp2", tmp_path / "clean", scheduler)
+    t = clean[1]
+    row = t[(t["MatchedBy"] == "after reduce-scatter") & (t["Module"] == "blocks.0.mlp.fc1")
+            & (t["GoldenOp"] == "aten.mm.default")].iloc[0]
+    lo, hi = (int(x) for x in row["TensorName"].split("[", 1)[1].rstrip("]").split(":"))
+    bad = tmp_path / "fsdp2_bad_shard"
+    shutil.copytree(runs / "fsdp2", bad)
+    with h5py.File(bad / "lm_rank1.h5", "r+") as f:
+        ds = f[row["NPUDumpPath"]]
+        ds[lo:hi] = ds[lo:hi] * 1.05
+    res = runner.invoke(app, ["compare", "-m", str(bad), "-g", str(runs / "ref.h5"), "-o", str(tmp_path / "o"),
+                              "--scheduler", scheduler, "--summary-json", str(tmp_path / "s.json")])
+    assert res.exit_code == 1, res.output
+    head = res.output.splitlines()[1]
+    assert head.startswith(f"FAIL: first failing op is on rank 1: {row['NPUDump']} #{row['SeqId']} "
+                           "in blocks.0.mlp.fc1"), head
+    rec = json.loads((tmp_path / "s.json").read_text())
+    assert rec["diverge_first"] == [1]
+    assert rec["plan"] == res.output.splitlines()[0]          # what is paired how, in the record too
+    per = {r["rank"]: r for r in rec["ranks"]}
+    assert per[0]["verdict"] == "PASS" and per[1]["counts"]["fail"] == 1
+    assert "full-batch gradient aten.mm.default" in str(rec["first_failure"].get("ReferencePart", "")) or \
+        "aten.mm.default" in _rows(tmp_path / "o")[1].query("Result == 'fail'")["ReferencePart"].iloc[0]
 
 
 @pytest.mark.parametrize("case,op,module,why", [
@@ -180,3 +222,24 @@ def test_one_rank_file_against_the_reference_says_to_give_the_folder(runs, tmp_p
                               "-g", str(runs / "ref.h5"), "-o", str(tmp_path), "-q"])
     assert res.exit_code == 1
     assert "is one rank of a 2-rank run" in res.output and "give the run's folder" in res.output
+
+
+def test_reduce_scattered_gradients_read_in_small_pieces_measure_the_same(runs, tmp_path):
+    """FSDP2's per-parameter chunks (FlatRange: the rows of dim 0 holding the range, in slabs
+    of --chunk-elements; below one row, the source streamed) read in pieces of 24 elements
+    give the rows of the whole read."""
+    from accucmp.compare.reference_runs import RankView, find_batch_split
+    from accucmp.compare.streaming import compare_to_csv
+
+    target, ref = str(runs / "fsdp2" / "lm_rank1.h5"), str(runs / "ref.h5")
+    split = find_batch_split(target, ref, 2, 1)
+    out = {}
+    for chunk in (1 << 22, 24):
+        view = RankView(1, 2, tuple(split.rows(1, 2)), split.batch, 2.0, ("fsdp2",))
+        r = compare_to_csv(target, ref, tmp_path / f"c{chunk}.csv", view=view, chunk_elements=chunk)
+        t = pd.read_csv(r.csv)
+        out[chunk] = t[t["MatchedBy"] == "after reduce-scatter"].reset_index(drop=True)
+    a, b = out[1 << 22], out[24]
+    assert len(a) == 27 and list(a["Result"]) == list(b["Result"]) == ["pass"] * 27
+    ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
+    assert ((ra - rb).abs() < 1e-6).all() and list(a["TensorName"]) == list(b["TensorName"])

@@ -284,7 +284,8 @@ def runs(tmp_path_factory):
         pytest.skip("torch.distributed with gloo is not available")
     from ._dist_shard_runs import dump_runs
     return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "sp", "fsdp",
-                                                                         "fsdp_bf16", "fsdp_bug", "ddp")))
+                                                                         "fsdp_bf16", "fsdp_bug", "fsdp_bf16_bug",
+                                                                         "ddp")))
 
 
 def _compare(tmp_path, target, golden, *extra):
@@ -384,3 +385,42 @@ def test_fsdp2_shard_off_on_one_rank_fails_the_gradients(runs, tmp_path):
     assert n == _PARAMS and (t.Result == "fail").any()
     fc1 = t[(t.Module == "block.mlp.fc1") & (t.NPUDump == "aten.mm.default")]
     assert (fc1.Result == "fail").all()
+
+
+def test_fsdp2_bf16_run_against_the_fp32_reference(runs, tmp_path):
+    """A bfloat16 MixedPrecisionPolicy run against the fp32 reference (judged at the run's
+    dtype): FSDP2's _foreach_copy_ casts of its flat shards are parallelism, not unmatched
+    rows; every parameter's reduce-scattered gradient is compared."""
+    res, csvs = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
+    assert res.exit_code in (0, 1), res.output      # (1 today: see the xfail below)
+    for csv in csvs:
+        if csv.name.endswith("_ranks.csv"):
+            continue
+        t = pd.read_csv(csv)
+        assert not ((t.NPUDump == "aten._foreach_copy_.default") & (t.Result == "unmatched")).any()
+        g = t[t.MatchedBy == "after reduce-scatter"]
+        assert len(g) == _PARAMS and (g.Result == "pass").all() and set(g.ComputeDtype) == {"bfloat16"}
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: SDPA's CPU math runs this model's attention in float32 on "
+                   "bfloat16 inputs; the _unsafe_view after its bmm (no own error recorded for a view) is judged at "
+                   "float32 with the bf16 error it carries, and its size argument holds the rank's half batch")
+def test_fsdp2_bf16_run_against_the_fp32_reference_passes(runs, tmp_path):
+    res, _ = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
+    assert res.exit_code == 0, res.output
+
+
+def test_fsdp2_bf16_wrong_weight_shard_fails_where_the_gathered_weight_is_read(runs, tmp_path):
+    """Rank 1's shard of fc1.weight x1.05 under the bfloat16 policy: the all-gathered weight
+    (written in place by FSDP2's copy-out, an op compare lists as parallelism) is judged as a
+    parameter at the first op reading it, not passed as inherited from an op no one compares."""
+    res, csvs = _compare(tmp_path, runs / "fsdp_bf16_bug", runs / "ref.h5")
+    assert res.exit_code == 1, res.output
+    for csv in csvs:
+        if csv.name.endswith("_ranks.csv"):
+            continue
+        t = pd.read_csv(csv)
+        w = t[(t.Module == "block.mlp.fc1") & (t.NPUDump == "aten.addmm.default") & (t.Phase == "forward")
+              & (t.TensorName == "mat2")]
+        assert len(w) == 1 and (w.Result == "fail").all() and (w.MadeBy == "leaf").all(), w.to_string()
+        assert "no op of the step made it" in w.FailReason.iloc[0]

@@ -32,6 +32,19 @@ from accucmp.compare.shards import ROOT_ASSEMBLED_FROM, ShardError, digest, enco
 # c10d._reduce_scatter_base_ hands row r, reduced, to rank r.
 _FSDP_CHUNK_CAT = "fsdp.chunk_cat.default"
 _REDUCE_SCATTER = "c10d._reduce_scatter_base_.default"
+# the same layout as data for a rank's own view (reference_runs.RankView): the op laying the
+# local gradients out -> its input list; the collective -> the output holding the rank's row
+GRADIENT_LAYOUT_INPUTS: dict[str, str] = {_FSDP_CHUNK_CAT: "tensors"}
+REDUCED_ROW_OUTPUTS: dict[str, str] = {_REDUCE_SCATTER: "result0"}
+
+
+def shard_rows(shape, world: int) -> tuple[int, int, int]:
+    """(rows along dim 0, rows per rank's chunk (the last ones padded), elements per row) of
+    a gradient of `shape` laid out by chunk_cat over `world` ranks."""
+    shape = tuple(int(d) for d in shape)
+    n0 = shape[0] if shape else 1
+    rest = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return n0, -(-n0 // world), rest
 
 
 @dataclass
@@ -92,9 +105,8 @@ def fsdp_gradients(run_dir: str | os.PathLike):
 def _split_reduced(locals_: list[np.ndarray], rows: list[np.ndarray], world: int, made: dict, run_dir: str):
     off = 0
     for local in locals_:
-        n0 = local.shape[0] if local.ndim else 1
-        rest = int(np.prod(local.shape[1:], dtype=np.int64)) if local.ndim > 1 else 1
-        chunk = -(-n0 // world) * rest
+        n0, per, rest = shard_rows(local.shape, world)
+        chunk = per * rest
         if any(off + chunk > len(r) for r in rows):
             raise ShardError(f"{run_dir}: a reduce-scatter output holds fewer elements than the gradients "
                              "its chunk_cat laid out; cannot put them together")

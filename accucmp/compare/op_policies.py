@@ -155,7 +155,7 @@ POINTWISE: frozenset[str] = frozenset(f"aten.{n}" for n in (
 # a difference in what the runs do (an inserted or missing op), so no row passes as inherited
 # (verdict.judge_row); the structural headline names it.
 BY_DESIGN_UNPAIRED: frozenset[str] = CASTS | frozenset((
-    "aten.clone", "aten.copy_", "aten.detach", "aten.alias", "aten.view", "aten._unsafe_view"))
+    "aten.clone", "aten.copy_", "aten._foreach_copy_", "aten.detach", "aten.alias", "aten.view", "aten._unsafe_view"))
 
 
 def bound_class(op: str, output: str) -> str:

@@ -46,6 +46,7 @@ class RunsResult:
     paths: list[Path]
     workers: int
     seconds: float
+    plan: str | None = None                   # what is paired how (a run against one reference)
 
     @property
     def counts(self) -> dict[str, int]:

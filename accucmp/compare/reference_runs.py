@@ -27,7 +27,12 @@ What is paired how (docs/COMPARE.md, "A run against a single-process reference")
   - ops that exist only because of the parallelism (collectives, FSDP's copy-in/out,
     DDP's bucket copies, their buffers): status `parallelism`, taken out before the op
     streams are aligned, so they neither disturb the pairing nor count as departures;
-  - FSDP2's sharded gradients (reduce-scatter outputs): status `sharded` (shard assembly).
+  - FSDP2's reduce-scattered gradients: the rank's row of the reduce-scatter holds a dim-0
+    chunk of every parameter's averaged gradient of a module group, laid out by
+    fsdp.chunk_cat (fsdp_gradients.shard_rows); each parameter's chunk (`FlatRange`, one at
+    a time) against those rows of the reference's full-batch gradient from the backward op
+    that made the local gradient (a row per parameter, MatchedBy `after reduce-scatter`);
+    copies of that buffer: status `sharded`.
   Which tensor depends on the batch, and which op made it, comes from the dump's links
   (the catalog's `obj`/`base` entries of a dump written with dedup, the default).
 * Folder: one Dask task per rank (rank_tasks.pair_task with the view's options), merged as
@@ -48,6 +53,8 @@ import numpy as np
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 from dumpfile.read.light import LightValue
+
+from accucmp.compare.fsdp_gradients import GRADIENT_LAYOUT_INPUTS, REDUCED_ROW_OUTPUTS
 
 SPLITS = ("auto", "interleaved", "contiguous")
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -70,6 +77,23 @@ PARALLELISM_NAMESPACES: dict[str, str] = {
 # DDP's reducer copies each gradient into its bucket from the AccumulateGrad hook
 BUCKET_HOOK_NODES: dict[str, str] = {
     "torch::autograd::AccumulateGrad": "DDP reducer: a gradient copied into its all-reduce bucket",
+}
+# ops that normalise with statistics over the batch they are given (training-mode BatchNorm):
+# on a rank, over its part of the batch, so their outputs are not the reference's rows, and
+# nor is anything computed from them: by design (plain BatchNorm under DDP; SyncBatchNorm
+# normalises over the whole batch), never a finding. Keyed by op packet (op_policies.packet).
+# the inputs such an op updates in place from those statistics (running mean and variance):
+# read later, they hold this rank's update
+RUNNING_STATISTICS = ("running_mean", "running_var")
+BATCH_STATISTICS_OPS: dict[str, str] = {
+    "aten.native_batch_norm": "BatchNorm",
+    "aten._native_batch_norm_legit": "BatchNorm",
+    "aten._native_batch_norm_legit_functional": "BatchNorm",
+    "aten._native_batch_norm_legit_no_stats": "BatchNorm",
+    "aten.cudnn_batch_norm": "BatchNorm",
+    "aten.miopen_batch_norm": "BatchNorm",
+    "aten._batch_norm_with_update": "BatchNorm",
+    "aten.batch_norm_stats": "BatchNorm",
 }
 # wrappers (root attribute parallel_layout) under which ranks hold a part of the batch
 DATA_PARALLEL_WRAPPERS: dict[str, str] = {"ddp": "DDP", "fsdp2": "FSDP2"}
@@ -377,8 +401,93 @@ class BatchSlice(LightValue):
                 yield self._scaled(piece[keep])
 
 
+@dataclass
+class FlatRange(LightValue):
+    """Elements [start, stop) of a tensor seen flat (C order), as `shape`, times `scale`:
+    one parameter's part of a rank's reduce-scattered buffer, or the rows of the
+    reference's full-batch gradient that part holds. Read in the source's own chunks."""
+
+    source: Any = None
+    start: int = 0
+    stop: int = 0
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, rec, start: int, stop: int, shape, scale: float = 1.0) -> "FlatRange":
+        attrs = dict(rec.attrs)
+        attrs[S.ATTR_SHAPE] = tuple(int(s) for s in shape)
+        return cls(rec.file, rec.path, rec.name, rec.type, attrs, source=rec, start=int(start), stop=int(stop),
+                   scale=scale)
+
+    @property
+    def stored_size(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def uninitialized(self) -> bool:
+        return self.source.uninitialized
+
+    def read(self):
+        parts = list(self.iter_chunks(1 << 22))
+        x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(self.source.read()).dtype)
+        return x.reshape(self.attrs[S.ATTR_SHAPE])
+
+    def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
+        src = self.source
+        if isinstance(src, LightValue) and src.fast and src.stored_shape:
+            shape = tuple(int(d) for d in src.stored_shape)
+            per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
+            if per_row <= chunk_elements and math.prod(shape) == self.source.numel:
+                # only the rows of dim 0 that hold the range, in slabs of about chunk_elements:
+                # one parameter of a reduce-scatter row costs its own size, not the row's
+                yield from self._rows(src, shape, per_row, chunk_elements)
+                return
+        pieces = (src.iter_chunks_into(chunk_elements) if isinstance(src, LightValue) and src.fast
+                  and src.stored_shape else src.iter_chunks(chunk_elements))
+        pos = 0
+        for piece in pieces:
+            piece = np.asarray(piece).reshape(-1)
+            lo, hi = max(self.start, pos), min(self.stop, pos + piece.size)
+            pos += piece.size
+            if lo < hi:
+                # a copy: a source read into a reused buffer overwrites the piece at the next read
+                x = piece[lo - (pos - piece.size):hi - (pos - piece.size)].copy()
+                if self.scale != 1.0 and x.dtype.kind in "fc":
+                    x = (x * x.dtype.type(self.scale)).astype(x.dtype, copy=False)
+                yield x
+            if pos >= self.stop:
+                break
+
+    def _rows(self, src, shape: tuple, per_row: int, chunk_elements: int) -> Iterator[np.ndarray]:
+        from h5py import h5s
+
+        from dumpfile.read.h5util import h5_errors
+        from dumpfile.read.values import decode_raw
+
+        first, end = self.start // per_row, -(-self.stop // per_row)
+        step = max(1, chunk_elements // per_row)
+        with h5_errors(src.file.path, src.path):
+            dsid = src._dataset()
+            fspace = dsid.get_space()
+        for r in range(first, end, step):
+            n = min(step, end - r)
+            count = (n,) + shape[1:]
+            buf = np.empty(count, dtype=src.stored_dtype)
+            with h5_errors(src.file.path, src.path):
+                fspace.select_hyperslab((r,) + (0,) * (len(shape) - 1), count)
+                dsid.read(h5s.create_simple(count), fspace, buf)
+            x = decode_raw(buf, src.dtype, f"{src.file.path}: {src.path}").reshape(-1)
+            lo, hi = max(self.start - r * per_row, 0), min(self.stop - r * per_row, x.size)
+            x = x[lo:hi]
+            if self.scale != 1.0 and x.dtype.kind in "fc":
+                x = (x * x.dtype.type(self.scale)).astype(x.dtype, copy=False)
+            yield x
+
+
 # ---- one rank against the reference --------------------------------------------------------------
-_BATCH, _GRAD, _PAR = 1, 2, 4         # tensor flags: depends on the batch, made by a backward op, parallelism
+# tensor flags: depends on the batch, a gradient, parallelism, computed from statistics over
+# the rank's part of the batch (BATCH_STATISTICS_OPS)
+_BATCH, _GRAD, _PAR, _RANK_STATS = 1, 2, 4, 8
 
 
 @dataclass
@@ -400,6 +509,11 @@ class RankView:
     made_by: dict = field(default_factory=dict, repr=False)       # seqid -> {input: (seqid, output)}: views
     partner: dict = field(default_factory=dict, repr=False)       # target seqid -> golden OpRecord
     par_reason: dict = field(default_factory=dict, repr=False)    # seqid -> why it is parallelism
+    # FSDP2: reduce-scatter seqid -> the local gradients its row holds a chunk of, in layout
+    # order: ((seqid, output) that made it or None, shape, dtype) each
+    reduced: dict = field(default_factory=dict, repr=False)
+    stats_op: dict = field(default_factory=dict, repr=False)     # "first": the first BATCH_STATISTICS op
+    stats_updates: set = field(default_factory=set, repr=False)  # links of the running statistics they update
     _tf: Any = field(default=None, repr=False)
 
     @classmethod
@@ -414,9 +528,15 @@ class RankView:
         self._tf = tf
         keep, par = [], []
         consumers: dict[int, list[int]] = {}
-        allocations = set()
+        allocations, packs = set(), set()
+        laid_out = None                      # FSDP2: the local gradients a chunk_cat laid out
         for op in ops:
             ins, _ = _entries(tf, op)
+            if op.op in GRADIENT_LAYOUT_INPUTS:
+                laid_out = self._laid_out(ins, GRADIENT_LAYOUT_INPUTS[op.op])
+            elif op.op in REDUCED_ROW_OUTPUTS and laid_out is not None:
+                self.reduced[op.seqid] = laid_out
+                laid_out = None
             why = PARALLELISM_NAMESPACES.get(_namespace(op.op), "")
             hook = BUCKET_HOOK_NODES.get(getattr(op, "grad_fn", "") or "")
             if not why and hook and any(e["n"] == "out" and e.get("uninitialized") for e in ins):
@@ -439,14 +559,28 @@ class RankView:
                 self.made_by[op.seqid] = kept
             if not any(_is_tensor(e) for e in ins):
                 allocations.add(op.seqid)
-        # allocations whose outputs only parallelism ops use: a wrapper's buffers
-        for seq in allocations:
+            elif op.phase == S.PHASE_FORWARD and not any(_link(e) for e in ins if _is_tensor(e)):
+                packs.add(op.seqid)
+        # allocations, and ops reading only tensors no op made (parameters, buffers), whose
+        # outputs only parallelism ops use: a wrapper's buffers (DDP packs the buffers it
+        # broadcasts with a cat)
+        for seq in allocations | packs:
             users = consumers.get(seq)
             if seq not in self.par_reason and users and all(u in self.par_reason for u in users):
                 self.par_reason[seq] = "a buffer of the parallel wrapper"
         for op in ops:
             (par if op.seqid in self.par_reason else keep).append(op)
         return keep, par
+
+    def _laid_out(self, ins: list[dict], name: str) -> list[tuple]:
+        """The tensors of the input list `name` in order: (what made it, shape, dtype)."""
+        items = [e for e in ins if e["n"].startswith(name + "/") and _is_tensor(e)]
+        items.sort(key=lambda e: int(e["n"].rsplit("_", 1)[-1]) if e["n"].rsplit("_", 1)[-1].isdigit() else 0)
+        out = []
+        for e in items:
+            ln = _link(e)
+            out.append((self._made(ln) if ln is not None else None, _shape(e), str(e.get("dtype") or "")))
+        return out
 
     def _made(self, ln) -> tuple[int, str] | None:
         """The (seqid, output) a link names: an output itself, or what made a linked input."""
@@ -457,7 +591,12 @@ class RankView:
     def _input_flags(self, seq: int, entry: dict) -> int:
         ln = _link(entry)
         if ln is None:
+            if entry["n"] in RUNNING_STATISTICS and self.stats_updates and seq > self.stats_op.get("seqid", seq):
+                # updated in place by an earlier BatchNorm (its new bytes carry no link)
+                return _BATCH | _RANK_STATS
             return _BATCH if (seq, entry["n"]) in self.batch_leaves else 0
+        if ln in self.stats_updates:
+            return _BATCH | _RANK_STATS         # a buffer BatchNorm updated from this rank's rows
         made = self._made(ln)
         if made is not None:
             return self.out_flags.get(made[0], 0)
@@ -468,17 +607,31 @@ class RankView:
         """After the pairing: the golden partner of each op, the flags of every op's
         outputs (depends on the batch, made in backward), and the allocations only the rank
         made (no tensor input, outputs uninitialized: a wrapper's buffers) as parallelism."""
+        first_backward = True
         for p in sorted((p for p in pairs if p.target is not None), key=lambda p: p.target.seqid):
             t = p.target
             ins, outs = _entries(self._tf, t)
             if p.golden is None:
                 if outs and not any(_is_tensor(e) for e in ins) and all(e.get("uninitialized") for e in outs):
                     self.par_reason[t.seqid] = "an allocation only the parallel run made (a wrapper's buffer)"
+                elif (_copy_like(t.op) and (t.seqid - 1 in self.par_reason or t.seqid + 1 in self.par_reason)
+                      and all(_link(e)[0] in self.par_reason for e in ins if _is_tensor(e) and _link(e))):
+                    # a wrapper's copy next to its collectives, reading nothing but what the
+                    # parallelism ops read or made (or what carries no link): DDP's buffer
+                    # broadcast copying a 0-d num_batches_tracked back, FSDP2 (mixed precision)
+                    # casting its flat shards into the all-gather's inputs
+                    self.par_reason[t.seqid] = "a copy next to a collective, only the parallel run has"
                 g_ins = {}
             else:
                 self.partner[t.seqid] = p.golden
                 g_ins = {e["n"]: e for e in _entries(gf, p.golden)[0] if _is_tensor(e)}
             dep = 0
+            # a gradient (scaled as the loss's normalisation): a backward op's output that
+            # reads a gradient, or the first backward op's (the loss's: its seed is made
+            # outside the recorded ops), or one reading a tensor no recorded op made (the
+            # engine's). Not every backward op's: GELU's backward computes x^2 of the saved
+            # activation, a batch slice with no loss scale in it.
+            grad = t.phase == S.PHASE_BACKWARD and first_backward and p.golden is not None
             for e in ins:
                 if not _is_tensor(e):
                     continue
@@ -486,8 +639,22 @@ class RankView:
                     ge = g_ins.get(e["n"])
                     if ge is not None and slice_dim(_shape(e), _shape(ge), self.world) is not None:
                         self.batch_leaves.add((t.seqid, e["n"]))
-                dep |= self._input_flags(t.seqid, e) & _BATCH
-            flags = dep | (_GRAD if t.phase == S.PHASE_BACKWARD else 0)
+                    elif t.phase == S.PHASE_BACKWARD:
+                        grad = True
+                f = self._input_flags(t.seqid, e)
+                dep |= f & (_BATCH | _RANK_STATS)
+                grad = grad or (t.phase == S.PHASE_BACKWARD and bool(f & _GRAD))
+            if t.phase == S.PHASE_BACKWARD and p.golden is not None:     # (a wrapper's allocation is not it)
+                first_backward = False
+            if dep & _BATCH and _packet(t.op) in BATCH_STATISTICS_OPS:
+                dep |= _RANK_STATS
+                for e in ins:                   # the running statistics it updates: by their first appearance
+                    if e["n"] in RUNNING_STATISTICS and _is_tensor(e):
+                        self.stats_updates.add(_link(e) or (t.seqid, S.INPUT_GROUP, e["n"]))
+                self.stats_op.setdefault("seqid", t.seqid)
+                self.stats_op.setdefault("first", f"{BATCH_STATISTICS_OPS[_packet(t.op)]} {t.op} #{t.seqid}"
+                                         + (f" in {t.module}" if t.module else ""))
+            flags = dep | (_GRAD if grad else 0)
             if flags:
                 self.out_flags[t.seqid] = flags
 
@@ -514,12 +681,16 @@ class RankView:
             row = task.row
             io, name = row.get("IO"), row.get("TensorName")
             if why is not None:
+                if io == S.OUTPUT_GROUP and t_op.seqid in self.reduced and name == REDUCED_ROW_OUTPUTS.get(t_op.op):
+                    out.extend(self._after_reduce_scatter(t_op, task))
+                    continue
                 grad = self._after_all_reduce(t_op, task) if io == S.OUTPUT_GROUP else None
                 if grad is not None:
                     out.append(grad)
                     continue
                 row["CompareStatus"] = STATUS_SHARDED if self._sharded(t_op, task) else STATUS_PARALLELISM
-                row["CompareFailReason"] = (f"{why}: sharded gradient (shards: see assembly)"
+                row["CompareFailReason"] = (f"{why}: a copy of the reduce-scattered gradients (compared per "
+                                            "parameter at the reduce-scatter)"
                                             if row["CompareStatus"] == STATUS_SHARDED else
                                             f"{why}: exists only because of the parallelism; not compared")
                 row["MatchedBy"] = "parallelism"
@@ -530,6 +701,20 @@ class RankView:
                 out.append(task)
                 continue
             flags = self.flags_of(t_op, io, name, inputs)
+            if io == S.INPUT_GROUP and row.get("MadeBy") == "op" and self._wrapper_made(inputs.get(name), flags):
+                # a parameter the wrapper gathered (FSDP2's all-gather copy-out writes the
+                # unsharded parameters in place: the dumper knows an op made it, the catalog
+                # links no compared op): judged here as a parameter is, not passed as inherited
+                row["MadeBy"] = "leaf"
+            if flags & _RANK_STATS and flags & _BATCH and not row.get("ArgsDiffer"):
+                # (an op whose arguments differ from the reference's, an eps, stays a finding)
+                row["CompareStatus"] = STATUS_PARTIAL
+                row["CompareFailReason"] = (f"computed from statistics over this rank's part of the batch "
+                                            f"({self.stats_op.get('first', 'BatchNorm')} normalises over the "
+                                            "rows it is given; SyncBatchNorm would use the whole batch's): "
+                                            "differs from the reference by design, not compared")
+                out.append(task)
+                continue
             try:
                 t_shape, g_shape = tuple(t.shape), tuple(g.shape)
             except (DumpFormatError, ValueError, TypeError, KeyError, OSError):
@@ -558,6 +743,18 @@ class RankView:
                 continue
             out.append(task)
         return out
+
+    def _wrapper_made(self, entry: dict | None, flags: int) -> bool:
+        """Whether this input, made by an op, was made by no compared op: a parallelism op
+        made it (directly or through views), or it carries no link and does not depend on
+        the batch (written in place by a wrapper's copy-out)."""
+        if entry is None:
+            return False
+        ln = _link(entry)
+        if ln is None:
+            return not flags & _BATCH
+        made = self._made(ln)
+        return (made[0] if made is not None else ln[0]) in self.par_reason
 
     def _producer_output(self, t_op, name: str):
         """The golden record of what the op that made the target op's input `name` made."""
@@ -591,8 +788,77 @@ class RankView:
                     "GoldenSeqId": g_op.seqid, "GoldenOp": g_op.op, "CompareStatus": "", "CompareFailReason": "",
                     "MatchedBy": "after all-reduce", "Module": g_op.module or row.get("Module"),
                     "ReferencePart": f"the full-batch gradient {g_op.op} #{g_op.seqid} {made[1]} (the rank's "
-                                     f"#{made[0]} after the all-reduce)"})
+                                     f"#{made[0]} after the all-reduce)"
+                                     + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")})
+        if self.reduced_scale != 1.0:       # a sum loss: the averaged gradient is the full one / world
+            g = FlatRange.of(g, 0, g.numel, tuple(g.shape), self.reduced_scale)
+        self._mark_rank_stats(row, made[0])
         return Task(row, t, g)
+
+    def _mark_rank_stats(self, row: dict, made_seq) -> None:
+        """A reduced gradient whose local parts were computed from per-rank batch statistics
+        (BatchNorm under DDP/FSDP): their average is not the full-batch gradient, by design."""
+        if made_seq is not None and self.out_flags.get(made_seq, 0) & _RANK_STATS:
+            from accucmp.compare.rows import STATUS_PARTIAL
+
+            row["CompareStatus"] = STATUS_PARTIAL
+            row["CompareFailReason"] = (f"the average of gradients computed from statistics over each rank's part "
+                                        f"of the batch ({self.stats_op.get('first', 'BatchNorm')}): not the "
+                                        "full-batch gradient, by design; not compared")
+
+    @property
+    def reduced_scale(self) -> float:
+        """Reference gradient x this = a gradient averaged over the ranks (a mean loss: 1; a
+        sum loss: each rank's sum over its rows, averaged: 1 / world)."""
+        return self.grad_scale / self.world
+
+    def _after_reduce_scatter(self, t_op, task) -> list:
+        """FSDP2's reduce-scattered row of this rank, one task per parameter: its chunk of
+        the parameter's averaged gradient (dim-0 rows rank x chunk, chunk_cat's layout)
+        against those rows of the reference's full-batch gradient, from the backward op that
+        made the local gradient. One parameter's part is read at a time (FlatRange)."""
+        from accucmp.compare.fsdp_gradients import shard_rows
+        from accucmp.compare.rows import STATUS_PARALLELISM, Task, dtype_of, op_tensors, shape_str
+
+        t = task.target
+        base = dict(task.row, MatchedBy="after reduce-scatter", CompareStatus="", CompareFailReason="")
+        try:
+            have = t.numel if t is not None else 0
+        except (DumpFormatError, ValueError, TypeError, KeyError, OSError):
+            return [task]                    # an unreadable record: the comparer reports it
+        out, off = [], 0
+        for k, (made, shape, dtype) in enumerate(self.reduced[t_op.seqid]):
+            n0, per, rest = shard_rows(shape, self.world)
+            lo, hi = min(self.rank * per, n0), min((self.rank + 1) * per, n0)
+            start, n = off, (hi - lo) * rest
+            off += per * rest
+            if n == 0:                       # this rank's chunk is padding only
+                continue
+            row = dict(base, TensorName=f"{task.row.get('TensorName')}[{start}:{start + n}]")
+            part_shape = (hi - lo,) + tuple(shape[1:])
+            g_op = self.partner.get(made[0]) if made is not None else None
+            g = op_tensors(g_op).outputs.get(made[1]) if g_op is not None else None
+            if t is None or start + n > have or g is None or not g.is_tensor or g.numel != n0 * rest:
+                why = ("its row holds fewer elements than the gradients laid out" if t is not None and
+                       start + n > have else "no reference gradient from the op that made this one")
+                row.update(CompareStatus=STATUS_PARALLELISM, MatchedBy="parallelism",
+                           CompareFailReason=f"{self.par_reason.get(t_op.seqid)}: parameter {k}'s shard: {why}")
+                out.append(Task(row, t, None))
+                continue
+            mine = FlatRange.of(t, start, start + n, part_shape)
+            ref = FlatRange.of(g, lo * rest, hi * rest, part_shape, self.reduced_scale)
+            computed = dtype if dtype and dtype != dtype_of(t) else row.get("ComputeDtype")
+            row.update({"Shape": shape_str(part_shape), "GoldenShape": shape_str(part_shape),
+                        "GroundTruthPath": g.path, "GoldenDataType": dtype_of(g), "GoldenSeqId": g_op.seqid,
+                        "GoldenOp": g_op.op, "Module": g_op.module or row.get("Module"), "ComputeDtype": computed,
+                        "ReferencePart": f"rows {lo}:{hi} of {n0} (dim 0) of the full-batch gradient {g_op.op} "
+                                         f"#{g_op.seqid} {made[1]}"
+                                         + (f" x{self.reduced_scale:g}" if self.reduced_scale != 1.0 else "")
+                                         + f" (this rank's shard of the gradient its #{made[0]} made, "
+                                           "after the reduce-scatter)"})
+            self._mark_rank_stats(row, made[0])
+            out.append(Task(row, mine, ref))
+        return out
 
     def _sharded(self, t_op, task) -> bool:
         t = task.target
@@ -601,6 +867,12 @@ class RankView:
         # a copy to or from a collective's buffer under FSDP2: the reduce-scattered gradient shard
         return "fsdp2" in self.wrappers and any(
             made[0] in self.par_reason for made in self.made_by.get(t_op.seqid, {}).values())
+
+
+def _packet(op: str) -> str:
+    from accucmp.compare.op_policies import packet
+
+    return packet(op)
 
 
 def _copy_like(op: str) -> bool:
@@ -617,7 +889,8 @@ def _rows_text(rows) -> str:
 # ---- the folder against one reference, on Dask -------------------------------------------------------
 def _pairs_line(lay: Layout, split: BatchSplit, n_ranks: int, golden: str, loss: str) -> str:
     grads = ("gradients after the all-reduce with the full-batch gradients" if "ddp" in lay.wrappers else
-             "sharded gradients left to shard assembly" if "fsdp2" in lay.wrappers else
+             "reduce-scattered gradients per parameter with the full-batch gradients' rows each rank holds"
+             if "fsdp2" in lay.wrappers else
              "per-rank gradients as partial sums")
     return (f"comparing {n_ranks} {lay.name()} rank(s) (world size {lay.world_size}) with the 1-process reference "
             f"{golden}: activations by batch slice ({split.kind}, {split.batch} rows; {split.found}), "

@@ -141,7 +141,7 @@ def folder_summary_record(r, *, meta: dict | None = None, outputs=(), top: int =
     sentence, exit_code, tensors, counts, inherited, first_failure, worst, target, golden,
     thresholds, outputs, accucmp_version) with first_failure and worst naming their rank
     and step, plus `kind` "folders", `ranks` (per_rank), `diverge_first`, `replica_checks`
-    and `unpaired`."""
+    `unpaired` and `plan` (the line saying what is paired how; None for rank vs rank)."""
     from accucmp.report.outputs import op_record, summary_record
     from accucmp.report.summary import Summary
 
@@ -156,6 +156,8 @@ def folder_summary_record(r, *, meta: dict | None = None, outputs=(), top: int =
     rec["worst"] = [dict(op_record(w), rank=w["rank"], step=w["step"]) for w in worst]
     rec.update({
         "kind": "folders",
+        # what is paired how (a run against a single-process reference: reference_runs' line)
+        "plan": getattr(r, "plan", None),
         "ranks": per_rank(r),
         "diverge_first": list(r.diverge_first),
         "replica_checks": [{"rank": x["rank"], "ref_rank": x.get("ref_rank"), "step": x.get("step"),
@@ -241,6 +243,8 @@ def render_folder_html(r, lead_table, *, meta: dict | None = None, lead: dict | 
     parts.append(f"<p class='counts'><span>{len(r.pairs)} rank pair(s)</span><span>{_rows(r)} tensors</span>"
                  + "".join(f"<span class='{html.escape(k)}'>{n} {html.escape(k)}</span>" for k, n in counts.items())
                  + "</p>")
+    if getattr(r, "plan", None):
+        parts.append(f"<p class='plan'>{html.escape(r.plan)}</p>")
     if r.diverge_first:
         parts.append(f"<p>Diverge first: rank(s) {', '.join(map(str, r.diverge_first))}</p>")
     parts.append("</header>")
