@@ -392,7 +392,7 @@ def test_fsdp2_bf16_run_against_the_fp32_reference(runs, tmp_path):
     dtype): FSDP2's _foreach_copy_ casts of its flat shards are parallelism, not unmatched
     rows; every parameter's reduce-scattered gradient is compared."""
     res, csvs = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
-    assert res.exit_code in (0, 1), res.output      # (1 today: see the xfail below)
+    assert res.exit_code == 0, res.output
     for csv in csvs:
         if csv.name.endswith("_ranks.csv"):
             continue
@@ -402,9 +402,6 @@ def test_fsdp2_bf16_run_against_the_fp32_reference(runs, tmp_path):
         assert len(g) == _PARAMS and (g.Result == "pass").all() and set(g.ComputeDtype) == {"bfloat16"}
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: SDPA's CPU math runs this model's attention in float32 on "
-                   "bfloat16 inputs; the _unsafe_view after its bmm (no own error recorded for a view) is judged at "
-                   "float32 with the bf16 error it carries, and its size argument holds the rank's half batch")
 def test_fsdp2_bf16_run_against_the_fp32_reference_passes(runs, tmp_path):
     res, _ = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
     assert res.exit_code == 0, res.output
