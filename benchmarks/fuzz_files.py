@@ -669,6 +669,9 @@ def _run_in_child(argv: list[str], out: str) -> int:
             from ir2tbe.cli import main
             main(argv[1:])
         else:
+            # the API's own bound (dumpfile.read.probe: the metadata read first in a watched
+            # child) at half the pair's time limit too
+            os.environ["ACCUCMP_STALL_SECONDS"] = os.environ.get("FUZZ_STALL_SECONDS", "30")
             from dumpfile.errors import DumpError
             try:
                 (_api_load if argv[0] == "api:load" else _api_replay)(*argv[1:])
