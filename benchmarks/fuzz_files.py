@@ -659,7 +659,7 @@ def _run_in_child(argv: list[str], out: str) -> int:
     try:
         if argv[0] in ("accucmp", "ir2tbe"):
             # as the accucmp program runs (accucmp/cli/entry.py): a loop inside HDF5 is cut
-            # by the watchdog (dumpfile.watchdog), here at half the pair's time limit
+            # by the watchdog (dumpfile.watchdog), here within half the pair's time limit (main)
             from dumpfile import watchdog
             watchdog.supervise(argv[0], seconds=float(os.environ.get("FUZZ_STALL_SECONDS", "30")))
         if argv[0] == "accucmp":
@@ -669,6 +669,9 @@ def _run_in_child(argv: list[str], out: str) -> int:
             from ir2tbe.cli import main
             main(argv[1:])
         else:
+            # the API's own bound (dumpfile.read.probe: the metadata read first in a watched
+            # child) at half the pair's time limit too
+            os.environ["ACCUCMP_STALL_SECONDS"] = os.environ.get("FUZZ_PROBE_SECONDS", "30")
             from dumpfile.errors import DumpError
             try:
                 (_api_load if argv[0] == "api:load" else _api_replay)(*argv[1:])
@@ -866,7 +869,11 @@ def main() -> None:
         MUTANT_KINDS = [k for k in MUTANT_KINDS if k in a.kinds.split(",")]
     work = a.keep or tempfile.mkdtemp(prefix="fuzz_files_")
     os.environ.setdefault("XDG_STATE_HOME", os.path.join(work, "state"))
-    os.environ["FUZZ_STALL_SECONDS"] = str(max(1.0, a.timeout / 2))
+    # a stall is cut within half the pair's time limit: the watchdog's bound for a call that
+    # released the interpreter lock is RELEASED_FACTOR times its own; the probe's is its own
+    from dumpfile import watchdog
+    os.environ["FUZZ_STALL_SECONDS"] = str(max(1.0, a.timeout / (2 * watchdog.RELEASED_FACTOR)))
+    os.environ["FUZZ_PROBE_SECONDS"] = str(max(1.0, a.timeout / 2))
     # the seeds are made in a child: torch's thread pools must not be running in the
     # process every pair is forked from
     import subprocess

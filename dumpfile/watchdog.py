@@ -82,10 +82,23 @@ def supervise(prog: str, seconds: float | None = None) -> None:
     pid = os.fork()
     if pid == 0:
         _NOTE = note
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        threading.Thread(target=_push_deadline, args=(seconds,), name="accucmp-watchdog", daemon=True).start()
+        watch(seconds)
         return
     _parent(prog, pid, note, seconds)
+
+
+def active() -> bool:
+    """Whether this process is a watched command's (supervise's child): what it reads is
+    bounded already, a library entry needs no probe of its own (dumpfile.read.probe)."""
+    return _NOTE is not None
+
+
+def watch(seconds: float, released_factor: float = RELEASED_FACTOR) -> None:
+    """Watch this process: a call stalled for the bound ends it by SIGALRM (_push_deadline).
+    Only for a process that is ours to end: supervise's child, the metadata probe's."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    threading.Thread(target=_push_deadline, args=(seconds, released_factor), name="accucmp-watchdog",
+                     daemon=True).start()
 
 
 # modules whose frames wait for others (a pool's results, a child, a queue): a main
@@ -93,13 +106,13 @@ def supervise(prog: str, seconds: float | None = None) -> None:
 _WAITING = ("threading", "multiprocessing", "concurrent", "queue", "selectors", "subprocess", "asyncio")
 
 
-def _push_deadline(seconds: float) -> None:
+def _push_deadline(seconds: float, released_factor: float = RELEASED_FACTOR) -> None:
     """Two stalls end the child by SIGALRM: one C call holding the interpreter lock (this
     thread cannot run: the timer it pushes ahead fires), and one C call that released it
     but never returns (h5py releases the lock for dataset reads: a zeroed page looped
     inside the read of the catalog's strings, this thread ran on and the timer never
     fired). For the second, the main thread's position (its top frame and instruction)
-    is sampled each step: unchanged for RELEASED_FACTOR x `seconds` outside a module that
+    is sampled each step: unchanged for `released_factor` x `seconds` outside a module that
     waits for others, the main thread is inside one call that long. (Longer than the first
     bound: a legitimate loop of large reads from one call site, extract copying a huge
     tensor from a slow disk, also shows one position between most samples.)"""
@@ -116,7 +129,7 @@ def _push_deadline(seconds: float) -> None:
         now = time.monotonic()
         if where != last:
             last, since = where, now
-        elif now - since >= RELEASED_FACTOR * seconds \
+        elif now - since >= released_factor * seconds \
                 and not str(frame.f_globals.get("__name__", "")).startswith(_WAITING):
             os.kill(os.getpid(), signal.SIGALRM)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
+from dumpfile.read import probe
 from dumpfile.read.reader import DumpFile, ValueRecord
 
 from .capture.tensors import from_record
@@ -17,6 +18,9 @@ class TorchDumpFile(DumpFile):
     """DumpFile whose values can come back as torch tensors in their recorded dtype."""
 
     def __init__(self, path, *, as_torch: bool = False, device=None, **kw):
+        # inside the user's process: a damaged file's metadata is read first in a watched
+        # child, so that a loop inside HDF5 is a DumpFormatError, not a hung job
+        probe.probe(path, probe.LOAD)
         super().__init__(path, **kw)
         self.as_torch = as_torch
         self.device = device

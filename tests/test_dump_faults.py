@@ -216,6 +216,60 @@ def test_a_file_size_limit_reached_by_large_tensors_keeps_the_ops_written_before
     assert ops[0].outputs()["result"].read().shape == (8, 1024)
 
 
+_STATS_UNDER_LIMIT = """
+    import os, resource, signal, torch, npu_dumper
+    from npu_dumper.errors import DumperError
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+    x = torch.randn(8, 1024)
+
+    def dump(path, steps):
+        try:
+            with npu_dumper.dumper(use_dump=True, dump_path=path, stats_only=True) as d:
+                for _ in range(steps):
+                    m(x).sum().backward()
+        except DumperError as e:
+            print("ERR", e)
+        return d.summary["ops_kept"]
+    # the ops whose rows fit: those of the most whole steps whose complete dump is within the limit
+    fit = 0
+    for steps in range(1, {steps} + 1):
+        n = dump({p!r} + ".free.h5", steps)
+        if os.path.getsize({p!r} + ".free.h5") > {limit}:
+            break
+        fit = n
+    total = dump({p!r} + ".all.h5", {steps})
+    resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+    print("kept", dump({p!r}, {steps}), "fit", fit, "of", total)
+"""
+
+
+@pytest.mark.parametrize("steps", [2, 30])
+def test_a_statistics_dump_under_a_256_kb_file_size_limit_keeps_the_ops_that_fit(tmp_path, steps):
+    """2 and 30 steps of 1024-wide Linear layers, statistics only, under a 256 KiB file-size
+    limit: the file kept 0 ops (its 1,024-row table chunks, 172 KB, made the first flush's
+    space claim larger than the limit; past it, a batch of rows failed inside HDF5). Now
+    the ops whose rows fit, at least 90% of them (issue 32): all of 2 steps (a 102 KB
+    file); of 30 steps (742 ops, 763 KB) those before the limit, the rest refused."""
+    p = tmp_path / "stats.h5"
+    limit = 256 << 10
+    r = _run(_STATS_UNDER_LIMIT.format(p=str(p), limit=limit, steps=steps))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    last = r.stdout.splitlines()[-1].split()
+    kept, fit, total = int(last[1]), int(last[3]), int(last[5])
+    assert fit >= 40 and kept >= 0.9 * fit, r.stdout
+    assert (fit == total) == (steps == 2)
+    err = [ln for ln in r.stdout.splitlines() if ln.startswith("ERR")]
+    assert len(err) == (0 if kept == total else 1), r.stdout
+    if err:
+        assert "File too large" in err[0] and f"the file keeps {kept} ops" in err[0]
+    assert _plain_h5py(p) == kept
+    ops = _ops_in_order(p)
+    assert len(ops) == kept
+    assert any(v.stats is not None for v in ops[-1].outputs().values())
+
+
 # ---- signals at block exit --------------------------------------------------------------------
 _EXIT_SLOW = """
     import pathlib, time, torch, npu_dumper

@@ -391,3 +391,36 @@ def test_deeply_nested_op_json_attributes_are_not_read(tmp_path):
         f["/aten.relu.default/1"].attrs["scalar_args"] = "{\"a\":" * 3000 + "1" + "}" * 3000
     t = apply_verdict(compare_dumps(str(tmp_path / "t.h5"), str(tmp_path / "g.h5")).table)
     assert (t["Result"] == "pass").all()
+
+
+def test_load_replay_refuses_a_group_where_its_catalog_says_tensor(tmp_path):
+    """The catalog (read at load-replay's entry instead of the groups) says tensor where an
+    edit left a group: the transposed weight (addmm's mat2, replayed laid out as recorded)
+    was read as a dataset and the user's step died of h5py's TypeError (fuzzer, seed 1)."""
+    torch = pytest.importorskip("torch")
+    import npu_dumper
+    from npu_dumper.errors import DumperError
+
+    path = str(tmp_path / "golden.h5")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                            torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    with npu_dumper.dumper(use_dump=True, dump_path=path):
+        m(x).softmax(-1).sum().backward()
+    found = []
+    with h5py.File(path, "r") as h5:
+        h5.visit(lambda n: found.append(n) if n.startswith("aten.addmm.default/") and n.endswith("/input/mat2")
+                 else None)
+    # (the second Linear's: a catalog's offsets are checked on a sample, first and last included)
+    mat2 = sorted(found, key=lambda n: int(n.split("/")[1]))[-1]
+    with h5py.File(path, "a") as h5:
+        attrs = dict(h5[mat2].attrs)
+        del h5[mat2]
+        g = h5.create_group(mat2)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+    with pytest.raises(DumperError) as e:
+        with npu_dumper.dumper(use_load=True, load_file_path=path, dump_path=str(tmp_path / "r.h5")):
+            m(x).softmax(-1).sum().backward()
+    assert str(e.value).startswith(f"{path}: /{mat2}: a group where a value of Type 0"), e.value

@@ -358,6 +358,9 @@ class DumpFile:
         t = rec.type
         try:
             obj = self.h5[rec.path]
+            # (a record from the catalog, not from its object: the file may have been edited
+            # since, a group now where the catalog says tensor)
+            check_kind(self.path, rec.path, t, isinstance(obj, h5py.Group))
             if t == S.TYPE_TENSOR:
                 return decode_raw(obj[()], rec.dtype or str(obj.dtype), f"{self.path}: {rec.path}")
             if t == S.TYPE_TENSOR_VIEW:

@@ -22,7 +22,7 @@ from h5py import h5a
 from .. import schema as S
 from ..errors import DumpWriteError
 from .h5objects import (METADATA_CACHE_BYTES, _TEST_WRITE_DELAY_S, _claimed_only, _first_line,
-                        _os_error, claim_blocks, rewrite_scalar_attr)
+                        _os_error, claim_blocks, rewrite_scalar_attr, stored_row_bytes)
 
 # Metadata HDF5 keeps cached after a flush once the cache holds more than
 # CLEAN_METADATA_DROP_ABOVE (least recently used dropped first). Why: HDF5 (2.0) walks
@@ -33,6 +33,10 @@ from .h5objects import (METADATA_CACHE_BYTES, _TEST_WRITE_DELAY_S, _claimed_only
 # dropping them writes nothing; the hot ones (the root, the op name groups, the index) are
 # the most recently used and stay. Dropping at every flush cost more re-reads for no gain.
 CLEAN_METADATA_KEPT_BYTES = 2 << 20
+
+# What a flush allocates past the end of allocation besides the tables' new chunks: the
+# chunk indexes' nodes, object header continuations, the free-space bookkeeping
+FLUSH_METADATA_ROOM = 8 << 10
 CLEAN_METADATA_DROP_ABOVE = 8 << 20
 
 
@@ -144,14 +148,17 @@ class DurableFile:
 
     def _flush_headroom(self) -> int:
         """Room a flush may allocate past the end of allocation: the table chunks begun
-        since the last flush, plus one (a fixed 2 MB filled a 3 MB disk at once)."""
-        n = 0
+        since the last flush, as stored, plus FLUSH_METADATA_ROOM (a fixed 2 MB filled a
+        3 MB disk at once; one more chunk of every table, 172 KB for a statistics table,
+        made the first flush claim more than a 256 KB file-size limit allowed and the file
+        kept 0 ops: issue 32)."""
+        n = FLUSH_METADATA_ROOM
         flushed = self._flushed_rows
         for ds in self._tables():
             if ds is not None and ds.chunks:
                 rows, per = ds.shape[0], ds.chunks[0]
                 new = -(-rows // per) - -(-flushed.get(ds.name, 0) // per)
-                n += (new + 1) * per * ds.dtype.itemsize
+                n += new * per * stored_row_bytes(ds.id.get_type())
         return n
 
     def _note_flushed_rows(self) -> None:

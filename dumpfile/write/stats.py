@@ -14,9 +14,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from .. import schema as S
 from ..errors import DumpWriteError
 from ..stats_table import OP_ATTR_DTYPE, STATS_ROW_DTYPE, append_rows, op_attr_row, table, value_row
+from . import room
+from .h5objects import SpaceClaimError, claim_blocks
 from .writer import _INDEX_DTYPE, DumpWriter, _scalar_type_code, set_attrs
 
 
@@ -71,6 +75,7 @@ class StatsDumpWriter(DumpWriter):
         self._attrs_ds = None                      # made when an op has extra attributes
         self._pending_rows: list[tuple] = []
         self._pending_attrs: list[tuple] = []
+        self._op_ends: list[tuple[int, int]] = []  # per pending op: its rows' and attributes' ends
         if not defer_open:
             self.open()
 
@@ -100,6 +105,7 @@ class StatsDumpWriter(DumpWriter):
                 self._pending_attrs.append(op_attr_row(int(seqid), k, v))
         self._pending_index.append(
             (int(seqid), op, S.PHASE_CODES.get(phase, -1), module or "", grad_fn or ""))
+        self._op_ends.append((len(self._pending_rows), len(self._pending_attrs)))
         self.num_ops += 1
         if len(self._pending_rows) >= self.ROWS_PER_WRITE:
             self._write_rows()
@@ -110,7 +116,29 @@ class StatsDumpWriter(DumpWriter):
 
     def _write_rows(self) -> None:
         """Pending value rows, then the index rows of their ops, into the datasets (HDF5's
-        cache; durable at the next flush, as every op of the tree layout)."""
+        cache; durable at the next flush, as every op of the tree layout).
+
+        Where room is tight (room.py), the space is claimed first. When not all pending
+        ops fit, those that do are written and flushed at once (the file's own size then
+        replaces the estimate) and the rest tried again; when not one more fits, the rest
+        are dropped and the writer stops with the claim's error (its last flush lists every
+        op written). The room left shrinks by a factor each round: a few rounds."""
+        fit, no_room = self._room_for_pending()
+        while fit < len(self._pending_index):
+            rest = self._take_pending_after(fit)
+            self._write_pending()
+            self.num_ops -= len(rest[2])
+            if fit == 0:
+                # (as DumpWriter.reserve_tensor: the caller's fail() finds the claim behind it
+                # and leaves the file open for a last flush of the ops written)
+                raise DumpWriteError(f"{self.path}: write failed ({no_room})") from no_room
+            DumpWriter.flush(self)         # (DurableFile's: the rows are written)
+            self.num_ops += len(rest[2])
+            self._pending_rows, self._pending_attrs, self._pending_index, self._op_ends = rest
+            fit, no_room = self._room_for_pending()
+        self._write_pending()
+
+    def _write_pending(self) -> None:
         try:
             if self._stats_ds is None:
                 self._stats_ds = table(self._f, S.STATS_TABLE_PATH, STATS_ROW_DTYPE)
@@ -132,12 +160,78 @@ class StatsDumpWriter(DumpWriter):
             except (OSError, RuntimeError) as e:
                 raise self.fail(e) from e
             self._pending_index.clear()
+        self._op_ends.clear()
+
+    def _take_pending_after(self, k: int) -> tuple[list, list, list, list]:
+        """The pending ops after the first k, taken out (rows, attributes, index rows, ends)."""
+        rows, attrs = self._op_ends[k - 1] if k else (0, 0)
+        rest = (self._pending_rows[rows:], self._pending_attrs[attrs:], self._pending_index[k:],
+                [(r - rows, a - attrs) for r, a in self._op_ends[k:]])
+        del self._pending_rows[rows:], self._pending_attrs[attrs:], self._pending_index[k:]
+        del self._op_ends[k:]
+        return rest
+
+    def _room_for_pending(self) -> tuple[int, SpaceClaimError | None]:
+        """How many of the pending ops (whole, in order) have room, their space claimed:
+        all of them unless room is tight (room.TIGHT_ROOM); then with the claim's error
+        when not all fit. The estimate (room.py) is taken room.ESTIMATE_FACTOR times: what
+        HDF5 allocates besides (partly used heap collections, chunk index nodes)."""
+        n = len(self._pending_index)
+        if not n or not self._claim_blocks or self._failed is not None:
+            return n, None
+        try:
+            fd = self._f.id.get_vfd_handle()
+        except Exception:  # noqa: BLE001 - not a plain POSIX file: nothing to claim
+            return n, None
+        if not isinstance(fd, int) or fd < 0:
+            return n, None
+        left = room.room_left(fd)
+        if left is None or left > room.TIGHT_ROOM:
+            return n, None
+        heap_rows = np.cumsum([0] + room.heap_bytes_per_row(self._pending_rows, STATS_ROW_DTYPE))
+        heap_attrs = np.cumsum([0] + room.heap_bytes_per_row(self._pending_attrs, OP_ATTR_DTYPE))
+        heap_index = np.cumsum([0] + room.heap_bytes_per_row(self._pending_index, _INDEX_DTYPE))
+        base = self._f.id.get_filesize() + self._flush_headroom() + room.HEAP_SLACK
+
+        def cost(k: int) -> int:        # the first k pending ops' rows, as stored
+            if k == 0:
+                return 0
+            rows, attrs = self._op_ends[k - 1]
+            return int(room.ESTIMATE_FACTOR * (room.chunk_growth(self._stats_ds, STATS_ROW_DTYPE, rows)
+                                               + room.chunk_growth(self._attrs_ds, OP_ATTR_DTYPE, attrs)
+                                               + room.chunk_growth(self._index, _INDEX_DTYPE, k)
+                                               + heap_rows[rows] + heap_attrs[attrs] + heap_index[k]))
+
+        def claim(k: int) -> SpaceClaimError | None:
+            size = os.fstat(fd).st_size
+            want = base + cost(k)
+            if want > size:
+                try:
+                    if not claim_blocks(fd, size, want - size):
+                        self._claim_blocks = False
+                except SpaceClaimError as e:
+                    return e
+            return None
+        try:
+            error = claim(n)
+            if error is None:
+                return n, None
+            lo, hi = 0, n - 1           # the most whole ops that fit: lo (claimed)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if claim(mid) is None:
+                    lo = mid
+                else:
+                    hi = mid - 1
+        except OSError:
+            return n, None              # (fstat: the flush reports what is wrong)
+        return lo, error
 
     def _tables(self) -> list:
         return super()._tables() + [self._stats_ds, self._attrs_ds]
 
     def flush(self, *, final: bool = False) -> None:
-        if self._failed is not None:
+        if self._failed is not None and (self._frozen or not final):
             raise self._failed
         self._write_rows()     # rows before index rows: an op in the index has its values
         super().flush(final=final)

@@ -40,6 +40,7 @@ import torch
 from dumpfile import departures as D
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
+from dumpfile.read import probe
 from dumpfile.read.reader import DumpFile, ValueRecord, corrupt_dump_error
 
 from ..errors import DumperError
@@ -157,6 +158,10 @@ class ReplayPolicy(Policy):
             raise ReplayError(f"{path}: load_file_path and dump_path are the same file "
                               "(the replay would overwrite the golden dump)")
         try:
+            # what follows reads the file's metadata in the user's process: first in a
+            # watched child, so that a loop inside HDF5 on a damaged file is a ReplayError
+            # naming it, not a hung job (dumpfile.read.probe)
+            probe.probe(path, probe.REPLAY)
             self._file = DumpFile(path)
         except DumpError as e:
             raise ReplayError(str(e)) from None

@@ -22,7 +22,7 @@ from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.h5util import view_base
 from dumpfile.read.values import check_stored_dtype
-from dumpfile.read.reader import OpRecord, ValueRecord
+from dumpfile.read.reader import OpRecord, ValueRecord, check_kind
 
 from ..capture.opschema import op_info
 from .matching import find_input
@@ -123,6 +123,10 @@ def _raw_bits_tensor(raw: np.ndarray, tdtype: torch.dtype) -> torch.Tensor:
 
 def _stored_tensor(ds: Any) -> torch.Tensor:
     """A plain stored dataset as a tensor in its recorded dtype (exact)."""
+    if isinstance(ds, h5py.Group):
+        # the records come from the catalog (read at the entry instead of the groups): a file
+        # edited since may hold a group where it says tensor (the fuzzer's kind swap)
+        check_kind(ds.file.filename, ds.name, S.TYPE_TENSOR, True)
     name = ds.attrs.get(S.ATTR_DTYPE, "")
     name = name.decode() if isinstance(name, bytes) else str(name)
     data = ds[()]
