@@ -149,6 +149,9 @@ def test_clean_sample_model_passes(tmp_path, bf16):
     code, out = compare(tmp_path, comp, eager)
     assert code == 0, out
     assert out.startswith("PASS"), out
+    # the compiled dump as the golden: the same pair passes
+    code, out = compare_swapped(tmp_path, comp, eager)
+    assert code == 0 and out.startswith("PASS"), out
 
 
 class _ErfOff:
@@ -182,6 +185,10 @@ def test_wrong_pattern_replacement_named(tmp_path, bf16, scale):
     head = out.splitlines()[0]
     assert code == 1, out
     assert "aten.gelu.default" in head and " in act" in head, head
+    code, out = compare_swapped(tmp_path, comp, eager)
+    head = out.splitlines()[0]
+    assert code == 1 and "aten.gelu.default" in head and " in act" in head, out
+    assert "the golden's own error vs fp64" in head, head
 
 
 def test_compiled_option_checked():
