@@ -496,6 +496,8 @@ def test_roles_swapped_clean_pair_passes(tmp_path):
     eager, comp = dump_pair(tmp_path, _Attention(), torch.randn(2, 5, 8))
     code, out = compare_swapped(tmp_path, comp, eager)
     assert code == 0 and out.startswith("PASS"), out
+    # the loss outside the compiled graphs: said so in this role too (the old code: "No data match")
+    assert "not in the compiled graphs of" in out and "No data match" not in out, out
     df = pd.read_csv(next((tmp_path / "swapped").glob("result_*.csv")))
     bias = df[(df["NPUDump"] == "aten.sum.dim_IntList") & (df["Module"] == "k") & (df["IO"] == "output")]
     row = bias.iloc[0]
