@@ -374,10 +374,13 @@ def test_pattern_over_two_ops_needs_module_split(tmp_path):
             with dumper(dump_path=str(comp), compiled=split, writer="thread"):
                 _step(torch.compile(model), x, False)
             verdicts[split] = compare(d, comp, eager)
+            verdicts["swapped " + split] = compare_swapped(d, comp, eager)
     assert verdicts["node"][0] == 0, verdicts["node"][1]
-    code, out = verdicts["module"]
-    head = out.splitlines()[0]
-    assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
+    assert verdicts["swapped node"][0] == 0, verdicts["swapped node"][1]
+    for role in ("module", "swapped module"):
+        code, out = verdicts[role]
+        head = out.splitlines()[0]
+        assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
 
 
 class _WithConstant(nn.Module):
