@@ -149,6 +149,9 @@ def test_clean_sample_model_passes(tmp_path, bf16):
     code, out = compare(tmp_path, comp, eager)
     assert code == 0, out
     assert out.startswith("PASS"), out
+    # the compiled dump as the golden: the same pair passes
+    code, out = compare_swapped(tmp_path, comp, eager)
+    assert code == 0 and out.startswith("PASS"), out
 
 
 class _ErfOff:
@@ -182,6 +185,10 @@ def test_wrong_pattern_replacement_named(tmp_path, bf16, scale):
     head = out.splitlines()[0]
     assert code == 1, out
     assert "aten.gelu.default" in head and " in act" in head, head
+    code, out = compare_swapped(tmp_path, comp, eager)
+    head = out.splitlines()[0]
+    assert code == 1 and "aten.gelu.default" in head and " in act" in head, out
+    assert "the golden's own error vs fp64" in head, head
 
 
 def test_compiled_option_checked():
@@ -367,10 +374,13 @@ def test_pattern_over_two_ops_needs_module_split(tmp_path):
             with dumper(dump_path=str(comp), compiled=split, writer="thread"):
                 _step(torch.compile(model), x, False)
             verdicts[split] = compare(d, comp, eager)
+            verdicts["swapped " + split] = compare_swapped(d, comp, eager)
     assert verdicts["node"][0] == 0, verdicts["node"][1]
-    code, out = verdicts["module"]
-    head = out.splitlines()[0]
-    assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
+    assert verdicts["swapped node"][0] == 0, verdicts["swapped node"][1]
+    for role in ("module", "swapped module"):
+        code, out = verdicts[role]
+        head = out.splitlines()[0]
+        assert code == 1 and "aten.mul.Tensor" in head and " in swish" in head, out
 
 
 class _WithConstant(nn.Module):
@@ -471,3 +481,45 @@ def test_headline_names_the_source_line_within_80_columns():
     head = " ".join(ln.strip() for ln in lines[:3])
     assert head.startswith("FAIL") and ":1234" in head and " at modeling_" in head, lines[:3]
     assert any("source:" in ln for ln in lines), lines
+
+
+def compare_swapped(tmp_path, comp, eager):
+    """The compiled dump as the golden (-g), the eager one as the target (-m)."""
+    r = CliRunner().invoke(app, ["compare", "-m", str(eager), "-g", str(comp), "-out", str(tmp_path / "swapped")])
+    return r.exit_code, r.output
+
+
+def test_roles_swapped_clean_pair_passes(tmp_path):
+    """The compiled dump as the golden: its nodes' own errors judge the pair as they do with
+    the compiled dump as the target, so rounding noise on an exact-zero result (the key
+    bias's gradient) passes as inherited (the old code used the own error of the target
+    only: RelErr 0.68 > 1e-4, FAIL)."""
+    import pandas as pd
+    torch.manual_seed(0)
+    eager, comp = dump_pair(tmp_path, _Attention(), torch.randn(2, 5, 8))
+    code, out = compare_swapped(tmp_path, comp, eager)
+    assert code == 0 and out.startswith("PASS"), out
+    # the loss outside the compiled graphs: said so in this role too (the old code: "No data match")
+    assert "not in the compiled graphs of" in out and "No data match" not in out, out
+    df = pd.read_csv(next((tmp_path / "swapped").glob("result_*.csv")))
+    bias = df[(df["NPUDump"] == "aten.sum.dim_IntList") & (df["Module"] == "k") & (df["IO"] == "output")]
+    row = bias.iloc[0]
+    assert row["RelativeEuclideanDistance"] > 0.1 and row["OwnErrorOf"] == "golden", row
+    assert row["Result"] == "pass" and row["Origin"] == "inherited", row
+
+
+@pytest.mark.parametrize("bf16,scale", [(False, 1.02), (True, 1.05)], ids=["fp32", "bf16"])
+def test_roles_swapped_fault_named_in_the_golden(tmp_path, bf16, scale):
+    """A compile-only fault with the compiled run as the golden: the headline names the op
+    and module, and says the golden's (compiled) op is what differs (the old code: fp32
+    named it by its distance from eager alone, as if the eager op were wrong; bf16 passed
+    the fault as inherited, judged by the eager target's own error)."""
+    torch.manual_seed(0)
+    model, x = SiluMLP(), torch.randn(3, 8)
+    with planted_decomposition(aten.silu.default, _silu_off(scale)):
+        eager, comp = dump_pair(tmp_path, model, x, bf16)
+    code, out = compare_swapped(tmp_path, comp, eager)
+    head = out.splitlines()[0]
+    assert code == 1, out
+    assert head.startswith("FAIL") and "aten.silu.default" in head and " in act" in head, head
+    assert "golden's own error vs fp64" in head, head

@@ -77,20 +77,24 @@ def _compiled_vs_eager(tf: DumpFile, gf: DumpFile) -> bool:
 def _note_outside_compiled(pairs: list, tf: DumpFile, gf: DumpFile) -> None:
     """A compiled dump (docs/COMPILED.md) records the ops of the compiled graphs only: an
     eager op it lacks ran outside them, or (split "module") inside a fused piece. Said so
-    in the unmatched op's reason instead of "no data match"."""
+    in the unmatched op's reason instead of "no data match", whichever role the compiled
+    dump has."""
     with h5_errors(tf.path):
-        split = _attr_text(tf.attrs.get(S.ROOT_COMPILED))
+        t_split = _attr_text(tf.attrs.get(S.ROOT_COMPILED))
     with h5_errors(gf.path):
-        other = _attr_text(gf.attrs.get(S.ROOT_COMPILED))
-    if not split or other:
+        g_split = _attr_text(gf.attrs.get(S.ROOT_COMPILED))
+    if bool(t_split) == bool(g_split):
         return
+    split, path = (t_split, tf.path) if t_split else (g_split, gf.path)
     why = ("not in the compiled graphs of {path}: run outside torch.compile (the loss after the "
            "model, the backward seed, code at a graph break)")
     if split != "node":
         why += f", or computed inside a fused piece (split {split!r}: never materialised)"
     for p in pairs:
-        if p.target is None and p.golden is not None:
-            p.reason = f"{p.golden.op} " + why.format(path=tf.path)
+        # an op of the eager dump with no partner in the compiled one
+        eager_only = p.golden if p.target is None else None if t_split else p.target if p.golden is None else None
+        if eager_only is not None:
+            p.reason = f"{eager_only.op} " + why.format(path=path)
 
 
 def _selected_across(sel):

@@ -206,6 +206,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     # nor stops a row within its own error from passing as inherited
     compiled = _compiled(tf, gf)
     work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
+                 golden_own=not m.replay and _compiled(gf) and not _compiled(tf),
                  structure="" if m.replay or compiled else structure_differs(matched),
                  structural=frozenset() if m.replay or compiled else structural_pairs(matched))
     if jobs <= 0:
@@ -336,6 +337,7 @@ class _Work:
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
     structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
     view: Any = None            # a rank against a single-process reference (reference_runs.RankView)
+    golden_own: bool = False    # the golden is a compiled dump, the target is not: its nodes' own errors count
 
     @property
     def eager(self) -> int:
@@ -348,7 +350,8 @@ class _Work:
             yield from self.pair_tasks(pair)
 
     def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
-        tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios)
+        tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios,
+                               golden_own=self.golden_own)
         if self.view is not None:
             tasks = self.view.adjust(pair, tasks)
         if self.structure:

@@ -39,6 +39,9 @@ TAIL_COLUMNS = [
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
     "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
+    # whose op the Own* columns measure: "target", or "golden" when the golden is a compiled
+    # dump (each node's own error, docs/COMPILED.md) and its op's own error is the larger
+    "OwnErrorOf",
     # a row for a way the target run left its recording (load-replay; compare/departures.py):
     # inserted / missing / argument / input
     "Departure",
@@ -310,7 +313,13 @@ def op_dtypes(ot: OpTensors) -> list[str]:
 
 def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                     replay: bool, eager: int = 0,
-                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)) -> list[Task]:
+                    ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP),
+                    golden_own: bool = False) -> list[Task]:
+    """The rows of one op pair. `golden_own`: the golden is a compiled dump against an eager
+    target, so the golden's ops carry their own error too (every compiled node's): an output
+    row is judged by the larger of the two sides' own errors (OwnErrorOf says whose), and an
+    input row's MadeBy comes from the golden's op where the target's did not record it. A
+    compile-only fault is then named whichever role the compiled dump has."""
     t_op, g_op = pair.target, pair.golden
     any_op = t_op or g_op
     phase = any_op.phase
@@ -369,6 +378,12 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["CompareFailReason"] = pair.reason
             own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
             if own is not None:
+                row["OwnErrorOf"] = "target"
+            g_own = g_ts.own_error.get(name) if golden_own and io == S.OUTPUT_GROUP and g is not None else None
+            if g_own is not None and (own is None or float(g_own[0]) > float(own[0])):
+                own = g_own
+                row["OwnErrorOf"] = "golden"
+            if own is not None:
                 row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
                 if len(own) > 3:
                     row["OwnCancellation"] = float(own[3])
@@ -378,8 +393,9 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                     row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
             if changed and io == S.OUTPUT_GROUP:
                 row["ArgsDiffer"] = changed
-            if io == S.INPUT_GROUP and t is not None and t_ts.made_inputs is not None:
-                row["MadeBy"] = "op" if name in t_ts.made_inputs else "leaf"
+            made = t_ts.made_inputs if t_ts.made_inputs is not None or not golden_own else g_ts.made_inputs
+            if io == S.INPUT_GROUP and t is not None and made is not None:
+                row["MadeBy"] = "op" if name in made else "leaf"
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare

@@ -30,6 +30,9 @@ METRIC_WORDS = {
     # compiled dumps)
     "OwnErrorVsFp64": "own error vs fp64",
     "OwnMaxErrorVsFp64/OwnRefAbsMax": "own MaxAbsErr/max|ref|",
+    # a compiled golden's node, judged by its own error (the golden's op is what differs)
+    "GoldenOwnErrorVsFp64": "the golden's own error vs fp64",
+    "GoldenOwnMaxErrorVsFp64/OwnRefAbsMax": "the golden's own MaxAbsErr/max|ref|",
 }
 # thresholds whose bound is in unit roundoffs of the op's precision (DecidingValue/Bound in u)
 _IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps", "PointwiseUlps")

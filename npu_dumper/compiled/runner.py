@@ -109,10 +109,12 @@ class GraphRunner:
         k = 0
         for n, count in zip(p.outputs, self._shapes[i]):
             if count is None:
-                env[n] = flat[k]
+                env[n] = _as_traced(flat[k], n.meta.get("val"))
                 k += 1
             else:
-                env[n] = tuple(flat[k:k + count])
+                traced = n.meta.get("val")
+                traced = traced if isinstance(traced, (tuple, list)) and len(traced) == count else (None,) * count
+                env[n] = tuple(_as_traced(v, t) for v, t in zip(flat[k:k + count], traced))
                 k += count
         if rec is None or rec.stopped:
             return
@@ -141,6 +143,25 @@ class GraphRunner:
                        graph=self.label)
         rec.before(ev)
         return ev
+
+
+def _as_traced(value: Any, traced: Any) -> Any:
+    """A piece's output with the strides the traced graph gave its node: Inductor lays out a
+    piece's outputs as it likes, and a later node run as it is (a view) may rely on the
+    traced layout (T5 tiny: `view` of a piece's output refused, 'view size is not compatible
+    with input tensor's size and stride'). The same values, copied into that layout."""
+    if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)):
+        return value
+    try:
+        shape, stride = tuple(int(d) for d in traced.shape), tuple(int(d) for d in traced.stride())
+    except (TypeError, ValueError):         # symbolic sizes: left as it is
+        return value
+    if tuple(value.shape) != shape or value.stride() == stride:
+        return value
+    try:
+        return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device).copy_(value)
+    except RuntimeError:                    # a layout no copy can fill (overlapping: an expand)
+        return value
 
 
 def _piece_inputs(node: fx.Node, inputs: list, args: tuple, kwargs: dict, live: list) -> list:
