@@ -337,6 +337,13 @@ def _check_same_model(tf, gf, pairs, world: int) -> None:
                                f"op made (parameters, the batch) have other shapes, first {first}")
 
 
+def _whole(part) -> np.ndarray:
+    """A sliced view's whole value, read through its own chunks (the slice's shape)."""
+    parts = list(part.iter_chunks(1 << 22))
+    x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(part.source.read()).dtype)
+    return x.reshape(part.attrs[S.ATTR_SHAPE])
+
+
 # ---- a reference tensor's batch slice, read in bounded pieces -------------------------------------
 @dataclass
 class BatchSlice(LightValue):
@@ -384,9 +391,7 @@ class BatchSlice(LightValue):
 
     def read(self):
         # in the reference's pieces: the whole reference is world size x this
-        parts = list(self.iter_chunks(1 << 22))
-        x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(self.source.read()).dtype)
-        return x.reshape(self.attrs[S.ATTR_SHAPE])
+        return _whole(self)
 
     def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
         src = self.source
@@ -428,9 +433,7 @@ class FlatRange(LightValue):
         return self.source.uninitialized
 
     def read(self):
-        parts = list(self.iter_chunks(1 << 22))
-        x = np.concatenate(parts) if parts else np.zeros(0, dtype=np.asarray(self.source.read()).dtype)
-        return x.reshape(self.attrs[S.ATTR_SHAPE])
+        return _whole(self)
 
     def iter_chunks(self, chunk_elements: int = 1 << 22) -> Iterator[np.ndarray]:
         src = self.source

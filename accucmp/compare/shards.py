@@ -53,7 +53,7 @@ from dumpfile import dtensor as DT
 from dumpfile import schema as S
 from dumpfile.errors import DumpError
 from dumpfile.read.reader import h5_errors
-from dumpfile.safe_output import IN_PROGRESS
+from dumpfile.safe_output import output_path
 
 from accucmp.compare.rank_files import RankFile, _dump_files, rank_key
 
@@ -494,34 +494,27 @@ def assemble_run(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Ass
     rfiles = run_rank_files(run_dir)
     if len(rfiles) < 2:
         raise ShardError(f"{run_dir}: {len(rfiles)} dump file(s); shards are put together from 2 or more ranks")
-    tmp = out_path + ".partial"
-    IN_PROGRESS.add(tmp)          # (a Ctrl-C removes it: dumpfile.interrupts)
+    # written to a temporary file beside out_path and renamed when complete: never through a
+    # link, never over a file, removed on failure or Ctrl-C (dumpfile.safe_output)
     with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(output_path(out_path))
         files = [stack.enter_context(DumpFile(rf.path)) for rf in rfiles]
         ranks = [rf.rank for rf in rfiles]
         root = {k: v for k, v in files[0].attrs.items()
                 if k not in (S.ROOT_FORMAT, S.ROOT_FORMAT_VERSION, S.ROOT_COMPLETE, S.ROOT_NUM_OPS, S.ROOT_MODE)}
         root[S.ROOT_RANK] = 0
         root[S.ROOT_WORLD_SIZE] = 1
-        try:
-            with DumpWriter(tmp, mode=files[0].mode, root_attrs=root) as w:
-                asm = _Assembler(run_dir, files, ranks, w)
-                for group in rank_op_groups(run_dir, files):
-                    with h5_errors(group[0].file.path):
-                        asm.op(group)
-                asm.finish()
-                w.file.attrs[ROOT_ASSEMBLED_FROM] = json.dumps(
-                    {"run": os.path.abspath(run_dir), "ranks": ranks, "files": [f.path for f in files],
-                     "world_size": rfiles[0].world_size, "parallel_layout": _text(files[0].attrs.get(
-                         S.ROOT_PARALLEL_LAYOUT)), "sharded_local_ops": asm.result.sharded_local_ops,
-                     "disagreements": asm.result.disagreements}, separators=(",", ":"))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            IN_PROGRESS.discard(tmp)
-    os.replace(tmp, out_path)
+        with DumpWriter(tmp, mode=files[0].mode, root_attrs=root) as w:
+            asm = _Assembler(run_dir, files, ranks, w)
+            for group in rank_op_groups(run_dir, files):
+                with h5_errors(group[0].file.path):
+                    asm.op(group)
+            asm.finish()
+            w.file.attrs[ROOT_ASSEMBLED_FROM] = json.dumps(
+                {"run": os.path.abspath(run_dir), "ranks": ranks, "files": [f.path for f in files],
+                 "world_size": rfiles[0].world_size, "parallel_layout": _text(files[0].attrs.get(
+                     S.ROOT_PARALLEL_LAYOUT)), "sharded_local_ops": asm.result.sharded_local_ops,
+                 "disagreements": asm.result.disagreements}, separators=(",", ":"))
     asm.result.path = Path(out_path)
     return asm.result
 

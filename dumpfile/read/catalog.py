@@ -236,14 +236,7 @@ def op_values(f: DumpFile, op, eager: int = 0, op_id=None) -> tuple[dict, dict] 
     place well enough (a tensor stored other than contiguously: views, statistics and
     compressed or empty datasets are read from the groups). `op_id`: the op group, opened
     (an h5py ObjectID): the offset checks look names up from it, not from the root."""
-    cat = f.catalog
-    row = getattr(op, "index_row", -1)
-    if cat is None or row < 0:
-        return None
-    try:
-        raw = cat.get(row)
-    except (OSError, ValueError, KeyError, RuntimeError, IndexError):
-        return None
+    raw = _catalog_row(f, op)
     if not raw:
         return None
     try:
@@ -257,20 +250,28 @@ def op_values(f: DumpFile, op, eager: int = 0, op_id=None) -> tuple[dict, dict] 
         return None
 
 
+def _catalog_row(f: DumpFile, op):
+    """The op's catalog row as stored (JSON text), or None: no usable catalog, no row."""
+    cat = f.catalog
+    row = getattr(op, "index_row", -1)
+    if cat is None or row < 0:
+        return None
+    try:
+        return cat.get(row)
+    except (OSError, ValueError, KeyError, RuntimeError, IndexError):
+        return None
+
+
 def op_shapes(f: DumpFile, op) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
     """The shapes of an op's tensors, ((io, name, shape), ...) with io "input"/"output" and
     list members named "name/name_i", from its catalog row alone: no group opened, no
     placement checked (compare's pairing reads them for every op: accucmp/compare/
     matching.OpSignature). None when the catalog cannot say (no usable catalog, an empty or
     malformed row): the caller reads the groups."""
-    cat = f.catalog
-    row = getattr(op, "index_row", -1)
-    if cat is None or row < 0:
+    raw = _catalog_row(f, op)
+    if not raw:
         return None
     try:
-        raw = cat.get(row)
-        if not raw:
-            return None
         d = jsontext.loads(raw)
         out = []
         for io, key in ((S.INPUT_GROUP, S.CAT_INPUTS), (S.OUTPUT_GROUP, S.CAT_OUTPUTS)):
