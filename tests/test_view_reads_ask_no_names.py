@@ -6,8 +6,9 @@ refusal: 12 of the 14 s of CPU of load-replay's prefetch thread in a GPT-2 small
 from __future__ import annotations
 
 import contextlib
-import re
 import io
+import os
+import re
 
 import h5py
 import pytest
@@ -26,7 +27,10 @@ def names_asked(monkeypatch):
     real = h5py._hl.base.HLObject.name
 
     def counting(self):
-        asked.append(1)
+        import traceback
+        # who asked (file:line of the two frames above): what a failure shows
+        asked.append(" <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}"
+                                  for f in traceback.extract_stack(limit=4)[:-1][::-1]))
         return real.fget(self)
     monkeypatch.setattr(h5py._hl.base.HLObject, "name", property(counting))
     return asked
