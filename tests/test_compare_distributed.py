@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from dumpfile import DumpFile
+
+from ._dist_common import spawn
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
@@ -51,55 +52,42 @@ def _batch(rank: int) -> torch.Tensor:
     return torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(10 + rank))
 
 
-def _ranks(rank, world, port, out):
+def _ranks(rank, world, out):
     import contextlib
 
     import npu_dumper  # noqa: F401 - installs torch.utils.dumper
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for name, autocast in (("ddp_fp32", False), ("ddp_bf16", True)):
-            torch.manual_seed(0)
-            model = DDP(Net())
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-            with torch.utils.dumper(dump_path=os.path.join(out, name, "d.h5")):
-                with ctx:
-                    y = model(_batch(rank))
-                y.float().sum().backward()
-        torch.manual_seed(0)          # the wrapped model's `module.up` only
-        model = DDP(Net())
-        with torch.utils.dumper(dump_path=os.path.join(out, "ddp_up", "d.h5"), modules=["module.up"]):
-            model(_batch(rank)).sum().backward()
+    for name, autocast in (("ddp_fp32", False), ("ddp_bf16", True)):
         torch.manual_seed(0)
-        net = Net()
-        for layer in (net.up, net.down):
-            fully_shard(layer)
-        fully_shard(net)
-        with torch.utils.dumper(dump_path=os.path.join(out, "fsdp", "d.h5")):
-            net(_batch(rank)).sum().backward()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        model = DDP(Net())
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with torch.utils.dumper(dump_path=os.path.join(out, name, "d.h5")):
+            with ctx:
+                y = model(_batch(rank))
+            y.float().sum().backward()
+    torch.manual_seed(0)          # the wrapped model's `module.up` only
+    model = DDP(Net())
+    with torch.utils.dumper(dump_path=os.path.join(out, "ddp_up", "d.h5"), modules=["module.up"]):
+        model(_batch(rank)).sum().backward()
+    torch.manual_seed(0)
+    net = Net()
+    for layer in (net.up, net.down):
+        fully_shard(layer)
+    fully_shard(net)
+    with torch.utils.dumper(dump_path=os.path.join(out, "fsdp", "d.h5")):
+        net(_batch(rank)).sum().backward()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     import npu_dumper  # noqa: F401
 
     out = tmp_path_factory.mktemp("dist")
     for name in ("ddp_fp32", "ddp_bf16", "ddp_up", "fsdp"):
         (out / name).mkdir()
-    mp.spawn(_ranks, args=(2, _free_port(), str(out)), nprocs=2)
+    spawn(_ranks, (str(out),))
     # the single-process run a user trusts: rank 0's batch, no wrapper, up.lin written out
     torch.manual_seed(0)
     with torch.utils.dumper(dump_path=str(out / "single_unfused.h5")):
