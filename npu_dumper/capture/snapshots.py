@@ -341,6 +341,10 @@ class CaptureRegistry:
         self._lock = threading.Lock()
         self._pending: dict[int, list[TensorCapture]] = {}
         self._gen: dict[int, int] = {}
+        # called with a storage's address before it is written (or resized): work that still
+        # reads that storage off the model's thread (own-error measurements,
+        # replay/measure_worker.py) finishes first
+        self.write_listeners: list = []
 
     def generation(self, ptr: int) -> int:
         return self._gen.get(ptr, 0)
@@ -420,6 +424,8 @@ class CaptureRegistry:
         """The storage at `ptr` changes: bump its generation (no dedup key made before
         matches it afterwards) and return the captures still pending on it."""
         self._gen[ptr] = self._gen.get(ptr, 0) + 1
+        for listener in self.write_listeners:
+            listener(ptr)
         with self._lock:
             return list(self._pending.get(ptr, ()))
 

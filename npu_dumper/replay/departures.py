@@ -60,7 +60,9 @@ class DepartureLog:
         self.rows: list[dict[str, Any]] = []
         self.counts: Counter = Counter()
         self._made: dict[int, str] = {}          # storage address -> _REPLAYED / _INSERTED / a leaf's made_by
-        self._measured: set[tuple] = set()       # (storage, version, recorded path) measured once
+        # (storage, version, ..., recorded path) measured once -> whether the live tensor held
+        # the recorded bits (check_input's answer, for the next op that reads it)
+        self._measured: dict[tuple, bool] = {}
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
@@ -190,27 +192,31 @@ class DepartureLog:
             self._add(ev, D.ARGUMENT, argument=name, live=live_t, golden=golden_t,
                       golden_seqid=entry.record.seqid, at=float(entry.record.seqid))
 
-    def check_input(self, ev, name: str, value: torch.Tensor, rec: ValueRecord, load, at: int) -> None:
-        """A tensor input no replayed op made: compare its live value with the recorded one."""
+    def check_input(self, ev, name: str, value: torch.Tensor, rec: ValueRecord, load, at: int) -> bool:
+        """A tensor input no replayed op made: compare its live value with the recorded one.
+        True when the live tensor holds the recorded values cast to its dtype, bit for bit
+        (what the substitution would hand the op: it then hands the live tensor without
+        casting and comparing again); False when it does not or was not compared."""
         if name in op_info(ev.func).out_args:
-            return                      # an out= buffer is written, not read
+            return False                # an out= buffer is written, not read
         ptr = storage_key(value)
         if ptr is None:
-            return
+            return False
         made = self._made.get(ptr)
         if isinstance(made, tuple) and made[0] == "inserted":
             made[1]["_consumed"] = True     # the inserted op's result reaches a replayed op
-            return                      # (its own row says so; this input is not a second one)
+            return False                # (its own row says so; this input is not a second one)
         if not self.check_inputs or value.is_complex() or value.layout != torch.strided:
-            return
+            return False
         if made is not None and not isinstance(made, tuple):
-            return                      # made by a replayed op
+            return False                # made by a replayed op
         via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
         key = (ptr, value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
                value.storage_offset(), rec.path)
-        if key in self._measured:
-            return
-        self._measured.add(key)
+        known = self._measured.get(key)
+        if known is not None:
+            return known
+        self._measured[key] = False
         src = load(rec)
         if src.shape != value.shape:
             src = src.reshape(value.shape)
@@ -221,7 +227,10 @@ class DepartureLog:
             if expected.dtype != value.dtype or expected.device != value.device:
                 expected = expected.to(device=value.device, dtype=value.dtype)
             if bitwise_equal(value, expected):
-                return
+                # (the substitution casts straight to the live dtype: the same bits only
+                # when no coarser dtype came between)
+                self._measured[key] = coarsest == value.dtype
+                return self._measured[key]
             wide = torch.float64 if torch.float64 in (value.dtype, src.dtype) else torch.float32
             a = value.detach().reshape(-1).to(wide)
             b = src.reshape(-1).to(device=a.device, dtype=wide)
@@ -234,18 +243,19 @@ class DepartureLog:
                     self._add(ev, D.INPUT, argument=name, rel_err=float("nan"), dtype=_dtype_name(coarsest),
                               made_by=via, golden_seqid=at, at=float(at),
                               reason="NaN/Inf where the recording has none")
-                    return
+                    return False
             d = a - b
             err = float(torch.linalg.vector_norm(d)) if d.numel() else 0.0
             ref = float(torch.linalg.vector_norm(b)) if b.numel() else 0.0
             max_abs = float(d.abs().max()) if d.numel() else 0.0
             abs_max = float(b.abs().max()) if b.numel() else 0.0
         if err == 0.0:
-            return                      # equal values in another dtype: the cast was exact
+            return False                # equal values in another dtype: the cast was exact
         rel = err / ref if ref > 0 else float("nan")
         self._add(ev, D.INPUT, argument=name, rel_err=rel, max_abs_err=max_abs, golden_abs_max=abs_max,
                   dtype=_dtype_name(coarsest), golden=str(rec.dtype), made_by=via,
                   golden_seqid=at, at=float(at))
+        return False
 
     # ---- block exit ---------------------------------------------------------------------
     def _drop_unconsumed(self) -> None:

@@ -49,13 +49,14 @@ from ..capture.snapshots import _is_dtensor
 from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
 from .op_names import draws_random, resolve_op
-from .recorded import NotReplayable
+from .recorded import NotReplayable, torch_dtype
 from .index import read_catalog
 from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
 from .departures import DepartureLog
 from .source import DEFAULT_BUDGET, RecordedTensors
 from . import own_error
+from .measure_worker import MeasureWorker
 
 _SUMMARY_NAMES = 5
 
@@ -139,6 +140,7 @@ class ReplayPolicy(Policy):
         self._stop = False
         self._prefetcher: threading.Thread | None = None
         self.departures = DepartureLog()     # how the live run departs from the recording
+        self._measurer = MeasureWorker()     # (replaced in begin by one bound to the registry)
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
@@ -206,6 +208,9 @@ class ReplayPolicy(Policy):
         # overwrite a live tensor in place
         registry = getattr(session, "registry", None)
         self._before_write = getattr(registry, "before_write", None)
+        # own error measured on a worker thread, overlapping the step (measure_worker.py);
+        # without the dumper's registry (no write hook) on the model's thread
+        self._measurer = MeasureWorker(registry)
         self._tensors.open(self._file, path)
         self._tensors.plan((e.index, e.inputs) for e in self._order)
         if self.prefetch_ops > 0:
@@ -318,7 +323,7 @@ class ReplayPolicy(Policy):
                 return NotImplemented
             prepared = own_error.prepare(ev.func, ev.args, ev.kwargs, live)
             out = ev.func(*ev.args, **ev.kwargs)
-            measured = None if prepared is None else own_error.measure(ev.func, prepared, out)
+            measured = None if prepared is None else self._measurer.measure(ev.func, prepared, out)
             if measured is not None:
                 ev.group_attrs[S.OP_OWN_ERROR] = measured
             return out
@@ -352,6 +357,9 @@ class ReplayPolicy(Policy):
         self.departures.outputs_made(ev)
 
     def end(self, session: Any = None) -> None:
+        # (the writer has written every op it will: a measurement still queued is of an op
+        # it dropped)
+        self._measurer.close(cancel=True)
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
@@ -429,12 +437,22 @@ class ReplayPolicy(Policy):
             rec = find_input(entry.inputs, name, renames)
             if rec is None or not _has_tensor(value):
                 continue
+            holds_recorded = False
             if isinstance(value, torch.Tensor) and rec.is_tensor and rec.numel == value.numel():
                 # a parameter, buffer or batch tensor no replayed op made: its live value is
                 # the run's own, and a difference from the recording is a departure
-                self.departures.check_input(ev, name, value, rec, self._load, entry.record.seqid)
+                holds_recorded = self.departures.check_input(ev, name, value, rec, self._load,
+                                                             entry.record.seqid)
+            in_place = name in written
+            if holds_recorded and not in_place:
+                # the live tensor holds the recorded values cast to its dtype, bit for bit
+                # (check_input compared them): what _replace would find after casting and
+                # comparing again (a weight read by every step's ops: ~0.7 s a GPT-2 step)
+                self._note_cast(rec, value)
+                replaced[name] = value
+                continue
             try:
-                replaced[name] = self._replace(value, rec, in_place=name in written, arg=name)
+                replaced[name] = self._replace(value, rec, in_place=in_place, arg=name)
             except NotReplayable as e:
                 raise _NoFit(str(e)) from None
         args = list(ev.args)
@@ -456,10 +474,7 @@ class ReplayPolicy(Policy):
                 raise NotReplayable(f"input '{arg}': recorded {rec.numel} elements do not fit "
                                     f"the live {live.numel()}")
             src = self._load(rec)
-            if src.dtype != live.dtype:
-                if own_error.rounds(src.dtype, live.dtype):
-                    self._rounded = True
-                self.summary.casts[f"{rec.dtype}->{str(live.dtype).replace('torch.', '')}"] += 1
+            self._note_cast(rec, live, src.dtype)
             if src.shape != live.shape:        # (reshape is ~40 us even when it is a no-op)
                 src = src.reshape(live.shape)
             if in_place:
@@ -492,6 +507,19 @@ class ReplayPolicy(Policy):
                    for i, (v, c) in enumerate(zip(live, rec.children))]
             return type(live)(out) if isinstance(live, tuple) else out
         return live
+
+    def _note_cast(self, rec: ValueRecord, live: torch.Tensor, src_dtype: torch.dtype | None = None) -> None:
+        """A recorded tensor handed to the op in the live dtype: counted in the summary, and
+        whether the cast rounded (the op's own error is then measured)."""
+        if src_dtype is None:
+            try:
+                src_dtype = torch_dtype(rec.dtype)
+            except (NotReplayable, TypeError, ValueError, AttributeError):
+                return
+        if src_dtype != live.dtype:
+            if own_error.rounds(src_dtype, live.dtype):
+                self._rounded = True
+            self.summary.casts[f"{rec.dtype}->{str(live.dtype).replace('torch.', '')}"] += 1
 
     def _load(self, rec: ValueRecord) -> torch.Tensor:
         return self._tensors.load(rec)

@@ -81,8 +81,49 @@ def prepare(func: Any, args: tuple, kwargs: dict, named_args: dict[str, Any]) ->
             return ref
     if torch.Tag.pointwise in info.tags and not info.written and len(info.return_names) == 1:
         return _BlockedPointwise(func, args, kwargs)
+    if not info.written:
+        # the op writes none of its arguments: they are copied when measured, after it ran
+        # (on the measurement worker, measure_worker.py, whose callers keep them unwritten)
+        return _Deferred(args, kwargs)
     with torch.no_grad(), _disable_current_modes():
         return tree_map(_upcast, args), tree_map(_upcast, kwargs)
+
+
+class _Deferred:
+    """The arguments of an op that writes none of them: float64 copies taken at measure time."""
+
+    def __init__(self, args: tuple, kwargs: dict):
+        self.args, self.kwargs = args, kwargs
+
+
+def alias_of(v: Any) -> Any:
+    return v.data if isinstance(v, torch.Tensor) else v
+
+
+def aliased(prepared: Any) -> Any:
+    """`prepared` holding aliases (`.data`: other tensor objects on the same storages) instead
+    of the step's tensor objects, for a measurement made later: a reference held to the
+    object itself changes what autograd does with it (AccumulateGrad steals a gradient only
+    nobody else holds; held, it copies it, new ops in the dump). The dump's writer holds
+    storages the same way (capture/snapshots.py)."""
+    if isinstance(prepared, _BlockedProduct):
+        return _BlockedProduct(alias_of(prepared.a), alias_of(prepared.b), alias_of(prepared.c),
+                               prepared.beta, prepared.alpha)
+    if isinstance(prepared, _BlockedPointwise):
+        return _BlockedPointwise(prepared.func, tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs))
+    if isinstance(prepared, _Deferred):
+        return _Deferred(tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs))
+    return tree_map(alias_of, prepared)
+
+
+def tensors_read(prepared: Any) -> tuple:
+    """What a prepared measurement reads of the step's tensors (and its float64 copies): the
+    measurement worker keeps them unwritten until it is done."""
+    if isinstance(prepared, _BlockedProduct):
+        return prepared.a, prepared.b, prepared.c
+    if isinstance(prepared, (_BlockedPointwise, _Deferred)):
+        return prepared.args, prepared.kwargs
+    return prepared
 
 
 def measure(func: Any, prepared: tuple, out: Any) -> str | None:
@@ -125,6 +166,9 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     info = op_info(func)
     if isinstance(prepared, (_BlockedProduct, _BlockedPointwise)):
         return prepared.measure(info, out)
+    if isinstance(prepared, _Deferred):
+        with torch.no_grad(), _disable_current_modes():
+            prepared = tree_map(_upcast, prepared.args), tree_map(_upcast, prepared.kwargs)
     ref_args, ref_kwargs = prepared
     try:
         with torch.no_grad(), _disable_current_modes():
@@ -485,6 +529,15 @@ class PlainOwnError(Policy):
     def __init__(self):
         self._low = False
         self._made: set[int] = set()        # storages an op of the block wrote
+        self._measurer = None               # eager ops' measurements (measure_worker.py)
+
+    def begin(self, session: Any) -> None:
+        from .measure_worker import MeasureWorker
+        self._measurer = MeasureWorker(getattr(session, "registry", None))
+
+    def end(self, session: Any) -> None:
+        if self._measurer is not None:
+            self._measurer.close(cancel=True)
 
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
@@ -500,7 +553,7 @@ class PlainOwnError(Policy):
         except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
             prepared = None
         out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
-        self._measure_into(ev, prepared, out)
+        self._measure_into(ev, prepared, out, self._measurer)
         return out
 
     def op_computed(self, ev: OpEvent) -> None:
@@ -553,11 +606,14 @@ class PlainOwnError(Policy):
         ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
 
     @staticmethod
-    def _measure_into(ev: OpEvent, prepared: Any, out: Any) -> None:
+    def _measure_into(ev: OpEvent, prepared: Any, out: Any, measurer: Any = None) -> None:
+        """The op's own error into its attributes: now, or (`measurer`, eager ops) a Future of
+        it that the writer waits for (measure_worker.py)."""
         if prepared is None:
             return
         try:
-            measured = measure(ev.func, prepared, out)
+            measured = measure(ev.func, prepared, out) if measurer is None \
+                else measurer.measure(ev.func, prepared, out)
         except Exception:  # noqa: BLE001 - an output that cannot be measured: the row is judged as before
             measured = None
         if measured is not None:

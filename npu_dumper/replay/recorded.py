@@ -71,11 +71,13 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
                        dtype: torch.dtype | None = None, keep_strides: bool = False,
-                       base_cache: dict | None = None) -> torch.Tensor:
+                       base_cache: dict | None = None, read_base: Callable | None = None) -> torch.Tensor:
     """A stored tensor as a torch tensor, exact in its recorded dtype, then cast to `dtype`.
 
     bfloat16 / float8 are rebuilt from their stored bits. With keep_strides the result
     has the recorded strides when they describe a non-overlapping layout (else contiguous).
+    `read_base(dataset)`: a view's base values as _stored_tensor gives them, read another
+    way (load-replay reads them raw), or None for the h5py read.
     """
     if rec.is_stats:
         raise NotReplayable(f"{rec.name}: statistics-only dump holds no tensor values")
@@ -83,7 +85,7 @@ def tensor_from_record(rec: ValueRecord, *, device: str | torch.device = "cpu",
     tdtype = torch_dtype(name) if name else None
     if rec.type == S.TYPE_TENSOR_VIEW:
         try:
-            t = _view_tensor(rec, base_cache)
+            t = _view_tensor(rec, base_cache, read_base)
         except DumpFormatError as e:          # its layout attributes do not hold (a damaged file)
             raise NotReplayable(f"{rec.name}: {e}") from None
     elif rec.type == S.TYPE_TENSOR and name in S.RAW_BIT_DTYPES:
@@ -146,7 +148,8 @@ def _stored_tensor(ds: Any) -> torch.Tensor:
     return t.to(torch_dtype(name)) if name and t.dtype != torch_dtype(name) else t
 
 
-def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tensor:
+def _view_tensor(rec: ValueRecord, base_cache: dict | None = None,
+                 read_base: Callable | None = None) -> torch.Tensor:
     """A Type-VIEW record rebuilt in torch: the base's elements are put back where they
     lay in storage (base Stride/storage_offset), then the view is read with its own
     strides. Every index is bounds-checked (attributes come from files); errors are
@@ -160,7 +163,7 @@ def _view_tensor(rec: ValueRecord, base_cache: dict | None = None) -> torch.Tens
     key = hash(base.id)
     cached = base_cache.get(key) if base_cache is not None else None
     if cached is None:
-        cached = _base_storage(rec, base)
+        cached = _base_storage(rec, base, None if read_base is None else read_base(base))
         if base_cache is not None:
             base_cache[key] = cached
     storage, boff = cached

@@ -9,6 +9,7 @@ dumper block creates one and closes it.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +27,23 @@ class OpJob:
     nbytes: int = 0
     captures: list = field(default_factory=list)
     batched: bool = False   # (statistics writer: its tensors were looked at for a batch)
+
+
+def settle_attrs(job: OpJob) -> None:
+    """Replace the attributes of `job` that are still being computed (a `Future`: an own-error
+    measurement made off the model's thread, npu_dumper/replay/measure_worker.py) by their
+    values, waiting for them; one that came to None, failed or was cancelled is left out.
+    Every sink calls this on its writer thread before it writes the op."""
+    attrs = job.attrs
+    for key in [k for k, v in attrs.items() if isinstance(v, Future)]:
+        try:
+            value = attrs[key].result()
+        except BaseException:  # noqa: BLE001 - (cancelled, or the measurement failed): not written
+            value = None
+        if value is None:
+            del attrs[key]
+        else:
+            attrs[key] = value
 
 
 class Sink(Protocol):

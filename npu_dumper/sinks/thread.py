@@ -51,7 +51,7 @@ from dumpfile.write.writer import DumpWriter, TensorMeta
 from ..capture import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from ..capture.tensors import numpy_view, storage_array
 from .plan import LINK, VIEW, StoragePlan, deferred_dtype
-from .protocol import OpJob
+from .protocol import OpJob, settle_attrs
 from .worker_threads import TaskHandle, run_in_thread
 
 
@@ -195,6 +195,7 @@ class WriterThread:
             self._pieces = []
             try:
                 if self._error is None:
+                    settle_attrs(job)       # (an own-error measurement still running: wait)
                     self._write_job(job)
                     ok = True
             except BaseException as e:  # noqa: BLE001 - raised at block exit
