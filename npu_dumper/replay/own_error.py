@@ -21,9 +21,11 @@ float32, which rounds to the same reference bit for bit (_ONE_IEEE_OPERATION, be
 block whose target equals the rounded reference skips the float64 difference (_Errors). Matrix
 products stay float64: a float32 reference, even in blocks of the inner dimension, rounds as
 many elements the other way as the kernel it judges (docs/REPLAY.md, "Own error").
-For other ops, the float64 copies of the arguments are
-taken before the live op runs (an in-place op, or
-batch norm's running statistics, change them). Ops left out (no attribute; the verdict then
+For an op that writes an argument (an in-place op,
+batch norm's running statistics) the float64 copies of the arguments are taken before the
+live op runs; other ops' arguments are copied when measured (`_Deferred`). Eager CPU ops are
+measured on a worker thread (measure_worker.py), which keeps what it reads unwritten until
+it is done. Ops left out (no attribute; the verdict then
 judges the error against the golden as before): views (their result is their input), ops
 that draw random numbers, collectives, and ops without a float64 kernel.
 """
