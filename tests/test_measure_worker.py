@@ -200,3 +200,56 @@ class _Registry:
     def before_write(self, t):
         for listener in self.write_listeners:
             listener(t.untyped_storage().data_ptr())
+
+
+def test_a_failed_write_with_measurements_queued_ends_in_one_line_and_a_readable_file(tmp_path):
+    """Disk full (EFBIG under RLIMIT_FSIZE) while the worker still has measurements queued:
+    the user's step goes on, the block raises one line, the file keeps the ops written before,
+    each with the own error measured for it, and nothing hangs."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    p = tmp_path / "full.h5"
+    code = textwrap.dedent(f"""
+        import resource, signal, threading, time, torch, npu_dumper
+        from npu_dumper.errors import DumperError
+        from npu_dumper.replay import own_error
+        real = own_error.measure
+        def slow(func, prepared, out):          # measurements lag the step
+            if threading.current_thread() is not threading.main_thread():
+                time.sleep(0.002)
+            return real(func, prepared, out)
+        own_error.measure = slow
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+        x = torch.randn(128, 256).bfloat16()
+        done = 0
+        try:
+            with npu_dumper.dumper(use_dump=True, dump_path={str(p)!r}, flush_interval=0.2) as d:
+                for i in range(150):
+                    x = torch.tanh(x * 1.01)
+                    done += 1
+                    time.sleep(0.005)
+        except DumperError as e:
+            print("ERR", e)
+        print("steps", done, "kept", d.summary["ops_kept"])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(root)),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    err = [ln for ln in lines if ln.startswith("ERR")]
+    assert len(err) == 1 and "File too large" in err[0], r.stdout
+    assert lines[-1].split()[:2] == ["steps", "150"]
+    kept = int(lines[-1].split()[3])
+    assert kept >= 10
+    own = _own(p)
+    attrs = _op_attrs(p)
+    assert len(attrs) == kept
+    # every kept op that computes (mul, tanh) carries its own error
+    computing = [k for k in attrs if k[0] in ("aten.mul.Tensor", "aten.tanh.default")]
+    assert computing and all(k in own for k in computing)

@@ -140,3 +140,49 @@ def test_an_op_with_a_number_rounds_alike_too(op, dtype):
         want = op(a.double(), other).to(dtype)
         got = op(a.float(), other.float() if isinstance(other, torch.Tensor) else other).to(dtype)
         assert _same_bits(want, got), f"{op} {dtype} by {number}"
+
+
+# ---- ops that only move elements: the reference in their own dtype (issue 34) ---------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("case", ["_unsafe_view", "clone", "cat", "stack"])
+@pytest.mark.parametrize("live_kind", ["right", "wrong", "nonfinite"])
+def test_element_moving_ops_measure_as_in_float64(case, dtype, live_kind):
+    from npu_dumper.replay.own_error import _Deferred
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(6, 40, generator=g) * 100).to(dtype)
+    b = (torch.randn(6, 40, generator=g)).to(dtype)
+    if live_kind == "nonfinite":
+        a[0, 0], a[1, 1], b[2, 2] = float("inf"), float("nan"), -0.0
+    aten = torch.ops.aten
+    func, args = {"_unsafe_view": (aten._unsafe_view.default, (a, [40, 6])),
+                  "clone": (aten.clone.default, (a,)),
+                  "cat": (aten.cat.default, ([a, b], 1)),
+                  "stack": (aten.stack.default, ([a, b],))}[case]
+    out = func(*args)
+    if live_kind == "wrong":
+        out = out.clone()
+        out.view(-1)[::7] += 1              # a faulty kernel's elements
+    prepared = own_error.prepare(func, args, {}, {})
+    got = own_error.measure(func, prepared, out)
+    if isinstance(prepared, _Deferred):
+        assert prepared.same_dtype
+        prepared.same_dtype = False         # the float64 copies, as before
+        before = own_error.measure(func, prepared, out)
+    else:                                   # (clone is tagged pointwise: measured in blocks)
+        real = own_error._MOVES_ELEMENTS
+        own_error._MOVES_ELEMENTS = frozenset()
+        try:
+            before = own_error.measure(func, prepared, out)
+        finally:
+            own_error._MOVES_ELEMENTS = real
+    assert got == before
+    if live_kind == "wrong":
+        assert json.loads(got)["result"][0] > 0
+
+
+def test_a_cat_of_two_dtypes_keeps_the_float64_reference():
+    from npu_dumper.replay.own_error import _Deferred
+    a, b = torch.randn(3, 4).bfloat16(), torch.randn(3, 4)
+    prepared = own_error.prepare(torch.ops.aten.cat.default, ([a, b],), {}, {})
+    assert isinstance(prepared, _Deferred) and not prepared.same_dtype

@@ -86,16 +86,32 @@ def prepare(func: Any, args: tuple, kwargs: dict, named_args: dict[str, Any]) ->
     if not info.written:
         # the op writes none of its arguments: they are copied when measured, after it ran
         # (on the measurement worker, measure_worker.py, whose callers keep them unwritten)
-        return _Deferred(args, kwargs)
+        return _Deferred(args, kwargs, same_dtype=func in _MOVES_ELEMENTS and _one_floating_dtype(args, kwargs))
     with torch.no_grad(), _disable_current_modes():
         return tree_map(_upcast, args), tree_map(_upcast, kwargs)
 
 
 class _Deferred:
-    """The arguments of an op that writes none of them: float64 copies taken at measure time."""
+    """The arguments of an op that writes none of them: float64 copies taken at measure time
+    (`same_dtype`: none; the reference is run in their own dtype, _MOVES_ELEMENTS)."""
 
-    def __init__(self, args: tuple, kwargs: dict):
-        self.args, self.kwargs = args, kwargs
+    def __init__(self, args: tuple, kwargs: dict, same_dtype: bool = False):
+        self.args, self.kwargs, self.same_dtype = args, kwargs, same_dtype
+
+
+# Ops whose result's elements are their inputs' elements, moved (no arithmetic). Run again in
+# the inputs' own floating dtype, they give the float64 reference rounded to that dtype bit for
+# bit (the float64 elements are the inputs' values, which that dtype holds), so the measurement
+# skips the float64 copies: the numbers are the same (_Errors sees the same rounded reference).
+# Only when every floating tensor argument has one dtype (a cat of bf16 and fp32 promotes).
+_MOVES_ELEMENTS = frozenset({torch.ops.aten._unsafe_view.default, torch.ops.aten.clone.default,
+                             torch.ops.aten.cat.default, torch.ops.aten.stack.default})
+
+
+def _one_floating_dtype(args: tuple, kwargs: dict) -> bool:
+    dtypes = {v.dtype for v in tree_flatten((args, kwargs))[0]
+              if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())}
+    return len(dtypes) == 1
 
 
 def alias_of(v: Any) -> Any:
@@ -114,7 +130,8 @@ def aliased(prepared: Any) -> Any:
     if isinstance(prepared, _BlockedPointwise):
         return _BlockedPointwise(prepared.func, tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs))
     if isinstance(prepared, _Deferred):
-        return _Deferred(tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs))
+        return _Deferred(tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs),
+                         prepared.same_dtype)
     return tree_map(alias_of, prepared)
 
 
@@ -169,8 +186,11 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     if isinstance(prepared, (_BlockedProduct, _BlockedPointwise)):
         return prepared.measure(info, out)
     if isinstance(prepared, _Deferred):
-        with torch.no_grad(), _disable_current_modes():
-            prepared = tree_map(_upcast, prepared.args), tree_map(_upcast, prepared.kwargs)
+        if prepared.same_dtype:
+            prepared = prepared.args, prepared.kwargs
+        else:
+            with torch.no_grad(), _disable_current_modes():
+                prepared = tree_map(_upcast, prepared.args), tree_map(_upcast, prepared.kwargs)
     ref_args, ref_kwargs = prepared
     try:
         with torch.no_grad(), _disable_current_modes():
@@ -415,7 +435,12 @@ class _BlockedPointwise:
         if not isinstance(live, torch.Tensor) or not (live.is_floating_point() or live.is_complex()) \
                 or live.numel() == 0:
             return None
-        wide = _to_fp32 if _rounds_alike_in_fp32(self.func, self.args, self.kwargs, live.dtype) else _upcast
+        if self.func in _MOVES_ELEMENTS and _one_floating_dtype(self.args, self.kwargs):
+            wide = _as_is               # (its own dtype: the same rounded reference, _MOVES_ELEMENTS)
+        elif _rounds_alike_in_fp32(self.func, self.args, self.kwargs, live.dtype):
+            wide = _to_fp32
+        else:
+            wide = _upcast
         rows = live.shape[0] if live.dim() else 1
         flat, _ = tree_flatten((self.args, self.kwargs))
         tensors = [t for t in flat if isinstance(t, torch.Tensor)]
@@ -491,6 +516,10 @@ def _to_fp32(v: Any) -> Any:
     is handed on as it is, the op writes none of its inputs)."""
     if isinstance(v, torch.Tensor):
         return v.detach().to(torch.float32)
+    return v
+
+
+def _as_is(v: Any) -> Any:
     return v
 
 
