@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from . import own_error
 
 # what the queued measurements may hold beyond the step's own tensors, and how many ops
-DEFAULT_MAX_BYTES = 256 << 20
+DEFAULT_MAX_BYTES = 128 << 20
 DEFAULT_MAX_OPS = 512
 
 
