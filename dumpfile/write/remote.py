@@ -57,7 +57,7 @@ from typing import Any
 
 from .. import schema as S
 from ..errors import DumpWriteError
-from .writer import pwrite_all
+from .direct_io import TensorBytes
 
 # Seconds without progress on the socket after which the child counts as hung (a send
 # that moves no byte, a reply that does not come). Generous: a slow disk must slow the
@@ -218,6 +218,7 @@ class RemoteDumpWriter:
         except OSError as e:
             self._fail_close()
             raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
+        self._bytes = TensorBytes(self.path, self._fd)    # (O_DIRECT where it can)
 
     def send(self, msg: tuple) -> None:
         child = self._child
@@ -273,7 +274,7 @@ class RemoteDumpWriter:
             self.send(("release", n))
 
     def write_at(self, offset: int, data: Any) -> None:
-        pwrite_all(self._fd, data, offset, self.path)
+        self._bytes.write(offset, data)
 
     def _fail_close(self) -> None:
         try:
@@ -288,6 +289,7 @@ class RemoteDumpWriter:
             return
         child, self._child = self._child, None
         if self._fd >= 0:
+            self._bytes.close()
             os.close(self._fd)
             self._fd = -1
         try:
@@ -322,5 +324,6 @@ class RemoteDumpWriter:
             self._child.discard()
             self._child = None
         if self._fd >= 0:
+            self._bytes.close()
             os.close(self._fd)
             self._fd = -1
