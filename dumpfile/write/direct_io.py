@@ -44,7 +44,7 @@ ALIGN = 4096
 # bytes copied into the staging buffer and written per direct write
 CHUNK = 8 << 20
 # ranges smaller than this go through the page cache
-DIRECT_MIN_BYTES = 1 << 20
+DIRECT_MIN_BYTES = 256 << 10
 # O_DIRECT is Linux's (and a few others'); where the os module has no such flag, never
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 # ctypes.memmove releases the GIL (a CFUNCTYPE call): the copy into the staging buffer
