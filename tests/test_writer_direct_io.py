@@ -143,13 +143,7 @@ def _resident_pages(path, ranges) -> tuple[int, int]:
     return resident, total
 
 
-@pytest.mark.parametrize("writer", ["process", "thread"])
-def test_a_dump_writes_its_large_tensors_around_the_page_cache(tmp_path, writer):
-    """A full dump's large tensors (here 4 MiB weights and their gradients) do not fill the
-    page cache: written with O_DIRECT, their pages are not cached after the dump. Through
-    the page cache (before), every one of them was."""
-    if not _direct_allowed(tmp_path / "probe"):
-        pytest.skip("this file system refuses O_DIRECT")
+def _dump_large(tmp_path, writer):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
     x = torch.randn(8, 1024)
@@ -161,6 +155,26 @@ def test_a_dump_writes_its_large_tensors_around_the_page_cache(tmp_path, writer)
         f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         ranges = [(f[n].id.get_offset(), f[n].id.get_storage_size()) for n in names
                   if f[n].id.get_storage_size() >= 1 << 20]
+    return model, path, names, ranges
+
+
+def test_direct_io_0_in_the_environment_keeps_the_page_cache(tmp_path, monkeypatch):
+    """DUMPFILE_DIRECT_IO=0 (a device slower than the page cache): every byte through the
+    page cache, as before (the dumping process writes the large tensors' bytes)."""
+    monkeypatch.setenv("DUMPFILE_DIRECT_IO", "0")
+    _, path, _, ranges = _dump_large(tmp_path, "process")
+    resident, total = _resident_pages(path, ranges)
+    assert total >= 4000 and resident == total
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_dump_writes_its_large_tensors_around_the_page_cache(tmp_path, writer):
+    """A full dump's large tensors (here 4 MiB weights and their gradients) do not fill the
+    page cache: written with O_DIRECT, their pages are not cached after the dump. Through
+    the page cache (before), every one of them was."""
+    if not _direct_allowed(tmp_path / "probe"):
+        pytest.skip("this file system refuses O_DIRECT")
+    model, path, names, ranges = _dump_large(tmp_path, writer)
     resident, total = _resident_pages(path, ranges)
     assert total >= 4000       # (the two weights and their two gradients: 16 MiB)
     assert resident <= total // 20, f"{resident} of {total} pages of large tensors cached"
