@@ -31,6 +31,10 @@ Every replay kind also prints its time breakdown: matching/reading/substituting,
   export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run;
   with the dump kind, `dump-old` too (the dump with that code, into a file of its own).
 --kinds K1,K2: only these kinds (e.g. `--kinds plain-fp32,dump`: the dump against its 1x).
+  Two more kinds measure the dump's floors: `mode-floor`, the step under a dispatch mode
+  that only calls each op (the floor of any dispatch-mode dumper in the model's thread);
+  `write-floor`, the dump file's size written with plain pwrites into a new file, through
+  the page cache and with O_DIRECT, and nothing else (after the dump kind: its file's size).
 The dump kinds print their time breakdown too: the model thread's CPU in the op walk (the
   captures), copy-on-write, the hand-off to the writer (submit), the plain dump's own-error
   policy, the rest of the dispatch mode (the op itself) and outside it; its wall time split
@@ -308,9 +312,43 @@ def _print_dump_breakdown(kind: str, b: dict) -> None:
           + f"; the process's CPU in the block's entry {b['entry']:.2f} s, exit {b['exit']:.2f} s")
 
 
+def _write_floor(nbytes: int, tmp: str) -> dict:
+    """The floor of writing a dump's bytes on this machine: `nbytes` (the dump's file size)
+    written into a new file with os.pwrite in 8 MiB pieces, through the page cache and
+    with O_DIRECT (from an aligned buffer), each timed in wall and process CPU; nothing
+    else (no HDF5, no model). The files are removed outside the timing."""
+    import mmap
+    chunk = 8 << 20
+    buf = mmap.mmap(-1, chunk)              # (page-aligned, as O_DIRECT needs)
+    buf.write(os.urandom(1 << 20) * (chunk >> 20))
+    res = {}
+    for label, flags in (("buffered", 0), ("direct", getattr(os, "O_DIRECT", 0))):
+        path = os.path.join(tmp, f"write-floor-{label}.bin")
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags)
+        except OSError:
+            continue                         # (no O_DIRECT on this file system)
+        off = 0
+        while off < nbytes:
+            off += os.pwrite(fd, buf, off)
+        os.close(fd)
+        res[label] = (time.perf_counter() - t0, time.process_time() - c0)
+        os.remove(path)
+    wall, cpu = res["buffered"]
+    summary = f"{nbytes / 1e9:.2f} GB in 8 MiB pwrites: " + "; ".join(
+        f"{k} {w:.2f} s wall, {c:.2f} s CPU" for k, (w, c) in res.items())
+    return {"kind": "write-floor", "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
+            "rss_before_kb": 0, "peak_at_s": 0.0, "peak_anon_kb": 0, "peak_file_kb": 0,
+            "writer_peak_kb": 0, "loss": 0.0, "params": 0, "summary": summary}
+
+
 def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: bool) -> dict:
     import contextlib
     import io
+    if kind == "write-floor":
+        return _write_floor(os.path.getsize(golden) if os.path.exists(golden) else int(2.96e9),
+                            os.path.dirname(out))
     import torch
     import npu_dumper
     torch.set_num_threads(1)
@@ -346,6 +384,14 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     m0 = time.thread_time()
     if kind.startswith("plain"):
         with amp():
+            loss = step()
+    elif kind == "mode-floor":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class EmptyMode(TorchDispatchMode):      # the floor of any dispatch-mode dumper
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+        with EmptyMode():
             loss = step()
     elif kind == "dump":
         breakdown = _dump_breakdown()
@@ -566,7 +612,8 @@ def main() -> None:
     print(f"\nGPT-2 from its config: {cfg['layers']} layers, {cfg['embd']} wide, {cfg['heads']} heads, "
           f"vocab {cfg['vocab']} ({first['params'] / 1e6:.0f}M parameters), batch {cfg['batch']} x "
           f"{cfg['seq']} tokens, one training step, 1 thread; median of {a.rounds} round(s)")
-    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "dump-old": "plain-fp32", "plain-bf16": "plain-bf16",
+    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "dump-old": "plain-fp32", "mode-floor": "plain-fp32",
+            "write-floor": "plain-fp32", "plain-bf16": "plain-bf16",
             "replay": "plain-bf16", "replay-old": "plain-bf16"}
     kinds = [k for k in kinds if runs[k]]
     print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} {'+writer':>8s} {'vs plain':>9s} "
