@@ -300,7 +300,8 @@ def _print_dump_breakdown(kind: str, b: dict) -> None:
           "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
     blocked = b["step wall"] + b["entry wall"] + b["exit wall"] - step - b["run queue"]
     print(f"  {kind} model thread's wall in the block: running {step:.2f} s, waiting for a CPU (other load) "
-          f"{b['run queue']:.2f} s, blocked {blocked:.2f} s (GIL, the writer at submit and exit, page faults)")
+          f"{b['run queue']:.2f} s, blocked {blocked:.2f} s (GIL, the writer at submit and exit, "
+          "page faults)")
     print(f"  {kind} model thread waited {b['submit wall']:.2f} s (wall) in submit; copy-on-write "
           f"copied {b['cow captures']} captures, {b['cow bytes'] / 1e6:.0f} MB; wall: entry "
           f"{b['entry wall']:.2f} s, step {b['step wall']:.2f} s, exit (the writer finishing) "
@@ -507,7 +508,7 @@ def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pyt
             os.remove(path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, HERE]), HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS="1")
-    spec = json.dumps({"kind": kind[:-len("-old")] if kind.endswith("-old") else kind, "cfg": cfg, "golden": golden,
+    spec = json.dumps({"kind": kind.removesuffix("-old"), "cfg": cfg, "golden": golden,
                        "out": out, "options": options, "profile": profile})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
                           env=env, capture_output=True, text=True)
@@ -612,11 +613,12 @@ def main() -> None:
     print(f"\nGPT-2 from its config: {cfg['layers']} layers, {cfg['embd']} wide, {cfg['heads']} heads, "
           f"vocab {cfg['vocab']} ({first['params'] / 1e6:.0f}M parameters), batch {cfg['batch']} x "
           f"{cfg['seq']} tokens, one training step, 1 thread; median of {a.rounds} round(s)")
-    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "dump-old": "plain-fp32", "mode-floor": "plain-fp32",
-            "write-floor": "plain-fp32", "plain-bf16": "plain-bf16",
+    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "dump-old": "plain-fp32",
+            "mode-floor": "plain-fp32", "write-floor": "plain-fp32", "plain-bf16": "plain-bf16",
             "replay": "plain-bf16", "replay-old": "plain-bf16"}
     kinds = [k for k in kinds if runs[k]]
-    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} {'+writer':>8s} {'vs plain':>9s} "
+    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} "
+          f"{'+writer':>8s} {'vs plain':>9s} "
           f"{'peak RSS':>9s} {'vs plain':>9s} "
           f"{'writer RSS':>10s} {'file':>9s}  peak at")
     for kind in kinds:

@@ -7,8 +7,9 @@ small picklable record; the child makes exactly the DumpWriter calls the writer
 thread would make, so the file is the same. Large tensors are *reserved* in the
 child (dataset allocated, offset known) and the child replies with the offsets; the
 caller writes the bytes itself with os.pwrite on its own descriptors (GIL-free, no
-copy through a pipe; O_DIRECT where the file system allows: direct_io.py) and tells the child, in op order, how many ops are complete
-(`release`): only those are published at the child's flushes, as in the thread writer.
+copy through a pipe; O_DIRECT where the file system allows: direct_io.py) and tells
+the child, in op order, how many ops are complete (`release`): only those are
+published at the child's flushes, as in the thread writer.
 
 Protocol (multiprocessing.connection over a socketpair; one child per caller process,
 reused across dump files):
