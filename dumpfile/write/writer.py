@@ -334,8 +334,8 @@ class DumpWriter(DurableFile):
 
     def write_at(self, offset: int, data: Any) -> None:
         """Write raw bytes (a C-contiguous buffer) at a file offset given by reserve_tensor.
-        GIL-free (os.pwrite on descriptors of its own, O_DIRECT where the file system
-        allows: direct_io.py); never touches h5py. One thread at a time (the data thread)."""
+        Thread-safe and GIL-free (os.pwrite on descriptors of its own, O_DIRECT where the
+        file system allows: direct_io.py); never touches h5py."""
         self._bytes.write(offset, data)
 
     def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray
