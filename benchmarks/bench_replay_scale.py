@@ -18,7 +18,7 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
 
     python benchmarks/bench_replay_scale.py [--rounds N] [--layers L | --double]
            [--embd E --heads H --vocab V --batch B --seq S] [--tmp DIR] [--compare]
-           [--profile] [--old-code DIR] [--replay-option NAME=VALUE ...]
+           [--profile] [--old-code DIR] [--replay-option NAME=VALUE ...] [--kinds K1,K2]
 
 --double: 24 layers (how the costs grow with the recording: goal memory flat, time linear).
 --embd/--heads/--vocab/--layers: a smaller model for quick runs (e.g. --layers 2 --embd 256
@@ -28,7 +28,19 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
 Every replay kind also prints its time breakdown: matching/reading/substituting, the own-error
   reference (and its costliest ops), the replayed ops, the rest of the dispatch mode, outside it.
 --old-code DIR: one more kind, `replay-old`: the same replay with PYTHONPATH=DIR (e.g. an
-  export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run.
+  export of an older commit: `git archive <rev> | tar -x -C DIR`), for before/after in one run;
+  with the dump kind, `dump-old` too (the dump with that code, into a file of its own).
+--kinds K1,K2: only these kinds (e.g. `--kinds plain-fp32,dump`: the dump against its 1x).
+  Two more kinds measure the dump's floors: `mode-floor`, the step under a dispatch mode
+  that only calls each op (the floor of any dispatch-mode dumper in the model's thread);
+  `write-floor`, the dump file's size written with plain pwrites into a new file, through
+  the page cache and with O_DIRECT, and nothing else (after the dump kind: its file's size).
+The dump kinds print their time breakdown too: the model thread's CPU in the op walk (the
+  captures), copy-on-write, the hand-off to the writer (submit), the plain dump's own-error
+  policy, the rest of the dispatch mode (the op itself) and outside it; its wall time split
+  into running, waiting for a CPU (other load: schedstat) and blocked (the writer, the GIL);
+  the CPU of the writer's threads (metadata, data) and of the writer process. The "+writer"
+  column is the dumping process's CPU plus the writer process's.
 --replay-option NAME=VALUE: a torch.utils.dumper option for the replay step (Python literal),
   e.g. max_load_bytes=67108864 or own_error=False.
 BENCH_TRACE_PEAK=1 (environment): the replay step also lists the ops that raised its
@@ -164,6 +176,81 @@ def _time_breakdown() -> dict:
     return acc
 
 
+def _dump_breakdown() -> dict:
+    """Where a full dump's time goes in the model's thread (CPU seconds of that thread, and
+    the wall seconds it waited for the writer): the op walk making the captures (inputs,
+    outputs: the copies of the arguments an op writes are made here), copy-on-write (the
+    pending captures of a storage an op is about to write, copied first), the hand-off to
+    the writer (`submit`: its back-pressure waits), the plain dump's own-error policy
+    (PlainOwnError.run_op: in a float32 run only its check of the arguments' dtypes),
+    the rest of the dispatch mode (the op itself, numbering, attribution) and outside it.
+    Counts too: captures copied by copy-on-write and their bytes. Wrappers installed in
+    this child only; the writer's threads and process are measured from /proc."""
+    from npu_dumper.capture.mode import DumpMode
+    from npu_dumper.capture.snapshots import CaptureRegistry, TensorCapture
+    from npu_dumper.capture.walk import ArgWalk
+    from npu_dumper.replay.own_error import PlainOwnError
+    from npu_dumper.sinks.thread import WriterThread
+    acc = {"walk inputs": 0.0, "walk outputs": 0.0, "copy-on-write": 0.0, "submit": 0.0,
+           "submit wall": 0.0, "own-error policy": 0.0, "dispatch": 0.0,
+           "cow captures": 0, "cow bytes": 0}
+    depth = [0]
+
+    def timed(owner, name, key, nested=False, wall=None):
+        fn = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            if nested and depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += nested
+            t, w = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.thread_time() - t
+                if wall:
+                    acc[wall] += time.perf_counter() - w
+                depth[0] -= nested
+        setattr(owner, name, wrapper)
+    timed(ArgWalk, "inputs", "walk inputs")
+    timed(ArgWalk, "outputs", "walk outputs")
+    timed(CaptureRegistry, "before_write", "copy-on-write")
+    timed(WriterThread, "submit", "submit", wall="submit wall")
+    timed(PlainOwnError, "run_op", "own-error policy")
+    timed(DumpMode, "__torch_dispatch__", "dispatch", nested=True)
+    materialize = TensorCapture.materialize
+
+    def counted(cap):
+        copied = not cap.done and cap.tensor is not None
+        materialize(cap)
+        if copied:
+            acc["cow captures"] += 1
+            acc["cow bytes"] += cap.nbytes
+    TensorCapture.materialize = counted
+    return acc
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds so far of process `pid` (all its threads); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _run_delay() -> float:
+    """Seconds this thread has waited on a run queue for a CPU (schedstat; 0 if unknown):
+    of a thread's wall time neither running nor blocked (a GIL, a lock, a disk) — the
+    share other load on the machine took."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _thread_cpu() -> dict:
     """CPU seconds so far of each of this process's threads, by native id: (name, seconds)."""
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -206,9 +293,68 @@ def _print_breakdown(kind: str, b: dict) -> None:
         print(f"  {kind} own-error measure by op: " + ", ".join(f"{k} {v:.2f} s" for k, v in top))
 
 
+def _print_dump_breakdown(kind: str, b: dict) -> None:
+    step = b["step"]
+    walk = b["walk inputs"] + b["walk outputs"]
+    parts = {"capture/walk": walk, "copy-on-write": b["copy-on-write"],
+             "submit (waits for the writer)": b["submit"], "own-error policy": b["own-error policy"],
+             "rest of dispatch (the op itself, numbering, attribution)":
+                 b["dispatch"] - walk - b["copy-on-write"] - b["submit"] - b["own-error policy"],
+             "outside dispatch (model Python, autograd)": step - b["dispatch"]}
+    print(f"  {kind} time breakdown (CPU of the model's thread in the block, {step:.2f} s): " +
+          "; ".join(f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in parts.items()))
+    blocked = b["step wall"] + b["entry wall"] + b["exit wall"] - step - b["run queue"]
+    print(f"  {kind} model thread's wall in the block: running {step:.2f} s, waiting for a CPU (other load) "
+          f"{b['run queue']:.2f} s, blocked {blocked:.2f} s (GIL, the writer at submit and exit, "
+          "page faults)")
+    print(f"  {kind} model thread waited {b['submit wall']:.2f} s (wall) in submit; copy-on-write "
+          f"copied {b['cow captures']} captures, {b['cow bytes'] / 1e6:.0f} MB; wall: entry "
+          f"{b['entry wall']:.2f} s, step {b['step wall']:.2f} s, exit (the writer finishing) "
+          f"{b['exit wall']:.2f} s")
+    others = ", ".join(f"{k} {v:.2f} s" for k, v in b.get("other threads", {}).items())
+    wp = b.get("writer process")
+    print(f"  {kind} CPU of the other threads: {others}; of the writer process "
+          + (f"{wp:.2f} s (+ {b['writer process start']:.2f} s start-up and open)" if wp is not None else "-")
+          + f"; the process's CPU in the block's entry {b['entry']:.2f} s, exit {b['exit']:.2f} s")
+
+
+def _write_floor(nbytes: int, tmp: str) -> dict:
+    """The floor of writing a dump's bytes on this machine: `nbytes` (the dump's file size)
+    written into a new file with os.pwrite in 8 MiB pieces, through the page cache and
+    with O_DIRECT (from an aligned buffer), each timed in wall and process CPU; nothing
+    else (no HDF5, no model). The files are removed outside the timing."""
+    import mmap
+    chunk = 8 << 20
+    buf = mmap.mmap(-1, chunk)              # (page-aligned, as O_DIRECT needs)
+    buf.write(os.urandom(1 << 20) * (chunk >> 20))
+    res = {}
+    for label, flags in (("buffered", 0), ("direct", getattr(os, "O_DIRECT", 0))):
+        path = os.path.join(tmp, f"write-floor-{label}.bin")
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags)
+        except OSError:
+            continue                         # (no O_DIRECT on this file system)
+        off = 0
+        while off < nbytes:
+            off += os.pwrite(fd, buf, off)
+        os.close(fd)
+        res[label] = (time.perf_counter() - t0, time.process_time() - c0)
+        os.remove(path)
+    wall, cpu = res["buffered"]
+    summary = f"{nbytes / 1e9:.2f} GB in 8 MiB pwrites: " + "; ".join(
+        f"{k} {w:.2f} s wall, {c:.2f} s CPU" for k, (w, c) in res.items())
+    return {"kind": "write-floor", "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
+            "rss_before_kb": 0, "peak_at_s": 0.0, "peak_anon_kb": 0, "peak_file_kb": 0,
+            "writer_peak_kb": 0, "loss": 0.0, "params": 0, "summary": summary}
+
+
 def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: bool) -> dict:
     import contextlib
     import io
+    if kind == "write-floor":
+        return _write_floor(os.path.getsize(golden) if os.path.exists(golden) else int(2.96e9),
+                            os.path.dirname(out))
     import torch
     import npu_dumper
     torch.set_num_threads(1)
@@ -245,11 +391,39 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     if kind.startswith("plain"):
         with amp():
             loss = step()
-    elif kind == "dump":
-        with npu_dumper.dumper(use_dump=True, dump_path=golden) as d:
+    elif kind == "mode-floor":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class EmptyMode(TorchDispatchMode):      # the floor of any dispatch-mode dumper
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+        with EmptyMode():
             loss = step()
+    elif kind == "dump":
+        breakdown = _dump_breakdown()
+        w0 = time.perf_counter()
+        p0 = time.process_time()
+        threads0 = _thread_cpu()
+        queued0 = _run_delay()
+        with npu_dumper.dumper(use_dump=True, dump_path=golden) as d:
+            p1, w1 = time.process_time(), time.perf_counter()
+            child_proc = getattr(getattr(d._writer.writer, "_child", None), "proc", None)
+            wpid = child_proc.pid if child_proc is not None else 0
+            wcpu0 = _proc_cpu(wpid) if wpid else 0.0       # (its start-up and the file's open)
+            loss = step()
+            p2, w2 = time.process_time(), time.perf_counter()
+            named = _thread_cpu()           # (the pooled threads are renamed idle at exit)
+        p3, w3 = time.process_time(), time.perf_counter()
+        threads1 = {tid: (named.get(tid, (name,))[0], sec) for tid, (name, sec) in _thread_cpu().items()}
+        queued = _run_delay() - queued0
         writer_kb = _writer_peak_kb()          # (back in the pool after the block)
         summary = f"{d.num_ops} ops"
+        direct = getattr(getattr(d._writer.writer, "_bytes", None), "direct_bytes", None)
+        if direct is not None:
+            summary += f", {direct / 1e9:.2f} GB of tensor bytes written with O_DIRECT"
+        breakdown.update({"writer process": _proc_cpu(wpid) - wcpu0 if wpid else None,
+                          "writer process start": wcpu0, "entry wall": w1 - w0, "run queue": queued,
+                          "step wall": w2 - w1, "exit wall": w3 - w2})
     else:
         buf = io.StringIO()
         rises = []
@@ -308,6 +482,8 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     for path in (golden if kind == "dump" else out,):
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
+    wp = (breakdown or {}).get("writer process")
+    res["cpu_all_s"] = cpu + (wp + breakdown["writer process start"] if wp is not None else 0.0)
     if breakdown is not None:
         others: dict[str, float] = {}
         me = threading.get_native_id()
@@ -330,11 +506,14 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
 def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pythonpath: str,
                golden: str) -> dict:
     out = os.path.join(tmp, f"{kind}.h5")
-    if os.path.exists(out):
-        os.remove(out)
+    # (the file a dump kind writes goes before it starts: unlinking the last round's
+    # gigabytes is the file system's work, not the dump's; PERFORMANCE.md, "How to measure")
+    for path in (out, golden) if kind.startswith("dump") else (out,):
+        if os.path.exists(path):
+            os.remove(path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, HERE]), HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS="1")
-    spec = json.dumps({"kind": "replay" if kind == "replay-old" else kind, "cfg": cfg, "golden": golden,
+    spec = json.dumps({"kind": kind.removesuffix("-old"), "cfg": cfg, "golden": golden,
                        "out": out, "options": options, "profile": profile})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
                           env=env, capture_output=True, text=True)
@@ -389,7 +568,10 @@ def main() -> None:
         options[k] = ast.literal_eval(v)
     kinds = [k for k in a.kinds.split(",") if k]
     if a.old_code:
-        kinds.insert(kinds.index("replay") + 1 if "replay" in kinds else len(kinds), "replay-old")
+        if "dump" in kinds:
+            kinds.insert(kinds.index("dump") + 1, "dump-old")
+        if "replay" in kinds or "dump" not in kinds:
+            kinds.insert(kinds.index("replay") + 1 if "replay" in kinds else len(kinds), "replay-old")
     if a.golden and os.path.exists(a.golden) and a.kinds == ",".join(KINDS):
         kinds.remove("dump")
     if "dump" not in kinds and any(k.startswith("replay") for k in kinds) and not (
@@ -402,8 +584,9 @@ def main() -> None:
     try:
         for r in range(a.rounds):
             for kind in kinds:
-                path = a.old_code if kind == "replay-old" else ROOT
-                res = _run_child(kind, cfg, tmp, options if kind == "replay" else {}, a.profile, path, golden)
+                path = a.old_code if kind.endswith("-old") else ROOT
+                res = _run_child(kind, cfg, tmp, options if kind == "replay" else {}, a.profile, path,
+                                 os.path.join(tmp, "dump-old.h5") if kind == "dump-old" else golden)
                 runs[kind].append(res)
                 print(f"  round {r + 1} {kind:11s} {res['wall_s']:7.2f} s  {res['peak_kb'] / 1024:7.0f} MB",
                       flush=True)
@@ -425,7 +608,7 @@ def main() -> None:
                           "other columns that differ: "
                           + (", ".join(f"{c} (max rel {v:.1e})" for c, v in sorted(cols.items())) or "none"))
             for kind in kinds:                     # each round's replay files go; the golden stays
-                if kind.startswith("replay"):
+                if kind.startswith("replay") or kind == "dump-old":
                     p = os.path.join(tmp, f"{kind}.h5")
                     if os.path.exists(p):
                         os.remove(p)
@@ -435,10 +618,13 @@ def main() -> None:
     print(f"\nGPT-2 from its config: {cfg['layers']} layers, {cfg['embd']} wide, {cfg['heads']} heads, "
           f"vocab {cfg['vocab']} ({first['params'] / 1e6:.0f}M parameters), batch {cfg['batch']} x "
           f"{cfg['seq']} tokens, one training step, 1 thread; median of {a.rounds} round(s)")
-    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "plain-bf16": "plain-bf16",
+    base = {"plain-fp32": "plain-fp32", "dump": "plain-fp32", "dump-old": "plain-fp32",
+            "mode-floor": "plain-fp32", "write-floor": "plain-fp32", "plain-bf16": "plain-bf16",
             "replay": "plain-bf16", "replay-old": "plain-bf16"}
     kinds = [k for k in kinds if runs[k]]
-    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} {'peak RSS':>9s} {'vs plain':>9s} "
+    print(f"  {'kind':11s} {'time':>8s} {'vs plain':>9s} {'CPU':>8s} {'vs plain':>9s} "
+          f"{'+writer':>8s} {'vs plain':>9s} "
+          f"{'peak RSS':>9s} {'vs plain':>9s} "
           f"{'writer RSS':>10s} {'file':>9s}  peak at")
     for kind in kinds:
         rs = runs[kind]
@@ -446,15 +632,18 @@ def main() -> None:
         wall = statistics.median(x["wall_s"] for x in rs)
         peak = statistics.median(x["peak_kb"] for x in rs) / 1024
         cpu = statistics.median(x["cpu_s"] for x in rs)
+        cpu_all = statistics.median(x.get("cpu_all_s", x["cpu_s"]) for x in rs)
         if ref:
             tr = statistics.median(x["wall_s"] / y["wall_s"] for x, y in zip(rs, ref))
             cr = statistics.median(x["cpu_s"] / y["cpu_s"] for x, y in zip(rs, ref))
+            ar = statistics.median(x.get("cpu_all_s", x["cpu_s"]) / y["cpu_s"] for x, y in zip(rs, ref))
             mr = statistics.median(x["peak_kb"] / y["peak_kb"] for x, y in zip(rs, ref))
         else:
-            tr = cr = mr = float("nan")
+            tr = cr = mr = ar = float("nan")
         wk = rs[-1].get("writer_peak_kb", 0) / 1024
         fb = rs[-1].get("file_bytes", 0) / 1e9
-        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {cpu:7.2f}s {cr:8.2f}x {peak:8.0f}M {mr:8.2f}x "
+        print(f"  {kind:11s} {wall:7.2f}s {tr:8.2f}x {cpu:7.2f}s {cr:8.2f}x {cpu_all:7.2f}s {ar:8.2f}x "
+              f"{peak:8.0f}M {mr:8.2f}x "
               f"{(f'{wk:.0f}M' if wk else '-'):>10s} {(f'{fb:.2f}GB' if fb else '-'):>9s}  "
               f"{rs[-1]['peak_at_s']:.1f}s of the step (anon {rs[-1]['peak_anon_kb'] / 1024:.0f}M, "
               f"file {rs[-1]['peak_file_kb'] / 1024:.0f}M)")
@@ -462,7 +651,8 @@ def main() -> None:
         if runs[kind][-1].get("summary"):
             print(f"  {kind}: {runs[kind][-1]['summary']}")
         if runs[kind][-1].get("breakdown"):
-            _print_breakdown(kind, runs[kind][-1]["breakdown"])
+            (_print_dump_breakdown if kind.startswith("dump") else _print_breakdown)(
+                kind, runs[kind][-1]["breakdown"])
         if runs[kind][-1].get("profile"):
             print(f"--- cProfile of {kind} ---\n{runs[kind][-1]['profile']}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

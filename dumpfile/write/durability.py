@@ -71,6 +71,7 @@ class DurableFile:
     _flushed_rows: dict = {}    # table path -> rows at the last flush (_flush_headroom)
     _claim_blocks = True    # until the file system says it cannot (fallocate)
     _reserve: str | None = None     # the reserve file's path
+    _bytes = None       # the tensor-byte writer (direct_io.TensorBytes) on the second descriptor
 
     # ---- flushes -------------------------------------------------------------------------
     def maybe_flush(self) -> None:
@@ -223,6 +224,8 @@ class DurableFile:
                 pass
             for fd in fds:      # (dup2, not close: another thread may still pwrite to it)
                 os.dup2(null, fd)
+            if self._bytes is not None:     # (and its O_DIRECT descriptor)
+                self._bytes.freeze(null)
         except OSError:
             pass
         finally:
@@ -305,6 +308,8 @@ class DurableFile:
             if not self._frozen:
                 self._release_unused_blocks()
             self.release_reserve()
+            if self._bytes is not None:
+                self._bytes.close()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -6,9 +6,10 @@ its own interpreter. The caller (npu_dumper's process writer) sends each op as a
 small picklable record; the child makes exactly the DumpWriter calls the writer
 thread would make, so the file is the same. Large tensors are *reserved* in the
 child (dataset allocated, offset known) and the child replies with the offsets; the
-caller writes the bytes itself with os.pwrite on its own descriptor (GIL-free, no
-copy through a pipe) and tells the child, in op order, how many ops are complete
-(`release`): only those are published at the child's flushes, as in the thread writer.
+caller writes the bytes itself with os.pwrite on its own descriptors (GIL-free, no
+copy through a pipe; O_DIRECT where the file system allows: direct_io.py) and tells
+the child, in op order, how many ops are complete (`release`): only those are
+published at the child's flushes, as in the thread writer.
 
 Protocol (multiprocessing.connection over a socketpair; one child per caller process,
 reused across dump files):
@@ -57,7 +58,7 @@ from typing import Any
 
 from .. import schema as S
 from ..errors import DumpWriteError
-from .writer import pwrite_all
+from .direct_io import TensorBytes
 
 # Seconds without progress on the socket after which the child counts as hung (a send
 # that moves no byte, a reply that does not come). Generous: a slow disk must slow the
@@ -218,6 +219,7 @@ class RemoteDumpWriter:
         except OSError as e:
             self._fail_close()
             raise DumpWriteError(f"{self.path}: cannot open for writing ({e})") from e
+        self._bytes = TensorBytes(self.path, self._fd)    # (O_DIRECT where it can)
 
     def send(self, msg: tuple) -> None:
         child = self._child
@@ -273,7 +275,7 @@ class RemoteDumpWriter:
             self.send(("release", n))
 
     def write_at(self, offset: int, data: Any) -> None:
-        pwrite_all(self._fd, data, offset, self.path)
+        self._bytes.write(offset, data)
 
     def _fail_close(self) -> None:
         try:
@@ -288,6 +290,7 @@ class RemoteDumpWriter:
             return
         child, self._child = self._child, None
         if self._fd >= 0:
+            self._bytes.close()
             os.close(self._fd)
             self._fd = -1
         try:
@@ -322,5 +325,6 @@ class RemoteDumpWriter:
             self._child.discard()
             self._child = None
         if self._fd >= 0:
+            self._bytes.close()
             os.close(self._fd)
             self._fd = -1

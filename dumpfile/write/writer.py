@@ -31,6 +31,7 @@ from .. import schema as S
 from ..errors import DumpWriteError
 from dumpfile.read.lowlevel import contiguous_offset
 from .catalog import NO_VALUE, Catalog
+from .direct_io import TensorBytes
 from .durability import DurableFile
 from .h5objects import (  # noqa: F401 - claim_blocks, pwrite_all: also imported from here
     DIRECT_WRITE_MIN_BYTES, TensorMeta, _STATS_FIELDS, _clear_for_create, _keep_dirty_metadata,
@@ -102,6 +103,8 @@ class DumpWriter(DurableFile):
                 self._fd = os.open(self.path, os.O_WRONLY)
             except OSError:
                 self._fd = -1
+        # large tensors' bytes around the page cache where the file system allows (direct_io.py)
+        self._bytes = TensorBytes(self.path, self._fd) if self._fd >= 0 else None
         self._open_path: str | None = None
         self._reserve = self._make_reserve(reserve_bytes)
         root = {k: v for k, v in (root_attrs or {}).items() if v is not None}
@@ -331,8 +334,9 @@ class DumpWriter(DurableFile):
 
     def write_at(self, offset: int, data: Any) -> None:
         """Write raw bytes (a C-contiguous buffer) at a file offset given by reserve_tensor.
-        Thread-safe and GIL-free (os.pwrite on a second descriptor); never touches h5py."""
-        pwrite_all(self._fd, data, offset, self.path)
+        Thread-safe and GIL-free (os.pwrite on descriptors of its own, O_DIRECT where the
+        file system allows: direct_io.py); never touches h5py."""
+        self._bytes.write(offset, data)
 
     def _write_direct(self, parent: h5py.Group, name: str, data: np.ndarray
                       ) -> tuple[h5py.Dataset, int | None]:
@@ -347,7 +351,7 @@ class DumpWriter(DurableFile):
         if offset is None:      # not contiguous after all: let HDF5 write it
             ds.id.write(h5s.ALL, h5s.ALL, data, mtype=_types(data.dtype)[1])
             return ds, None
-        pwrite_all(self._fd, data.reshape(-1).view(np.uint8), offset, self.path)
+        self._bytes.write(offset, data.reshape(-1).view(np.uint8))
         return ds, offset
 
     def write_stats(self, parent: h5py.Group, name: str, stats: Sequence[float],

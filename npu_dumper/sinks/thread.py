@@ -25,7 +25,8 @@ Full dumps use two threads. The metadata thread makes every HDF5 object (h5py ho
 the GIL and its own lock throughout); a large tensor's dataset is created allocated
 (DumpWriter.reserve_tensor), so its file offset is known at once, and its bytes are
 moved by the data thread: re-layout into a reused staging buffer with torch and
-os.pwrite, both without the GIL, overlapping the metadata of later ops and the user's
+os.pwrite (O_DIRECT where the file system allows: dumpfile/write/direct_io.py), both
+without the GIL, overlapping the metadata of later ops and the user's
 compute. The data thread takes ops in order; an op is published in the file's index
 (DumpWriter.release_ops) only once all its bytes are written, so every op a flush
 publishes reads back after a crash.
