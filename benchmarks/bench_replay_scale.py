@@ -285,6 +285,11 @@ def _print_breakdown(kind: str, b: dict) -> None:
               ", ".join(f"{k} {v:.2f} s" for k, v in b["other threads"].items()) +
               f"; the process's CPU in the block's entry {b['entry']:.2f} s (reading the recording's "
               f"index) and exit {b['exit']:.2f} s (the writer finishing, departures)")
+    if b.get("step wall") is not None:
+        print(f"  {kind} model thread's wall in the step {b['step wall']:.2f} s: running "
+              f"{b['step running']:.2f} s, waiting for a CPU {b['step run queue']:.2f} s, blocked "
+              f"{b['step wall'] - b['step running'] - b['step run queue']:.2f} s (the writer's "
+              "back-pressure, the own-error worker, the GIL, reads from the device)")
     if b.get("own-error reference (worker thread)"):
         print(f"  {kind} own-error measurements on their worker thread (overlapping the step): "
               f"{b['own-error reference (worker thread)']:.2f} s CPU")
@@ -450,7 +455,10 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             with npu_dumper.dumper(use_load=True, load_file_path=golden, dump_path=out, **options) as d:
                 p1 = time.process_time()
                 threads0 = _thread_cpu()
+                w1, q1, c1 = time.perf_counter(), _run_delay(), time.thread_time()
                 loss = step()
+                step_wall, step_queue = time.perf_counter() - w1, _run_delay() - q1
+                step_running = time.thread_time() - c1
                 threads1 = _thread_cpu()
                 p2 = time.process_time()
                 if rises:
@@ -465,6 +473,10 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             rises = sorted(rises[:-2], reverse=True)
             summary += " [HWM rises: " + ", ".join(f"{n}: +{r // 1024}M to {a // 1024}M"
                                                     for r, a, n, q in rises[:8] + ends) + "]"
+        measurer = getattr(d.policies[0], "_measurer", None)
+        if measurer is not None and hasattr(measurer, "waited_s"):
+            summary += (f" [the model's thread waited {measurer.waited_s:.2f} s for own-error measurements"
+                        f" ({measurer.waits_for_writes} writes waited)]")
         tensors = getattr(d.policies[0], "_tensors", None)
         if tensors is not None and hasattr(tensors, "peak_held_bytes"):
             summary += f" [recorded tensors held: peak {tensors.peak_held_bytes / 2**20:.0f} MiB]"
@@ -491,7 +503,9 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             if tid != me:
                 others[name] = others.get(name, 0.0) + sec - threads0.get(tid, (name, 0.0))[1]
         res["breakdown"] = dict(breakdown, step=main_cpu, entry=p1 - p0, exit=p3 - p2,
-                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01}})
+                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01},
+                                   "step wall": step_wall, "step run queue": step_queue,
+                                   "step running": step_running})
     if prof is not None:
         import pstats
         s = io.StringIO()
@@ -503,6 +517,23 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
 
 
 # ---- the parent ---------------------------------------------------------------------
+def _evict(path: str) -> None:
+    """Drop `path`'s pages from the page cache, so that every replay kind starts as a replay
+    of a golden dumped earlier or elsewhere does (the dump writes its large tensors with
+    O_DIRECT and leaves them uncached; the replay that ran first would otherwise leave them
+    cached for the next kind of the round)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
+
+
 def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pythonpath: str,
                golden: str) -> dict:
     out = os.path.join(tmp, f"{kind}.h5")
@@ -539,6 +570,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--golden-cached", action="store_true",
+                    help="leave the golden file in the page cache between kinds (default: dropped "
+                         "before each replay kind, which then reads it from the device)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--double", action="store_true", help="twice the layers")
     ap.add_argument("--embd", type=int, default=768)
@@ -585,6 +619,8 @@ def main() -> None:
         for r in range(a.rounds):
             for kind in kinds:
                 path = a.old_code if kind.endswith("-old") else ROOT
+                if kind.startswith("replay") and not a.golden_cached:
+                    _evict(golden)          # each replay reads the golden from the device
                 res = _run_child(kind, cfg, tmp, options if kind == "replay" else {}, a.profile, path,
                                  os.path.join(tmp, "dump-old.h5") if kind == "dump-old" else golden)
                 runs[kind].append(res)

@@ -32,6 +32,7 @@ measurement still queued finishes (the writer needs them); one whose op the writ
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -70,6 +71,7 @@ class MeasureWorker:
         self._bytes = 0
         self._lock = threading.RLock()
         self.waits_for_writes = 0               # times a write waited for a measurement
+        self.waited_s = 0.0                     # the model's thread's wall time spent waiting
         if registry is not None and hasattr(registry, "write_listeners"):
             registry.write_listeners.append(self._before_write)
 
@@ -126,10 +128,13 @@ class MeasureWorker:
 
     def _retire_oldest(self) -> None:
         future, addresses, nbytes = self._queued.popleft()
-        try:
-            future.result()
-        except BaseException:  # noqa: BLE001 - (cancelled): the writer drops the attribute
-            pass
+        if not future.done():
+            t0 = time.perf_counter()
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - (cancelled): the writer drops the attribute
+                pass
+            self.waited_s += time.perf_counter() - t0
         for ptr in addresses:
             left = self._readers[ptr] - 1
             if left:

@@ -346,6 +346,13 @@ class RecordedTensors:
                     mapped.madvise(mmap.MADV_WILLNEED)
                 except (AttributeError, OSError, ValueError):
                     pass
+                if threading.current_thread() is self._reader_thread:
+                    # read ahead: its pages faulted in here (one byte a page, in a torch op:
+                    # no GIL held), not in the model's thread by the op that reads them. A
+                    # golden not in the page cache (dumped with O_DIRECT, or elsewhere) is read
+                    # from the device here: 2.96 GB cost the model's thread ~1 s of faults
+                    # and the wait for the device
+                    torch.frombuffer(mapped, dtype=torch.uint8)[::mmap.PAGESIZE].sum()
                 return torch.frombuffer(mapped, dtype=stored[1], count=nbytes // dt.itemsize,
                                         offset=offset - start).view(shape)
         buf = torch.empty(nbytes, dtype=torch.uint8)
