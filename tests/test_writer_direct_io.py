@@ -183,3 +183,25 @@ def test_a_dump_writes_its_large_tensors_around_the_page_cache(tmp_path, writer)
     with h5py.File(path, "r") as f:
         stored = [np.asarray(f[n]) for n in names if f[n].shape == (1024, 1024)]
     assert any(np.array_equal(s, w) or np.array_equal(s, w.T) for s in stored)
+
+
+def test_direct_writes_reach_the_open_file_not_a_symlink_put_at_its_path(tmp_path, small_chunks):
+    """The O_DIRECT descriptor is opened at the first large write: it must open the file the
+    writer already holds, not whatever the path names by then (never write through a symlink)."""
+    path, victim = tmp_path / "dump.bin", tmp_path / "victim.bin"
+    if not _direct_allowed(str(tmp_path / "probe.bin")):
+        pytest.skip("the file system refuses O_DIRECT")
+    victim.write_bytes(b"\0" * (1 << 20))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        tb = TensorBytes(str(path), fd)
+        os.rename(path, tmp_path / "moved.bin")
+        os.symlink(victim, path)                # the path now names another file
+        data = np.arange(100_000, dtype=np.uint8)
+        tb.write(8192, data)
+        assert tb.direct_bytes > 0
+        tb.close()
+    finally:
+        os.close(fd)
+    assert victim.read_bytes() == b"\0" * (1 << 20)
+    assert (tmp_path / "moved.bin").read_bytes()[8192:8192 + 100_000] == data.tobytes()

@@ -105,8 +105,12 @@ class TensorBytes:
         if self._dfd >= 0:
             return True
         try:
-            self._dfd = os.open(self.path, os.O_WRONLY | _O_DIRECT)
-        except OSError:         # (EINVAL: the file system has no O_DIRECT)
+            # the file the ordinary descriptor has open, not whatever the path names now (a
+            # symlink put in its place is never written through): Linux reopens it through
+            # /proc/self/fd as a new open file (O_DIRECT is a property of the open file, so
+            # the ordinary descriptor stays buffered)
+            self._dfd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | _O_DIRECT)
+        except OSError:         # (EINVAL: the file system has no O_DIRECT; no /proc)
             self._direct = False
             return False
         raw = np.empty(CHUNK + ALIGN, dtype=np.uint8)
