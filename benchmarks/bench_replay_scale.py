@@ -285,7 +285,7 @@ def _print_breakdown(kind: str, b: dict) -> None:
               ", ".join(f"{k} {v:.2f} s" for k, v in b["other threads"].items()) +
               f"; the process's CPU in the block's entry {b['entry']:.2f} s (reading the recording's "
               f"index) and exit {b['exit']:.2f} s (the writer finishing, departures)")
-    if b.get("step wall") is not None:
+    if b.get("step running") is not None:
         print(f"  {kind} model thread's wall in the step {b['step wall']:.2f} s: running "
               f"{b['step running']:.2f} s, waiting for a CPU {b['step run queue']:.2f} s, blocked "
               f"{b['step wall'] - b['step running'] - b['step run queue']:.2f} s (the writer's "
@@ -390,6 +390,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     writer_kb = 0
     prof = None
     breakdown = None
+    step_wall = step_queue = step_running = None      # (the replay kinds measure them)
     t0 = time.perf_counter()
     c0 = time.process_time()
     m0 = time.thread_time()
@@ -503,9 +504,10 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             if tid != me:
                 others[name] = others.get(name, 0.0) + sec - threads0.get(tid, (name, 0.0))[1]
         res["breakdown"] = dict(breakdown, step=main_cpu, entry=p1 - p0, exit=p3 - p2,
-                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01},
-                                   "step wall": step_wall, "step run queue": step_queue,
-                                   "step running": step_running})
+                                **{"other threads": {k: v for k, v in others.items() if v >= 0.01}})
+        if step_wall is not None:
+            res["breakdown"].update({"step wall": step_wall, "step run queue": step_queue,
+                                     "step running": step_running})
     if prof is not None:
         import pstats
         s = io.StringIO()
