@@ -634,6 +634,9 @@ COMMANDS = {
                                                   "--device", "cpu"]),
     "load": (H5_KINDS, lambda m, s, o: ["api:load", m]),
     "replay": (("reference", "target"), lambda m, s, o: ["api:replay", m, os.path.join(o, "r.h5")]),
+    # under bf16 autocast: the recorded inputs rounded, each op's own error measured on the
+    # worker thread (npu_dumper/replay/measure_worker.py)
+    "replay_bf16": (("reference", "target"), lambda m, s, o: ["api:replay_bf16", m, os.path.join(o, "r.h5")]),
 }
 
 
@@ -645,11 +648,13 @@ def _api_load(path: str) -> None:
                 rec.read()
 
 
-def _api_replay(path: str, out: str) -> None:
+def _api_replay(path: str, out: str, bf16: bool = False) -> None:
+    import contextlib
     import torch
     import npu_dumper  # noqa: F401
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
-    with torch.utils.dumper(use_load=True, load_file_path=path, dump_path=out):
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with amp, torch.utils.dumper(use_load=True, load_file_path=path, dump_path=out):
         _step(_model(), x)
 
 
@@ -674,7 +679,10 @@ def _run_in_child(argv: list[str], out: str) -> int:
             os.environ["ACCUCMP_STALL_SECONDS"] = os.environ.get("FUZZ_PROBE_SECONDS", "30")
             from dumpfile.errors import DumpError
             try:
-                (_api_load if argv[0] == "api:load" else _api_replay)(*argv[1:])
+                if argv[0] == "api:load":
+                    _api_load(*argv[1:])
+                else:
+                    _api_replay(*argv[1:], bf16=argv[0] == "api:replay_bf16")
             except DumpError as e:
                 print(f"refused: {e}", file=sys.stderr)
                 return 2

@@ -60,9 +60,7 @@ class DepartureLog:
         self.rows: list[dict[str, Any]] = []
         self.counts: Counter = Counter()
         self._made: dict[int, str] = {}          # storage address -> _REPLAYED / _INSERTED / a leaf's made_by
-        # (storage, version, ..., recorded path) measured once -> whether the live tensor held
-        # the recorded bits (check_input's answer, for the next op that reads it)
-        self._measured: dict[tuple, bool] = {}
+        self._measured: set[tuple] = set()       # (storage, version, recorded path) measured once
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
@@ -194,9 +192,11 @@ class DepartureLog:
 
     def check_input(self, ev, name: str, value: torch.Tensor, rec: ValueRecord, load, at: int) -> bool:
         """A tensor input no replayed op made: compare its live value with the recorded one.
-        True when the live tensor holds the recorded values cast to its dtype, bit for bit
-        (what the substitution would hand the op: it then hands the live tensor without
-        casting and comparing again); False when it does not or was not compared."""
+        True when it was compared now and holds the recorded values cast to its dtype, bit for
+        bit (what the substitution would hand the op: it then hands the live tensor without
+        casting and comparing again); False when it does not, or was not compared now (a
+        check made for an earlier op is not trusted for this one: a write through `.data`
+        leaves the version the key holds unchanged)."""
         if name in op_info(ev.func).out_args:
             return False                # an out= buffer is written, not read
         ptr = storage_key(value)
@@ -213,10 +213,9 @@ class DepartureLog:
         via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
         key = (ptr, value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
                value.storage_offset(), rec.path)
-        known = self._measured.get(key)
-        if known is not None:
-            return known
-        self._measured[key] = False
+        if key in self._measured:
+            return False
+        self._measured.add(key)
         src = load(rec)
         if src.shape != value.shape:
             src = src.reshape(value.shape)
@@ -229,8 +228,7 @@ class DepartureLog:
             if bitwise_equal(value, expected):
                 # (the substitution casts straight to the live dtype: the same bits only
                 # when no coarser dtype came between)
-                self._measured[key] = coarsest == value.dtype
-                return self._measured[key]
+                return coarsest == value.dtype
             wide = torch.float64 if torch.float64 in (value.dtype, src.dtype) else torch.float32
             a = value.detach().reshape(-1).to(wide)
             b = src.reshape(-1).to(device=a.device, dtype=wide)
