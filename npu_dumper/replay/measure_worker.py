@@ -41,18 +41,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import own_error
+from .layout import storage_key
 
 # what the queued measurements may hold beyond the step's own tensors, and how many ops
 DEFAULT_MAX_BYTES = 128 << 20
 DEFAULT_MAX_OPS = 512
-
-
-def _storage_address(t: torch.Tensor) -> int | None:
-    try:
-        ptr = t.untyped_storage().data_ptr()
-    except RuntimeError:        # (no storage of its own)
-        return None
-    return ptr or None
 
 
 class MeasureWorker:
@@ -85,7 +78,7 @@ class MeasureWorker:
         addresses: set[int] = set()
         nbytes = 0
         for t in tensors:
-            ptr = _storage_address(t)
+            ptr = storage_key(t)
             if ptr is not None and ptr not in addresses:
                 addresses.add(ptr)
                 nbytes += t.untyped_storage().nbytes()

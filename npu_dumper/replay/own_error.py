@@ -32,6 +32,7 @@ that draw random numbers, collectives, and ops without a float64 kernel.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -124,25 +125,20 @@ def aliased(prepared: Any) -> Any:
     object itself changes what autograd does with it (AccumulateGrad steals a gradient only
     nobody else holds; held, it copies it, new ops in the dump). The dump's writer holds
     storages the same way (capture/snapshots.py)."""
-    if isinstance(prepared, _BlockedProduct):
-        return _BlockedProduct(alias_of(prepared.a), alias_of(prepared.b), alias_of(prepared.c),
-                               prepared.beta, prepared.alpha)
-    if isinstance(prepared, _BlockedPointwise):
-        return _BlockedPointwise(prepared.func, tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs))
-    if isinstance(prepared, _Deferred):
-        return _Deferred(tree_map(alias_of, prepared.args), tree_map(alias_of, prepared.kwargs),
-                         prepared.same_dtype)
-    return tree_map(alias_of, prepared)
+    fields = _TENSOR_FIELDS.get(type(prepared))
+    if fields is None:                  # (the float64 copies: (args, kwargs))
+        return tree_map(alias_of, prepared)
+    out = copy.copy(prepared)
+    for name in fields:
+        setattr(out, name, tree_map(alias_of, getattr(prepared, name)))
+    return out
 
 
 def tensors_read(prepared: Any) -> tuple:
     """What a prepared measurement reads of the step's tensors (and its float64 copies): the
     measurement worker keeps them unwritten until it is done."""
-    if isinstance(prepared, _BlockedProduct):
-        return prepared.a, prepared.b, prepared.c
-    if isinstance(prepared, (_BlockedPointwise, _Deferred)):
-        return prepared.args, prepared.kwargs
-    return prepared
+    fields = _TENSOR_FIELDS.get(type(prepared))
+    return prepared if fields is None else tuple(getattr(prepared, name) for name in fields)
 
 
 def measure(func: Any, prepared: tuple, out: Any) -> str | None:
@@ -466,6 +462,11 @@ class _BlockedPointwise:
             return None
         got = acc.result()
         return None if got is None else json.dumps({name: got})
+
+
+# each kind of prepared measurement: the attributes holding the step's tensors it reads
+_TENSOR_FIELDS: dict[type, tuple[str, ...]] = {
+    _BlockedProduct: ("a", "b", "c"), _BlockedPointwise: ("args", "kwargs"), _Deferred: ("args", "kwargs")}
 
 
 # ---- ops whose float32 result, rounded to the target, is the float64 one rounded ------------

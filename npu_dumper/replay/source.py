@@ -289,16 +289,12 @@ class RecordedTensors:
                 return None
         else:
             try:
-                if obj is None:
-                    obj = self._file.h5[rec.path]
-                dt = obj.dtype
-                shape = tuple(obj.shape)
-                nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-                offset = contiguous_offset(obj.id, nbytes)
-                if offset is None:
-                    return None
+                place = _stored_place(self._file.h5[rec.path] if obj is None else obj)
             except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
                 return None
+            if place is None:
+                return None
+            dt, shape, nbytes, offset = place
         return self._read_stored(rec.dtype, dt, shape, offset, nbytes)
 
     def _raw_base(self, ds: Any) -> torch.Tensor | None:
@@ -310,17 +306,13 @@ class RecordedTensors:
             return None
         try:
             name = ds.attrs.get(S.ATTR_DTYPE, "")
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            if name not in _RAW_READ_DTYPES:
-                return None
-            dt = ds.dtype
-            shape = tuple(ds.shape)
-            nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-            offset = contiguous_offset(ds.id, nbytes)
         except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
             return None
-        if offset is None:
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        place = _stored_place(ds) if name in _RAW_READ_DTYPES else None
+        if place is None:
             return None
+        dt, shape, nbytes, offset = place
         return self._read_stored(name, dt, shape, offset, nbytes)
 
     def _read_stored(self, name: str, dt: np.dtype, shape: tuple, offset: int, nbytes: int) -> torch.Tensor | None:
@@ -403,6 +395,19 @@ class RecordedTensors:
             return storage.as_strided(shape, stride, S.storage_offset(rec.attrs, rec.path) - boff)
         except (NotReplayable, RuntimeError, ValueError, KeyError):
             return None
+
+
+def _stored_place(ds: Any) -> tuple[np.dtype, tuple, int, int] | None:
+    """(stored dtype, shape, bytes, file offset) of a dataset whose stored bytes are its
+    array as it is (contiguous, allocated, unfiltered), else None."""
+    try:
+        dt = ds.dtype
+        shape = tuple(ds.shape)
+        nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        offset = contiguous_offset(ds.id, nbytes)
+    except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
+        return None
+    return None if offset is None else (dt, shape, nbytes, offset)
 
 
 class _AttrsOnly:
