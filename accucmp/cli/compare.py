@@ -97,40 +97,27 @@ def compare(
                 for line in sharded.lines():
                     typer.echo(f"accucmp: {line}", err=True)
                 my_dump, golden_dump = sharded.target, sharded.golden
-        if my_dump.is_dir() and golden_dump.is_dir():
-            from accucmp.compare.ranks import run_folder_compare
-
+        if my_dump.is_dir() and (golden_dump.is_dir() or golden_dump.is_file()):
+            # a folder of ranks against another folder, or against one single-process
+            # reference (docs/COMPARE.md): the same options, another callee
             if align_map is not None:
-                raise UsageProblem("--align-map takes two files, not folders")
+                raise UsageProblem("--align-map takes two files, not "
+                                   + ("folders" if golden_dump.is_dir() else "a folder"))
             meta = {"command": _command_line()} if _command_line() else {}
             if thresholds:
                 meta["threshold_overrides"] = thresholds
-            code = run_folder_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
-                                      exclude=tuple(exclude or ()),
-                                      thresholds=thresholds, chunk_elements=chunk_elements, top=top,
-                                      quiet=quiet, scheduler=scheduler, workers=workers,
-                                      replica_check=replica_check, formats=formats,
-                                      console=_console(), golden_fp64=golden_fp64,
-                                      dump_failures=pickle_failures, summary_json=summary_json,
-                                      meta=meta, force=force)
-            raise typer.Exit(code)
-        if my_dump.is_dir() and golden_dump.is_file():
-            # every rank of a run against one single-process reference (docs/COMPARE.md)
-            from accucmp.compare.reference_runs import run_reference_compare
-
-            if align_map is not None:
-                raise UsageProblem("--align-map takes two files, not a folder")
-            meta = {"command": _command_line()} if _command_line() else {}
-            if thresholds:
-                meta["threshold_overrides"] = thresholds
-            code = run_reference_compare(my_dump, golden_dump, out, algorithms=algorithms, select=select,
-                                         exclude=tuple(exclude or ()),
-                                         thresholds=thresholds, chunk_elements=chunk_elements, top=top,
-                                         quiet=quiet, scheduler=scheduler, workers=workers, formats=formats,
-                                         console=_console(), golden_fp64=golden_fp64,
-                                         dump_failures=pickle_failures, batch_split=batch_split,
-                                         loss=loss_reduction, summary_json=summary_json, meta=meta,
-                                         force=force)
+            common = dict(algorithms=algorithms, select=select, exclude=tuple(exclude or ()),
+                          thresholds=thresholds, chunk_elements=chunk_elements, top=top, quiet=quiet,
+                          scheduler=scheduler, workers=workers, formats=formats, console=_console(),
+                          golden_fp64=golden_fp64, dump_failures=pickle_failures,
+                          summary_json=summary_json, meta=meta, force=force)
+            if golden_dump.is_dir():
+                from accucmp.compare.ranks import run_folder_compare
+                code = run_folder_compare(my_dump, golden_dump, out, replica_check=replica_check, **common)
+            else:
+                from accucmp.compare.reference_runs import run_reference_compare
+                code = run_reference_compare(my_dump, golden_dump, out, batch_split=batch_split,
+                                             loss=loss_reduction, **common)
             raise typer.Exit(code)
         from accucmp.report.outputs import failing_rows_of_csv, new_result_csv, write_failures, write_other_formats
         from accucmp.compare.streaming import compare_to_csv
