@@ -198,20 +198,26 @@ def test_stated_split_that_is_wrong_fails_at_the_batch(runs, scheduler, tmp_path
     assert (first["NPUDump"], first["TensorName"]) == ("aten.embedding.default", "indices")
 
 
-def test_reference_slices_read_in_small_pieces_measure_the_same(runs, tmp_path):
-    """The reference's batch slice read in pieces of 24 elements (a large tensor's path)
-    gives the rows and verdicts of the whole read, metrics equal to rounding."""
+def _whole_and_in_pieces(run_dir, layout: str, runs, tmp_path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rank 1 of `run_dir` against the reference, its tensors read whole and in pieces of 24
+    elements: the two result tables."""
     from accucmp.compare.reference_runs import RankView, find_batch_split
     from accucmp.compare.streaming import compare_to_csv
 
-    target, ref = str(runs / "ddp_interleaved" / "lm_rank1.h5"), str(runs / "ref.h5")
+    target, ref = str(run_dir / "lm_rank1.h5"), str(runs / "ref.h5")
     split = find_batch_split(target, ref, 2, 1)
-    out = {}
+    out = []
     for chunk in (1 << 22, 24):
-        view = RankView(1, 2, tuple(split.rows(1, 2)), split.batch, 2.0, ("ddp",))
+        view = RankView(1, 2, tuple(split.rows(1, 2)), split.batch, 2.0, (layout,))
         r = compare_to_csv(target, ref, tmp_path / f"c{chunk}.csv", view=view, chunk_elements=chunk)
-        out[chunk] = pd.read_csv(r.csv)
-    a, b = out[1 << 22], out[24]
+        out.append(pd.read_csv(r.csv))
+    return out[0], out[1]
+
+
+def test_reference_slices_read_in_small_pieces_measure_the_same(runs, tmp_path):
+    """The reference's batch slice read in pieces of 24 elements (a large tensor's path)
+    gives the rows and verdicts of the whole read, metrics equal to rounding."""
+    a, b = _whole_and_in_pieces(runs / "ddp_interleaved", "ddp", runs, tmp_path)
     assert list(a["Result"]) == list(b["Result"]) and (a["Result"] == "pass").sum() > 200
     ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
     assert ((ra - rb).abs().fillna(0) < 1e-6).all()
@@ -228,18 +234,8 @@ def test_reduce_scattered_gradients_read_in_small_pieces_measure_the_same(runs, 
     """FSDP2's per-parameter chunks (FlatRange: the rows of dim 0 holding the range, in slabs
     of --chunk-elements; below one row, the source streamed) read in pieces of 24 elements
     give the rows of the whole read."""
-    from accucmp.compare.reference_runs import RankView, find_batch_split
-    from accucmp.compare.streaming import compare_to_csv
-
-    target, ref = str(runs / "fsdp2" / "lm_rank1.h5"), str(runs / "ref.h5")
-    split = find_batch_split(target, ref, 2, 1)
-    out = {}
-    for chunk in (1 << 22, 24):
-        view = RankView(1, 2, tuple(split.rows(1, 2)), split.batch, 2.0, ("fsdp2",))
-        r = compare_to_csv(target, ref, tmp_path / f"c{chunk}.csv", view=view, chunk_elements=chunk)
-        t = pd.read_csv(r.csv)
-        out[chunk] = t[t["MatchedBy"] == "after reduce-scatter"].reset_index(drop=True)
-    a, b = out[1 << 22], out[24]
+    a, b = (t[t["MatchedBy"] == "after reduce-scatter"].reset_index(drop=True)
+            for t in _whole_and_in_pieces(runs / "fsdp2", "fsdp2", runs, tmp_path))
     assert len(a) == 27 and list(a["Result"]) == list(b["Result"]) == ["pass"] * 27
     ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
     assert ((ra - rb).abs() < 1e-6).all() and list(a["TensorName"]) == list(b["TensorName"])

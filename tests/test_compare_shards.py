@@ -294,6 +294,11 @@ def _compare(tmp_path, target, golden, *extra):
     return res, sorted((tmp_path / "out").glob("result_*.csv"))
 
 
+def _rank_tables(csvs):
+    """The result table of each rank (the folder's `_ranks.csv` summary left out)."""
+    return [pd.read_csv(csv) for csv in csvs if not csv.name.endswith("_ranks.csv")]
+
+
 def test_tensor_parallel_run_against_the_single_process_reference_passes(runs, tmp_path):
     res, csvs = _compare(tmp_path, runs / "tp", runs / "ref.h5")
     assert res.exit_code == 0, res.output
@@ -393,18 +398,10 @@ def test_fsdp2_bf16_run_against_the_fp32_reference(runs, tmp_path):
     rows; every parameter's reduce-scattered gradient is compared."""
     res, csvs = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
     assert res.exit_code == 0, res.output
-    for csv in csvs:
-        if csv.name.endswith("_ranks.csv"):
-            continue
-        t = pd.read_csv(csv)
+    for t in _rank_tables(csvs):
         assert not ((t.NPUDump == "aten._foreach_copy_.default") & (t.Result == "unmatched")).any()
         g = t[t.MatchedBy == "after reduce-scatter"]
         assert len(g) == _PARAMS and (g.Result == "pass").all() and set(g.ComputeDtype) == {"bfloat16"}
-
-
-def test_fsdp2_bf16_run_against_the_fp32_reference_passes(runs, tmp_path):
-    res, _ = _compare(tmp_path, runs / "fsdp_bf16", runs / "ref.h5")
-    assert res.exit_code == 0, res.output
 
 
 def test_fsdp2_bf16_wrong_weight_shard_fails_where_the_gathered_weight_is_read(runs, tmp_path):
@@ -413,10 +410,7 @@ def test_fsdp2_bf16_wrong_weight_shard_fails_where_the_gathered_weight_is_read(r
     parameter at the first op reading it, not passed as inherited from an op no one compares."""
     res, csvs = _compare(tmp_path, runs / "fsdp_bf16_bug", runs / "ref.h5")
     assert res.exit_code == 1, res.output
-    for csv in csvs:
-        if csv.name.endswith("_ranks.csv"):
-            continue
-        t = pd.read_csv(csv)
+    for t in _rank_tables(csvs):
         w = t[(t.Module == "block.mlp.fc1") & (t.NPUDump == "aten.addmm.default") & (t.Phase == "forward")
               & (t.TensorName == "mat2")]
         assert len(w) == 1 and (w.Result == "fail").all() and (w.MadeBy == "leaf").all(), w.to_string()

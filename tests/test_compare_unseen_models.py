@@ -60,14 +60,6 @@ def test_gpt2_runs_pass_against_the_single_process_reference(runs, scheduler, tm
         assert len(g) == 28 and (g["Result"] == "pass").all()       # every parameter's gradient
 
 
-def test_gpt2_eps_on_rank_1_is_named(runs, scheduler, tmp_path):
-    res, _ = _compare(runs, "gpt2", "ddp_eps_bug", tmp_path, scheduler)
-    assert res.exit_code == 1, res.output
-    head = res.output.splitlines()[1]
-    assert head.startswith("FAIL: first failing op is on rank 1: aten.native_layer_norm.default #") and \
-        "in module.transformer.h.1.ln_2" in head, head
-
-
 def test_batchnorm_under_ddp_passes_and_says_what_differs_by_design(runs, scheduler, tmp_path):
     res, rows = _compare(runs, "cnn", "ddp", tmp_path, scheduler)
     assert res.exit_code == 0, res.output           # before: FAIL at native_batch_norm on rank 0
@@ -84,9 +76,12 @@ def test_batchnorm_under_ddp_passes_and_says_what_differs_by_design(runs, schedu
         assert len(grads) == 6 and (grads["CompareStatus"] == "partial").all()
 
 
-def test_batchnorm_eps_on_rank_1_is_still_named(runs, scheduler, tmp_path):
-    res, _ = _compare(runs, "cnn", "ddp_eps_bug", tmp_path, scheduler)
+@pytest.mark.parametrize("model,op,module", [
+    ("gpt2", "aten.native_layer_norm.default", "module.transformer.h.1.ln_2"),
+    ("cnn", "aten.native_batch_norm.default", "module.bn"),        # (BatchNorm: still named)
+], ids=["gpt2-layer-norm", "cnn-batch-norm"])
+def test_eps_on_rank_1_is_named(runs, scheduler, tmp_path, model, op, module):
+    res, _ = _compare(runs, model, "ddp_eps_bug", tmp_path, scheduler)
     assert res.exit_code == 1, res.output
     head = res.output.splitlines()[1]
-    assert head.startswith("FAIL: first failing op is on rank 1: aten.native_batch_norm.default #") and \
-        "in module.bn" in head, head
+    assert head.startswith(f"FAIL: first failing op is on rank 1: {op} #") and f"in {module}" in head, head

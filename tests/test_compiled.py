@@ -95,12 +95,19 @@ def _silu_off(scale):
     return lambda x: x * torch.sigmoid(x) * scale
 
 
-@pytest.mark.parametrize("bf16,scale", [(False, 1.02), (True, 1.05)], ids=["fp32", "bf16"])
-def test_wrong_decomposition_named_by_op_and_module(tmp_path, bf16, scale):
+@pytest.fixture(scope="module", params=[(False, 1.02), (True, 1.05)], ids=["fp32", "bf16"])
+def silu_fault_pair(request, tmp_path_factory):
+    """(eager dump, compiled dump) of SiluMLP with inductor's silu off by `scale` (eager
+    untouched), fp32 and bf16: made once for the tests that compare them either way round."""
+    bf16, scale = request.param
     torch.manual_seed(0)
     model, x = SiluMLP(), torch.randn(3, 8)
     with planted_decomposition(aten.silu.default, _silu_off(scale)):
-        eager, comp = dump_pair(tmp_path, model, x, bf16)
+        return dump_pair(tmp_path_factory.mktemp("silu_fault"), model, x, bf16)
+
+
+def test_wrong_decomposition_named_by_op_and_module(tmp_path, silu_fault_pair):
+    eager, comp = silu_fault_pair
     code, out = compare(tmp_path, comp, eager)
     head = out.splitlines()[0]
     assert code == 1, out
@@ -508,16 +515,12 @@ def test_roles_swapped_clean_pair_passes(tmp_path):
     assert row["Result"] == "pass" and row["Origin"] == "inherited", row
 
 
-@pytest.mark.parametrize("bf16,scale", [(False, 1.02), (True, 1.05)], ids=["fp32", "bf16"])
-def test_roles_swapped_fault_named_in_the_golden(tmp_path, bf16, scale):
+def test_roles_swapped_fault_named_in_the_golden(tmp_path, silu_fault_pair):
     """A compile-only fault with the compiled run as the golden: the headline names the op
     and module, and says the golden's (compiled) op is what differs (the old code: fp32
     named it by its distance from eager alone, as if the eager op were wrong; bf16 passed
     the fault as inherited, judged by the eager target's own error)."""
-    torch.manual_seed(0)
-    model, x = SiluMLP(), torch.randn(3, 8)
-    with planted_decomposition(aten.silu.default, _silu_off(scale)):
-        eager, comp = dump_pair(tmp_path, model, x, bf16)
+    eager, comp = silu_fault_pair
     code, out = compare_swapped(tmp_path, comp, eager)
     head = out.splitlines()[0]
     assert code == 1, out
