@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
 import torch
 
 import npu_dumper
@@ -116,3 +117,40 @@ def test_live_input_is_kept_only_when_its_bits_equal_the_recording():
     b = a.clone()
     b[-1, -1] = torch.nextafter(b[-1, -1], torch.tensor(1e9))  # one ulp, in the last element
     assert not bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "offset", "gappy", "bf16"])
+def test_bitwise_equal_finds_a_difference_anywhere_in_any_layout(layout):
+    """The memcmp path (both tensors laid out alike over a dense span) and the torch.equal
+    path (gaps between elements) see a one-ulp change at any element, and nothing outside
+    the tensor's elements (the gaps, the storage before its offset) counts."""
+    from npu_dumper.replay.layout import bitwise_equal
+
+    def make(base):
+        if layout == "transposed":
+            return base.t()
+        if layout == "offset":
+            return base.view(-1)[5:].view(-1)[:200]
+        if layout == "gappy":
+            return base[:, ::2]
+        if layout == "bf16":
+            return base.to(torch.bfloat16)
+        return base
+
+    base = torch.randn(24, 16, generator=torch.Generator().manual_seed(0))
+    a, b = make(base), make(base.clone())
+    assert bitwise_equal(a, b)
+    other = base.clone()
+    if layout == "gappy":
+        other[:, 1::2] += 1.0           # only the gaps differ
+        assert bitwise_equal(a, make(other))
+    if layout == "offset":
+        other.view(-1)[:5] += 1.0       # only the storage before the offset differs
+        assert bitwise_equal(a, make(other))
+    for flat in (0, 77, a.numel() - 1):
+        c = make(base.clone())
+        idx = torch.unravel_index(torch.tensor(flat), c.shape)
+        v = c[idx]
+        # one ulp in float32; bf16: the sign bit (-0.0 differs from 0.0 too)
+        c[idx] = torch.nextafter(v, torch.tensor(1e9)) if layout != "bf16" else -v
+        assert not bitwise_equal(a, c), flat

@@ -33,6 +33,7 @@ from dumpfile import departures as D
 from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
+from . import heap
 from .layout import bitwise_equal, storage_key
 from .matching import live_key
 
@@ -225,6 +226,8 @@ class DepartureLog:
             expected = src.to(device=value.device, dtype=coarsest) if coarsest != src.dtype else src
             if expected.dtype != value.dtype or expected.device != value.device:
                 expected = expected.to(device=value.device, dtype=value.dtype)
+            if expected is not src:
+                heap.allocated(expected.numel() * expected.element_size())   # (heap.py)
             if bitwise_equal(value, expected):
                 # (the substitution casts straight to the live dtype: the same bits only
                 # when no coarser dtype came between)

@@ -48,6 +48,7 @@ from ..opmap import OpMap, get_op_map
 from ..capture.snapshots import _is_dtensor
 from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
+from . import heap
 from .op_names import draws_random, resolve_op
 from .recorded import NotReplayable, torch_dtype
 from .index import read_catalog
@@ -452,9 +453,11 @@ class ReplayPolicy(Policy):
                 replaced[name] = value
                 continue
             try:
-                replaced[name] = self._replace(value, rec, in_place=in_place, arg=name)
+                replaced[name] = got = self._replace(value, rec, in_place=in_place, arg=name)
             except NotReplayable as e:
                 raise _NoFit(str(e)) from None
+            if isinstance(got, torch.Tensor) and got is not value:
+                heap.allocated(got.numel() * got.element_size())   # a cast or a read: heap.py
         args = list(ev.args)
         kwargs = dict(ev.kwargs)
         positions = info.positions

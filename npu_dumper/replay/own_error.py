@@ -46,6 +46,7 @@ from dumpfile.opclass import is_cast, sum_outputs
 
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
+from . import heap
 from .layout import bitwise_equal, storage_key
 from .op_names import draws_random
 
@@ -149,32 +150,11 @@ def measure(func: Any, prepared: tuple, out: Any) -> str | None:
         _trim_after(out)
 
 
-# The float64 temporaries of a measurement (a few MB to tens of MB each, freed at once) raise
-# glibc's dynamic mmap threshold, after which blocks of their size come from the heap and stay
-# there, fragmented: measured on GPT-2 (bf16 replay) the peak RSS grew by ~36 MB a layer with
-# own error and ~10 without; with the heap's free pages given back after each large
-# measurements (malloc_trim) it stays flat. A trim gives pages back that the next
-# temporaries fault in again, so it runs once per _TRIM_BYTES of float64 results measured,
-# not after each. Only on glibc; elsewhere nothing.
-_TRIM_BYTES = 256 << 20
-_since_trim = 0
-try:
-    import ctypes
-    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-    _malloc_trim.argtypes = [ctypes.c_size_t]
-except (OSError, AttributeError):
-    _malloc_trim = None
-
-
 def _trim_after(out: Any) -> None:
-    global _since_trim
-    if _malloc_trim is None:
-        return
+    """The float64 results just measured count toward giving the heap's free pages back
+    (heap.py: they raise glibc's mmap threshold; GPT-2's peak RSS grew ~36 MB a layer)."""
     flat, _ = tree_flatten(out)
-    _since_trim += sum(t.numel() for t in flat if isinstance(t, torch.Tensor)) * 8
-    if _since_trim >= _TRIM_BYTES:
-        _since_trim = 0
-        _malloc_trim(0)
+    heap.allocated(sum(t.numel() for t in flat if isinstance(t, torch.Tensor)) * 8)
 
 
 def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
