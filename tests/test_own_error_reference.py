@@ -186,3 +186,36 @@ def test_a_cat_of_two_dtypes_keeps_the_float64_reference():
     a, b = torch.randn(3, 4).bfloat16(), torch.randn(3, 4)
     prepared = own_error.prepare(torch.ops.aten.cat.default, ([a, b],), {}, {})
     assert isinstance(prepared, _Deferred) and not prepared.same_dtype
+
+
+@pytest.mark.parametrize("op", ["conv", "layer_norm"])
+def test_kappa_of_a_bias_gradient_is_that_of_its_sum_of_absolute_terms(op):
+    """OwnCancellation of a backward op's bias gradient is ||sum |grad_output| || / ||sum
+    grad_output|| over the reduced dims, in float64 (computed here from the recorded values
+    directly); the op's kappa run computes only that output (its output_mask), and the
+    input and weight gradients measured beside it keep their own errors."""
+    g = torch.Generator().manual_seed(0)
+    if op == "conv":
+        x = torch.randn(2, 6, 9, 9, generator=g).bfloat16()
+        w = torch.randn(8, 6, 3, 3, generator=g).bfloat16()
+        go = (torch.randn(2, 8, 9, 9, generator=g) + 0.05).bfloat16()   # a bias gradient that nearly cancels
+        func = torch.ops.aten.convolution_backward.default
+        args = (go, x, w, [8], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+        dims = (0, 2, 3)
+    else:
+        x = torch.randn(4, 16, 32, generator=g)
+        mean, rstd = x.mean(-1, keepdim=True), torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        go = (torch.randn(4, 16, 32, generator=g) + 0.05)
+        w, b = torch.randn(32, generator=g), torch.randn(32, generator=g)
+        func = torch.ops.aten.native_layer_norm_backward.default
+        args = (go, x, [32], mean, rstd, w, b, [True, True, True])
+        dims = (0, 1)
+    out = func(*args)
+    named = dict(zip(("grad_output",), args))
+    prepared = own_error.prepare(func, args, {}, named)
+    got = json.loads(own_error.measure(func, prepared, out))
+    g64 = go.double()
+    kappa = float(torch.linalg.vector_norm(g64.abs().sum(dims))) / float(torch.linalg.vector_norm(g64.sum(dims)))
+    assert len(got["result2"]) == 4 and got["result2"][3] == pytest.approx(kappa, rel=1e-12)
+    assert len(got["result0"]) == 3 and len(got["result1"]) == 3      # (no kappa: not sums)
+    assert got["result2"][0] < 0.02 and got["result0"][0] < 0.02       # their own errors, measured
