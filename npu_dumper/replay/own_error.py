@@ -358,7 +358,10 @@ class _Errors:
                 self.refs.append(float(torch.linalg.vector_norm(rr, dtype=torch.float64)))
                 self.max_ref = max(self.max_ref, max_ref)
                 return
-        rr = rr.to(torch.float64)
+        # the rounded reference is not widened into a float64 copy of its own: the subtraction
+        # widens its elements as it reads them (exactly, as .to(float64) does), its norm is
+        # taken with dtype=float64 (the float64 copy's norm, bit for bit) and its largest
+        # magnitude in its own dtype (exact): the same numbers, three passes over float64 fewer
         d = live.detach().to(torch.float64, copy=True)
         d -= rr
         err = float(torch.linalg.vector_norm(d))
@@ -366,7 +369,7 @@ class _Errors:
             self.finite = False
             return
         self.errs.append(err)
-        self.refs.append(float(torch.linalg.vector_norm(rr)))
+        self.refs.append(float(torch.linalg.vector_norm(rr, dtype=torch.float64)))
         self.max_err = max(self.max_err, _max_abs(d))
         self.max_ref = max(self.max_ref, _max_abs(rr))
 
