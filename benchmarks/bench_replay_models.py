@@ -19,7 +19,10 @@ grouped-query attention 12/4 heads, SwiGLU 2048, vocab 32000, 128 tokens), convn
 bottleneck 3-4-6-3, 224x224).
 
     python benchmarks/bench_replay_models.py [--models bert,vit,...] [--rounds N] [--tmp DIR]
-           [--kinds plain-fp32,dump,plain-bf16,replay,replay-noown]
+           [--kinds plain-fp32,dump,plain-bf16,replay,replay-noown] [--old-code DIR]
+
+--old-code DIR: each replay kind also as `<kind>-old`, with PYTHONPATH=DIR (an export of an
+  older commit: `git archive <rev> | tar -x -C DIR`), in the same rounds: before and after.
 
 The golden's pages are dropped from the page cache before each replay kind (a golden dumped
 with O_DIRECT, or elsewhere, is not cached). The ratios are each kind's median over its
@@ -103,7 +106,10 @@ def child(spec: dict) -> dict:
     import contextlib
     import torch
     import npu_dumper
-    from npu_dumper.replay import heap
+    try:
+        from npu_dumper.replay import heap
+    except ImportError:                          # (older code: --old-code)
+        heap = None
     torch.set_num_threads(1)
     kind = spec["kind"]
     step, n_params = _build(spec["model"])
@@ -126,7 +132,8 @@ def child(spec: dict) -> dict:
                 with npu_dumper.dumper(use_load=True, load_file_path=spec["golden"], dump_path=spec["out"],
                                        **options) as d:
                     step()
-            summary = f"{d.summary['replay'].matched} ops replayed, heap trimmed {heap.trims}x"
+            summary = f"{d.summary['replay'].matched} ops replayed" + (
+                f", heap trimmed {heap.trims}x" if heap is not None else "")
     return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
             "peak_mb": _vm_kb("VmHWM") / 1024, "params": n_params, "summary": summary}
 
@@ -142,7 +149,7 @@ def _evict(path: str) -> None:
         os.close(fd)
 
 
-def _run(model: str, kind: str, tmp: str) -> dict:
+def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
     golden = os.path.join(tmp, f"{model}_golden.h5")
     out = os.path.join(tmp, f"{model}_{kind}.h5")
     for path in (golden,) if kind == "dump" else (out,):
@@ -150,8 +157,9 @@ def _run(model: str, kind: str, tmp: str) -> dict:
             os.remove(path)
     if kind.startswith("replay"):
         _evict(golden)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    spec = json.dumps({"model": model, "kind": kind, "golden": golden, "out": out})
+    code = old_code if kind.endswith("-old") else ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([code, HERE]), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    spec = json.dumps({"model": model, "kind": kind.removesuffix("-old"), "golden": golden, "out": out})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -166,6 +174,7 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--tmp", default=None)
+    ap.add_argument("--old-code", default=None)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
@@ -173,6 +182,8 @@ def main() -> None:
     kinds = [k for k in a.kinds.split(",") if k]
     if "replay" in ",".join(kinds) and "dump" not in kinds:
         kinds.insert(0, "dump")
+    if a.old_code:
+        kinds += [f"{k}-old" for k in kinds if k.startswith("replay")]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
@@ -180,7 +191,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {k: [] for k in kinds}
             for r in range(a.rounds):
                 for kind in kinds:
-                    res = _run(model, kind, tmp)
+                    res = _run(model, kind, tmp, a.old_code)
                     runs[kind].append(res)
                     print(f"  {model:9s} round {r + 1} {kind:13s} {res['wall']:6.2f} s {res['peak_mb']:6.0f} MB"
                           f"  {res['summary']}", flush=True)

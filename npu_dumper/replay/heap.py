@@ -1,22 +1,21 @@
 """Give the C heap's free pages back to the system while a replay allocates.
 
 Load-replay (and the own-error reference) allocate what a plain step does not: the recorded
-inputs cast to the live dtype, recorded tensors read into memory, float64 copies and
-results. Most are a few MB to tens of MB and freed at once. Each such free raises glibc's
-dynamic mmap threshold (up to 32 MB), after which blocks of that size come from the heap
-(and from the per-thread arenas of the prefetch and own-error threads) and stay there when
-freed, fragmented: the process's RSS keeps what the step freed. Measured (bf16 load-replay,
-peak RSS against the plain bf16 step, 2-core VM): Hugging Face BERT-base with
-`own_error=False` 1.51x, and 1.12x with the free pages given back every 200 ops; GPT-2
-(own error on) grew ~36 MB a layer before the reference's results were counted here.
+inputs cast to the live dtype, float64 copies and results. Most are a few MB to tens of MB
+and freed at once. Each such free raises glibc's dynamic mmap threshold (up to 32 MB), after
+which blocks of that size come from the heap (and from the per-thread arenas of the
+prefetch and own-error threads) and stay resident when freed, fragmented: the process keeps
+what the step let go. Measured (bf16 load-replay against the plain bf16 step's peak RSS,
+docs/REPLAY.md, "Fourth round"): BERT-base with `own_error=False` 1.54x, ConvNeXt-tiny 1.54x
+with the own error; 1.12x and 1.29x with this.
 
 `allocated(nbytes)` counts such bytes (from any thread) and once per `TRIM_BYTES` of them
 calls `malloc_trim(0)`, which gives the free pages of every arena back (glibc 2.8+). Not
-after each op: a trimmed page the next allocation wants is a page fault again. Measured
-(load-replay under bf16 autocast, peak RSS / time against the plain step, docs/REPLAY.md):
-trimming every 256 MB left ConvNeXt-tiny at 1.36x, every 64 MB 1.29x for 8% more time,
-every 16 MB 1.24x for 17% more. (glibc's free-byte count, `mallinfo2`, is no guide: it
-still counts a chunk whose pages a trim gave back.) Without glibc, nothing.
+after each op: a trimmed page that the next allocation wants is a page fault again.
+Every 256 MB left ConvNeXt-tiny at 1.36x, every 128 MB ResNet-50 at 1.32x; every 64 MB
+costs those conv nets' replays ~6% more time than every 128 MB. (glibc's count of free
+bytes, `mallinfo2`, cannot drive it: it still counts a chunk whose pages a trim gave back.)
+Without glibc, nothing.
 """
 
 from __future__ import annotations
