@@ -23,9 +23,9 @@ glibc = pytest.mark.skipif(heap._malloc_trim is None, reason="no glibc malloc_tr
 @glibc
 @pytest.mark.parametrize("count", [0, 1])
 def test_counted_bytes_give_the_fragmented_heap_back(count):
-    """A heap holding ~240 MB of freed 8 MB blocks between live small ones (what a replay's
-    casts leave once a large free raised the mmap threshold): RSS drops by most of it when
-    the replay's counted bytes reach the mark, and not before."""
+    """A heap holding ~240 MB of freed 8 MB blocks (what a replay's casts leave once a large
+    free raised the mmap threshold): RSS drops by most of it when the replay's counted bytes
+    reach the mark, and not before."""
     code = textwrap.dedent(f"""
         import ctypes
         from npu_dumper.replay import heap
@@ -39,17 +39,18 @@ def test_counted_bytes_give_the_fragmented_heap_back(count):
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
-        big = libc.malloc(20 << 20)             # mmapped; its free raises the threshold to 20 MB
-        ctypes.memset(big, 1, 20 << 20)
-        libc.free(big)
-        blocks, pins = [], []
+        # what a replay's large frees leave: blocks of 8 MB served from the heap (the mmap
+        # threshold above them, as glibc's dynamic threshold sets it) and kept when freed
+        # (no trim of the heap's top by free itself), wherever they lie
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        assert libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1
+        assert libc.mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1
+        blocks = []
         for _ in range(30):
-            b = libc.malloc(8 << 20)            # now from the heap
+            b = libc.malloc(8 << 20)
             ctypes.memset(b, 1, 8 << 20)        # resident
             blocks.append(b)
-            pins.append(libc.malloc(2 << 20))   # between them: the freed blocks cannot join
-                                                # the heap's top (which free itself trims)
-        assert all(b < p < n for b, p, n in zip(blocks, pins, blocks[1:])), "not laid out in order"
         for b in blocks:
             libc.free(b)
         before = rss_anon_mb()
