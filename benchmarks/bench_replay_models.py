@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from bench_replay_scale import _evict, _vm_kb   # (the page-cache drop and /proc readings)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODELS = ("bert", "vit", "llama", "convnext", "resnet50")
@@ -94,14 +96,6 @@ def _build(name: str):
     return step, sum(p.numel() for p in model.parameters())
 
 
-def _vm_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def child(spec: dict) -> dict:
     import contextlib
     import torch
@@ -136,17 +130,6 @@ def child(spec: dict) -> dict:
                 f", heap trimmed {heap.trims}x" if heap is not None else "")
     return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
             "peak_mb": _vm_kb("VmHWM") / 1024, "params": n_params, "summary": summary}
-
-
-def _evict(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
