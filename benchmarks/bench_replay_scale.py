@@ -623,7 +623,7 @@ def main() -> None:
                 path = a.old_code if kind.endswith("-old") else ROOT
                 if kind.startswith("replay") and not a.golden_cached:
                     _evict(golden)          # each replay reads the golden from the device
-                res = _run_child(kind, cfg, tmp, options if kind == "replay" else {}, a.profile, path,
+                res = _run_child(kind, cfg, tmp, options if kind.startswith("replay") else {}, a.profile, path,
                                  os.path.join(tmp, "dump-old.h5") if kind == "dump-old" else golden)
                 runs[kind].append(res)
                 print(f"  round {r + 1} {kind:11s} {res['wall_s']:7.2f} s  {res['peak_kb'] / 1024:7.0f} MB",
