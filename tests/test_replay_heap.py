@@ -103,3 +103,25 @@ def test_a_bf16_replay_counts_its_casts(tmp_path, monkeypatch, own_error):
     # at least the bf16 copies of x (32x256), l1's output (32x512) and l2's weight (64x512)
     assert sum(counted) >= 2 * (32 * 256 + 32 * 512 + 64 * 512)
     assert heap.trims > trims
+
+
+@glibc
+def test_the_heap_is_trimmed_only_near_the_blocks_peak(monkeypatch):
+    """A mark passed while the process's RSS is far below the highest RSS seen in the block
+    (after its peak: the backward freeing the forward's activations) gives nothing back: a
+    trimmed page is a page fault when reused, and only the peak counts. Near it, it trims."""
+    calls = []
+    monkeypatch.setattr(heap, "_malloc_trim", lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(heap, "TRIM_BYTES", 1 << 20)
+    rss = heap._rss()
+    assert rss > 0
+    heap.reset()
+    monkeypatch.setattr(heap, "_highest", rss + (512 << 20))     # a peak 512 MB above now
+    heap.allocated(1 << 20)
+    assert calls == []
+    monkeypatch.setattr(heap, "_highest", rss)                   # at the peak
+    heap.allocated(1 << 20)
+    assert calls == [0]
+    heap.reset()                                                 # a new block: its own peak
+    heap.allocated(1 << 20)
+    assert calls == [0, 0]

@@ -145,6 +145,7 @@ class ReplayPolicy(Policy):
 
     # ---- block entry -----------------------------------------------------------
     def begin(self, session: Any = None) -> None:
+        heap.reset()
         path = self.load_file_path
         if not path:
             raise ReplayError("load_file_path is empty: give the dump to replay")

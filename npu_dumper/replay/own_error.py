@@ -575,6 +575,7 @@ class PlainOwnError(Policy):
 
     def begin(self, session: Any) -> None:
         from .measure_worker import MeasureWorker
+        heap.reset()
         self._measurer = MeasureWorker(getattr(session, "registry", None))
 
     def end(self, session: Any) -> None:
