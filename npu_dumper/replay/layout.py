@@ -9,6 +9,7 @@ import ctypes
 
 import torch
 
+from ..sinks.plan import is_dense
 from .recorded import non_overlapping
 
 
@@ -47,8 +48,9 @@ def bitwise_equal(live: torch.Tensor, src: torch.Tensor) -> bool:
     if as_int is None:
         return False
     if _memcmp is not None and live.device.type == "cpu" and live.stride() == src.stride() \
-            and type(live) in _PLAIN and type(src) in _PLAIN and _fills_its_span(live):
-        # same strides over a dense span: element i lies at the same byte of both spans
+            and type(live) in _PLAIN and type(src) in _PLAIN and is_dense(tuple(live.shape), live.stride()):
+        # same strides over a dense span (any order of the dims: a transposed weight's is):
+        # element i lies at the same byte of both spans
         n = live.numel() * live.element_size()
         return n == 0 or _memcmp(live.data_ptr(), src.data_ptr(), n) == 0
     try:
@@ -67,17 +69,6 @@ def _libc_memcmp():
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     return f
-
-
-def _fills_its_span(t: torch.Tensor) -> bool:
-    """The elements fill numel x itemsize bytes from data_ptr with no gap or overlap (any
-    order of the dims: a transposed weight does)."""
-    span = 1
-    for s, n in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
-        if s != span:
-            return False
-        span *= n
-    return True
 
 
 _memcmp = _libc_memcmp()
