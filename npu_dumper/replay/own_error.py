@@ -343,35 +343,33 @@ class _Errors:
     def add(self, live: torch.Tensor, r: torch.Tensor) -> None:
         if not self.finite:
             return
+        # the rounded reference is not widened into a float64 copy of its own: its norm is
+        # taken with dtype=float64 (the float64 copy's norm, bit for bit), its largest
+        # magnitude in its own dtype (exact), and the subtraction widens its elements as it
+        # reads them (exactly, as .to(float64) does): the same numbers, three passes over
+        # float64 fewer
         rr = r.to(live.dtype)
-        if bitwise_equal(live, rr):
+        max_ref = _max_abs(rr)
+        if bitwise_equal(live, rr) and math.isfinite(max_ref):
             # the target is the reference rounded, element for element (a correctly rounded
             # pointwise kernel, a copy): the difference is all zeros, so its norm and max are 0
             # without forming it in float64 (about half the time). An Inf makes the full path's
             # difference NaN (Inf - Inf), a NaN makes max_ref NaN: that block takes the full
             # path below, as before. (Bits, not values: -0.0 against +0.0 takes the full path,
             # whose difference is 0 all the same; the integer compare is ~1.7x quicker.)
-            max_ref = _max_abs(rr)
-            if math.isfinite(max_ref):
-                self.errs.append(0.0)
-                # (dtype=: the same float64 norm, bit for bit, without a float64 copy)
-                self.refs.append(float(torch.linalg.vector_norm(rr, dtype=torch.float64)))
-                self.max_ref = max(self.max_ref, max_ref)
+            err = max_err = 0.0
+        else:
+            d = live.detach().to(torch.float64, copy=True)
+            d -= rr
+            err = float(torch.linalg.vector_norm(d))
+            if not math.isfinite(err):
+                self.finite = False
                 return
-        # the rounded reference is not widened into a float64 copy of its own: the subtraction
-        # widens its elements as it reads them (exactly, as .to(float64) does), its norm is
-        # taken with dtype=float64 (the float64 copy's norm, bit for bit) and its largest
-        # magnitude in its own dtype (exact): the same numbers, three passes over float64 fewer
-        d = live.detach().to(torch.float64, copy=True)
-        d -= rr
-        err = float(torch.linalg.vector_norm(d))
-        if not math.isfinite(err):
-            self.finite = False
-            return
+            max_err = _max_abs(d)
         self.errs.append(err)
         self.refs.append(float(torch.linalg.vector_norm(rr, dtype=torch.float64)))
-        self.max_err = max(self.max_err, _max_abs(d))
-        self.max_ref = max(self.max_ref, _max_abs(rr))
+        self.max_err = max(self.max_err, max_err)
+        self.max_ref = max(self.max_ref, max_ref)
 
     def result(self) -> list[float] | None:
         if not self.finite:
