@@ -106,3 +106,37 @@ def test_no_probe_where_the_process_is_watched_or_the_bound_is_zero(dumps, monke
     from dumpfile import watchdog
     monkeypatch.setattr(watchdog, "_NOTE", object())      # supervise's child: watched already
     probe.probe(good, probe.REPLAY)
+
+
+def test_replay_entry_starts_the_writer_child_before_it_probes_the_golden(dumps, tmp_path, monkeypatch):
+    """The probe (a child interpreter of its own, ~0.3-0.5 s) and the dump writer's child
+    start side by side: the writer's child is running when the probe is made, and it is the
+    one the block's writer then uses (no second start)."""
+    import torch
+
+    import npu_dumper
+    from dumpfile.write import remote
+    from npu_dumper.replay import load_replay
+
+    good, _ = dumps
+    with remote._pool_lock:
+        pooled, remote._pooled = remote._pooled, None
+    if pooled is not None:
+        pooled.discard()
+    started = []
+    original_init = remote._Child.__init__
+
+    def counting_init(self):
+        original_init(self)
+        started.append(self)
+    monkeypatch.setattr(remote._Child, "__init__", counting_init)
+    seen = []
+    monkeypatch.setattr(load_replay.probe, "probe",
+                        lambda path, purpose=probe.LOAD: seen.append(
+                            (path, len(started), remote._pooled is not None and remote._pooled.alive())))
+    with npu_dumper.dumper(use_load=True, load_file_path=good, dump_path=str(tmp_path / "r.h5")):
+        torch.ones(2).add(1)
+    assert seen == [(good, 1, True)]
+    assert len(started) == 1
+    with h5py.File(tmp_path / "r.h5", "r") as h5:        # (the block's file, written by that child)
+        assert h5.attrs[S.ROOT_LOAD_FILE] == good

@@ -34,6 +34,8 @@ fuzzer's children) and with $ACCUCMP_STALL_SECONDS=0. Each file is probed once a
 process (by identity and change time). Cost: one interpreter start with h5py and
 numpy (~0.3 s) plus the metadata reads, which for a file over 64 MiB replace the check
 the reader made in a child of its own anyway (docs/FORMAT.md "Reading untrusted files").
+At load-replay's entry the dump writer's child is started first (Policy.starts_a_child), so
+the two interpreters start side by side.
 """
 
 from __future__ import annotations

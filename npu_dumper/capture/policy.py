@@ -59,6 +59,11 @@ class OpEvent:
 class Policy:
     """Base: records every op unchanged (plain dump)."""
 
+    # begin() starts a child process of its own before the dump's writer starts (load-replay
+    # probes its golden, dumpfile.read.probe): the dumper starts the writer's child first, so
+    # that the two start side by side
+    starts_a_child = False
+
     def begin(self, session: Any) -> None:
         pass
 

@@ -109,6 +109,8 @@ class ReplaySummary:
 class ReplayPolicy(Policy):
     """The load-replay policy (see module doc). `summary` is filled in at block exit."""
 
+    starts_a_child = True       # (begin probes the golden in a watched child)
+
     def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
                  dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
                  verbose: bool = True, prefetch_ops: int = 256, prefetch_bytes: int | None = None,
