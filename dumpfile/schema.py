@@ -103,6 +103,9 @@ OP_COMPUTE_DTYPE = "compute_dtype"  # dtype the kernel computed in, when known (
 # store inputs (dump_mode="output", the load-replay default): compare's precision for the
 # op's outputs must still see a bfloat16 input that the golden had in float32
 OP_INPUT_DTYPES = "input_dtypes"
+# ... and beside it, JSON {argument: dtype} of the op's top-level tensor arguments: which of
+# them a load-replay rounded (compare: a sum whose terms were rounded, compare/cancellation.py)
+OP_INPUT_ARG_DTYPES = "input_arg_dtypes"
 OP_RAISED = "raised"            # the op raised: "TypeName: first line"; inputs only, no outputs
 OP_RECOMPUTE = "recompute"      # a forward op re-run during backward (activation checkpointing)
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged

@@ -11,6 +11,7 @@ records instead of new ones: nothing changes a record once it is made.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -274,6 +275,14 @@ def tensors_in(v: Any, out: list) -> list:
         for x in v:
             tensors_in(x, out)
     return out
+
+
+def tensor_arg_dtypes(named: list) -> str:
+    """JSON {argument: dtype} of the top-level tensor arguments among `named` ((name, schema
+    type, value), opschema.named_args), or "" when there is none: which input a dump that
+    stores no inputs had in which dtype."""
+    got = {name: dtype_name(v.dtype) for name, _, v in named if isinstance(v, _TENSOR)}
+    return json.dumps(got, separators=(",", ":")) if got else ""
 
 
 def tensor_dtypes(args: tuple, kwargs: dict) -> str:
