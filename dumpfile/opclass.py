@@ -28,6 +28,30 @@ SUM_OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A sum output and the input whose elements it adds, for recomputing how much the sum cancels
+# from the golden's recorded input (accucmp/compare/cancellation.py: a load-replay made
+# without own error rounded that input): (output, input argument, the axes the sum keeps):
+# "channel" keeps dim 1 (grad_bias of convolution, batch and group norm: a sum over the batch
+# and the spatial dims), "trailing" keeps the output's own dims at the end (layer norm's
+# grad_bias, over normalized_shape), "dim" reduces the op's `dim` argument (all dims when
+# absent or empty).
+SUM_TERMS: dict[str, tuple[str, str, str]] = {
+    "aten.convolution_backward": ("result2", "grad_output", "channel"),
+    "aten.native_batch_norm_backward": ("result2", "grad_out", "channel"),
+    "aten.native_group_norm_backward": ("result2", "grad_out", "channel"),
+    "aten.native_layer_norm_backward": ("result2", "grad_out", "trailing"),
+    "aten.sum": ("result", "self", "dim"),
+    "aten.mean": ("result", "self", "dim"),
+}
+
+
+def sum_terms(op: str, output: str) -> tuple[str, str] | None:
+    """(input argument, kept-axes rule) of `op`'s output `output` when it is a sum of that
+    input's elements (SUM_TERMS), else None."""
+    entry = SUM_TERMS.get(".".join(str(op).split(".")[:2]))
+    return (entry[1], entry[2]) if entry is not None and entry[0] == output else None
+
+
 def sum_outputs(op: str) -> tuple[str, ...]:
     """The outputs of `op` ("aten.sum.dim_IntList" or its packet) that are sums of terms."""
     parts = str(op).split(".")

@@ -21,6 +21,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
 
+from accucmp.compare.cancellation import rounded_sum_cancellation
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned
 from accucmp.compare.stats_metrics import compare_stats, stats_of
 from accucmp.compare.rows import (STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_SIZE_MISMATCH,
@@ -128,6 +129,10 @@ class Comparer:
             raise DumpFormatError(f"{t.file.path}: {t.path}: read {tc.elements} elements, shape says {t_n}")
         self._put(row, tc.results(), tc.extras())
         row["CompareStatus"] = STATUS_COMPARED
+        if task.sum_terms is not None:
+            terms, rule, args = task.sum_terms
+            row["RoundedInputCancellation"] = rounded_sum_cancellation(terms, rule, g_shape, args,
+                                                                       limit=4 * self.chunk, golden=g)
         if fp:
             row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
             row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value

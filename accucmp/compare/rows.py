@@ -23,6 +23,7 @@ from dumpfile import schema as S
 from dumpfile import jsontext
 from dumpfile.departures import argument_change_is_by_design
 from dumpfile.errors import DumpFormatError
+from dumpfile.opclass import sum_terms
 from dumpfile.read import catalog
 from dumpfile.read.light import LightTensor, light_record, light_values, some_attrs
 from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
@@ -67,6 +68,11 @@ TAIL_COLUMNS = [
     # eager dumps with record_stack=True): "file:line in function: code", the target's
     # (the golden's when the target has none)
     "Source",
+    # load-replay without own error: an output that is a sum of one input's terms, whose
+    # input the replay rounded to the target's dtype: how much the golden's sum cancels,
+    # ||sum |x| || / ||sum x|| (and the same of the largest elements), from the golden's
+    # recorded input (compare/cancellation.py); the verdict allows that many u more
+    "RoundedInputCancellation",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -97,6 +103,9 @@ class Task:
     target: ValueRecord | None
     golden: ValueRecord | None
     fp64: ValueRecord | None = None
+    # (the golden's input whose terms the output sums, the kept-axes rule, the op's plain
+    # arguments): RoundedInputCancellation is computed from it (rounded_sum_terms)
+    sum_terms: tuple[ValueRecord, str, dict | None] | None = None
 
 
 def dtype_of(rec: ValueRecord) -> str:
@@ -137,6 +146,7 @@ def check_record(rec: ValueRecord) -> tuple[tuple[int, ...], int]:
 
 _B_COMPUTE = S.OP_COMPUTE_DTYPE.encode()
 _B_INPUT_DTYPES = S.OP_INPUT_DTYPES.encode()
+_B_INPUT_ARG_DTYPES = S.OP_INPUT_ARG_DTYPES.encode()
 _B_OWN_ERROR = S.OP_OWN_ERROR.encode()
 _B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
 _B_SCALAR_ARGS = S.OP_SCALAR_ARGS.encode()
@@ -158,6 +168,7 @@ class OpTensors:
     made_inputs: frozenset[str] | None = None       # inputs an earlier op wrote; None: not recorded
     scalar_args: dict | None = None                 # the op's plain arguments; None: not recorded
     source: str = ""                                # the user's source line (op attribute stack)
+    input_arg_dtypes: dict | None = None            # {argument: dtype} (op attribute input_arg_dtypes)
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -171,7 +182,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
-                          _text(a.get(S.OP_STACK)))
+                          _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -189,11 +200,11 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
-                          _text(a.get(_B_STACK)))
+                          _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
-                       _B_SCALAR_ARGS, _B_STACK))
+                       _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES))
 
 
 def _text(v: Any) -> str:
@@ -230,6 +241,14 @@ def _made_inputs(text: Any) -> frozenset[str] | None:
     """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
     d = _json_attr(text)
     return frozenset(map(str, d)) if isinstance(d, list) else None
+
+
+def _arg_dtypes(text: Any) -> dict | None:
+    """The op attribute input_arg_dtypes ({argument: dtype name}); None when absent or bad."""
+    d = _json_attr(text)
+    if not isinstance(d, dict) or not all(isinstance(v, str) for v in d.values()):
+        return None
+    return {str(k): v for k, v in d.items()}
 
 
 def _scalar_args(text: Any) -> dict | None:
@@ -403,8 +422,41 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 fp = fp if fp is not None and fp.is_tensor else None
             if region is not None:
                 row["NPUDump"], row["GoldenOp"] = region.target_label, region.golden_label
-            tasks.append(Task(row, t, g, fp))
+            terms = None
+            if replay and own is None and region is None and io == S.OUTPUT_GROUP and t is not None \
+                    and g is not None and g_op is not None:
+                terms = rounded_sum_terms(g_op.op, name, t_ts, g_ts)
+            tasks.append(Task(row, t, g, fp, terms))
     return tasks
+
+
+def rounded_sum_terms(op: str, output: str, t_ts: OpTensors, g_ts: OpTensors
+                      ) -> tuple[ValueRecord, str, dict | None] | None:
+    """For a load-replay's output that is a sum of one input's terms (opclass.SUM_TERMS),
+    when the replay rounded that input (its dtype in the target coarser than the golden's
+    recorded one: from the target's record of it, its op attribute input_arg_dtypes, or, in
+    a dump older than that attribute, when every floating input of the target is coarser):
+    what RoundedInputCancellation is computed from; else None."""
+    found = sum_terms(op, output)
+    if found is None:
+        return None
+    arg, rule = found
+    rec = g_ts.inputs.get(arg)
+    if rec is None or not rec.is_tensor:
+        return None
+    u_golden = S.UNIT_ROUNDOFF.get(dtype_of(rec))
+    t_rec = t_ts.inputs.get(arg)
+    if t_rec is not None:
+        target = [dtype_of(t_rec)]
+    elif t_ts.input_arg_dtypes is not None:
+        target = [t_ts.input_arg_dtypes.get(arg, "")]
+    else:
+        # (a dump older than input_arg_dtypes: only when every input was rounded is this one)
+        target = [d for d in t_ts.input_dtypes if d in S.UNIT_ROUNDOFF]
+    u_target = [S.UNIT_ROUNDOFF.get(d) for d in target]
+    if u_golden is None or not u_target or any(u is None or u <= u_golden for u in u_target):
+        return None
+    return rec, rule, g_ts.scalar_args
 
 
 def safe_shape(rec: ValueRecord) -> str:

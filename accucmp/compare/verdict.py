@@ -445,9 +445,23 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
             ulps = t64 / u
         else:
             by_u, floor = th["RelativeEuclideanDistanceUlps"] * u, th["RelativeEuclideanDistanceFloor"]
+            kappa = _num(row.get("RoundedInputCancellation"))
+            kappa_txt = ""
+            if not math.isnan(kappa):
+                # a load-replay (no own error) rounded the terms of this sum to the target's
+                # dtype: that alone moves it by up to kappa * u of its size (cancellation.py)
+                if kappa * u >= 1.0:
+                    # no bound that size means anything: not judged, whatever the difference
+                    return (RESULT_SKIPPED,
+                            f"ill-conditioned: a sum whose terms the replay rounded to {prec} (sum|terms|/|sum| "
+                            f"= {kappa:.3g} in the golden): that rounding alone moves it by up to {kappa * u:.3g} "
+                            f"of its size; its difference {red:.3g} ({red / u:.3g} u) is not judged (a replay "
+                            f"with own_error=True measures the op itself)", math.nan, red / u) + _NO_DECISION
+                by_u += kappa * u
+                kappa_txt = f", + {kappa:.3g} u the replay's rounding of its terms moves it by"
             rel_bound = max(by_u, floor) * tol
             rel_knob = "RelativeEuclideanDistanceUlps" if by_u >= floor else "RelativeEuclideanDistanceFloor"
-            check(red, rel_bound, f"RelativeEuclideanDistance{red_note} ({red / u:.3g} u of {prec})",
+            check(red, rel_bound, f"RelativeEuclideanDistance{red_note} ({red / u:.3g} u of {prec}{kappa_txt})",
                   rel_knob, "RelativeEuclideanDistance", unit=u if rel_knob.endswith("Ulps") else 1.0)
             ulps = red / u
         if "MaxAbsoluteError" in _user(th):

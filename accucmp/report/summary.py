@@ -354,8 +354,9 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         if "FailReason" in table.columns and len(table) else 0)
     if n_noise:
         _say(console, f"  note: {n_noise} tensor(s) not judged: ill-conditioned at the target's "
-                      "precision (the fp64 golden shows the golden itself has no correct digit there: "
-                      "cancellation noise); FailReason in the result says which")
+                      "precision (sums that cancel: rounding alone leaves them no correct digit there, "
+                      "by the fp64 golden, the op's own error or the replay's rounding of their terms); "
+                      "FailReason in the result says which")
 
     if s.first_failure is not None:
         ff = s.first_failure
