@@ -19,10 +19,15 @@ grouped-query attention 12/4 heads, SwiGLU 2048, vocab 32000, 128 tokens), convn
 bottleneck 3-4-6-3, 224x224).
 
     python benchmarks/bench_replay_models.py [--models bert,vit,...] [--rounds N] [--tmp DIR]
-           [--kinds plain-fp32,dump,plain-bf16,replay,replay-noown] [--old-code DIR]
+           [--kinds plain-fp32,dump,plain-bf16,replay,replay-noown] [--old-code DIR] [--verdict]
 
 --old-code DIR: each replay kind also as `<kind>-old`, with PYTHONPATH=DIR (an export of an
   older commit: `git archive <rev> | tar -x -C DIR`), in the same rounds: before and after.
+--verdict: after each replay, `accucmp compare` of its dump against the golden (not timed),
+  and its verdict printed: the replay is of the same step, from the same state (the golden's
+  model state is restored after the replay's bf16 warm-up: BatchNorm's running statistics
+  move with every training step), so a failure names an op whose bf16 kernel adds more
+  error than its class allows, or a departure of the benchmark itself.
 
 The golden's pages are dropped from the page cache before each replay kind (a golden dumped
 with O_DIRECT, or elsewhere, is not cached). The ratios are each kind's median over its
@@ -93,6 +98,7 @@ def _build(name: str):
             model(pixel_values=images, labels=labels)
         out.loss.backward()
         return float(out.loss.detach())
+    step.model = model
     return step, sum(p.numel() for p in model.parameters())
 
 
@@ -109,8 +115,20 @@ def child(spec: dict) -> dict:
     step, n_params = _build(spec["model"])
     bf16 = kind not in ("plain-fp32", "dump")
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    golden_buffers = None
+    if kind.startswith("replay"):
+        # the state the golden was dumped from (after the dump's fp32 warm-up step): the
+        # replay's step starts from it, after a warm-up of its own in bf16 (kernels, caches).
+        # Only the buffers move (no optimizer: the parameters stay), BatchNorm's statistics
+        step()
+        golden_buffers = [b.clone() for b in step.model.buffers()]
     with amp():
         step()                                       # warm-up, plain
+    if golden_buffers is not None:
+        with torch.no_grad():
+            for b, saved in zip(step.model.buffers(), golden_buffers):
+                b.copy_(saved)
+        del golden_buffers
     t0, c0 = time.perf_counter(), time.process_time()
     summary = ""
     with amp():
@@ -150,6 +168,24 @@ def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _verdict(model: str, kind: str, tmp: str) -> str:
+    """`accucmp compare` of a replay's dump against the golden: its verdict sentence (and the
+    first failure)."""
+    golden, out = os.path.join(tmp, f"{model}_golden.h5"), os.path.join(tmp, f"{model}_{kind}.h5")
+    summary = os.path.join(tmp, f"{model}_{kind}_verdict.json")
+    proc = subprocess.run([sys.executable, "-m", "accucmp.cli", "compare", "-m", out, "-g", golden, "-q",
+                           "-o", os.path.join(tmp, f"{model}_{kind}_cmp"), "--summary-json", summary],
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        return f"compare exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    with open(summary) as f:
+        got = json.load(f)
+    first = got.get("first_failure")
+    where = "" if not first else f"; first failure: {first.get('op')} seqid {first.get('seqid')} " \
+        f"{first.get('module', '')} {first.get('tensor', '')}: {first.get('why', '')}"
+    return got["sentence"] + where
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
@@ -158,6 +194,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--old-code", default=None)
+    ap.add_argument("--verdict", action="store_true")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
@@ -169,6 +206,7 @@ def main() -> None:
         kinds += [f"{k}-old" for k in kinds if k.startswith("replay")]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
+    verdicts: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         for model in [m for m in a.models.split(",") if m]:
             runs: dict[str, list[dict]] = {k: [] for k in kinds}
@@ -178,6 +216,9 @@ def main() -> None:
                     runs[kind].append(res)
                     print(f"  {model:9s} round {r + 1} {kind:13s} {res['wall']:6.2f} s {res['peak_mb']:6.0f} MB"
                           f"  {res['summary']}", flush=True)
+                    if a.verdict and kind.startswith("replay") and r == 0:
+                        verdicts.append((model, kind, _verdict(model, kind, tmp)))
+                        print(f"  {model:9s} {kind:13s} verdict: {verdicts[-1][2]}", flush=True)
             med = {k: {f: statistics.median(x[f] for x in v) for f in ("wall", "cpu", "peak_mb")}
                    for k, v in runs.items() if v}
             rows.append((model, runs[kinds[0]][0]["params"], med))
@@ -198,6 +239,10 @@ def main() -> None:
             rm = f"{m['peak_mb'] / base['peak_mb']:.2f}x" if base else "-"
             print(f"  {model:9s} {params / 1e6:6.0f}M {kind:13s} {m['wall']:6.2f}s {rt:>8s} {m['cpu']:6.2f}s "
                   f"{rc:>8s} {m['peak_mb']:7.0f}M {rm:>8s}")
+    if verdicts:
+        print("\nverdicts of the replays (accucmp compare, replay dump vs golden):")
+        for model, kind, v in verdicts:
+            print(f"  {model:9s} {kind:13s} {v}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

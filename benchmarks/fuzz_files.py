@@ -67,18 +67,22 @@ def _step(m, x):
     return loss
 
 
+SEED_KINDS = ("target", "reference", "stats", "stats_ref", "replay", "replay_noown", "legacy", "golden", "extract")
+
+
 def build_seeds(folder: str) -> dict[str, str]:
     """The seed files (kind -> path), written once into `folder` (reused when present)."""
     done = os.path.join(folder, "seeds.json")
     if os.path.exists(done):
         with open(done) as f:
-            return json.load(f)
+            cached = json.load(f)
+        if all(k in cached for k in SEED_KINDS):
+            return cached
     import torch
     import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
     from accucmp.cli.main import main as accucmp
     os.makedirs(folder, exist_ok=True)
-    p = {k: os.path.join(folder, f"{k}.h5") for k in
-         ("target", "reference", "stats", "stats_ref", "replay", "legacy", "golden", "extract")}
+    p = {k: os.path.join(folder, f"{k}.h5") for k in SEED_KINDS}
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
 
     def dump(path, fault: bool, **kw):
@@ -94,6 +98,11 @@ def build_seeds(folder: str) -> dict[str, str]:
     dump(p["stats"], True, stats_only=True, stats_histogram=True)
     dump(p["stats_ref"], False, stats_only=True, stats_histogram=True)
     with torch.utils.dumper(use_load=True, load_file_path=p["reference"], dump_path=p["replay"]):
+        _step(_model(), x)
+    # a bf16 replay without own error: compare recomputes how much its sums cancel from the
+    # golden's recorded terms (accucmp/compare/cancellation.py), a read of the golden's inputs
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.utils.dumper(
+            use_load=True, load_file_path=p["reference"], dump_path=p["replay_noown"], own_error=False):
         _step(_model(), x)
 
     def cli(*args):
@@ -612,6 +621,9 @@ COMMANDS = {
     "compare_target": (("target", "replay", "legacy", "golden", "extract", "stats"), lambda m, s, o: [
         "accucmp", "compare", "-m", m, "-g", s["stats_ref"] if "stats" in os.path.basename(m) else s["reference"],
         "-out", o, "-q", "-p", "--format", "csv,jsonl,html"]),
+    # the golden's recorded inputs read for a replay without own error (sums' cancellation)
+    "compare_replay_noown": (("reference",), lambda m, s, o: [
+        "accucmp", "compare", "-m", s["replay_noown"], "-g", m, "-out", o, "-q"]),
     "compare_golden": (("reference", "stats_ref", "golden"), lambda m, s, o: [
         "accucmp", "compare", "-m", s["stats"] if "stats" in os.path.basename(m) else s["target"], "-g", m,
         "-out", o, "-q"]),
