@@ -134,7 +134,9 @@ def test_replay_entry_starts_the_writer_child_before_it_probes_the_golden(dumps,
     monkeypatch.setattr(load_replay.probe, "probe",
                         lambda path, purpose=probe.LOAD: seen.append(
                             (path, len(started), remote._pooled is not None and remote._pooled.alive())))
-    with npu_dumper.dumper(use_load=True, load_file_path=good, dump_path=str(tmp_path / "r.h5")):
+    # (writer="process": "auto" falls back to the thread writer for the rest of a process in
+    # which the child once failed to start, as a test before this one may have made it)
+    with npu_dumper.dumper(use_load=True, load_file_path=good, dump_path=str(tmp_path / "r.h5"), writer="process"):
         torch.ones(2).add(1)
     assert seen == [(good, 1, True)]
     assert len(started) == 1
