@@ -232,6 +232,10 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                 results[i] = "pass"
                 severity[i] = ulps[i] / known.ulps
                 reasons[i] = f"known kernel accuracy: {known.finding}; {ulps[i]:.3g} u <= {known.ulps:g} u"
+            elif not math.isnan(ulps[i]):
+                # still a failure (the finding's bound was measured on smaller sums: ConvNeXt-tiny's
+                # first stage, 6,272 terms a channel, 61-81 u), but the reader learns what it is
+                reasons[i] += f" [beyond the known kernel accuracy: {known.finding}; bound {known.ulps:g} u]"
         # tie-dependent indices: judged by the values they select
         for name, i in outs.items():
             if results[i] != "fail" or _s(dtypes[i]) not in _INT_DTYPES:
