@@ -529,7 +529,7 @@ H5_MUTATIONS = [m_type_array, m_type_other, m_shape, m_stride, m_dtype_attr, m_d
 # the share of h5 mutants made by byte edits (the rest: h5py edits), and the kinds drawn
 BYTE_EDITS = 0.3
 MUTANT_KINDS = [*(k for k in ("target", "reference", "stats", "stats_ref", "replay", "legacy", "golden",
-                              "extract") for _ in range(3)), "kernels", "csv"]
+                              "extract") for _ in range(3)), "replay_noown", "kernels", "csv"]
 
 
 def byte_mutation(path: str, rng: random.Random) -> str:
@@ -611,14 +611,14 @@ def csv_mutation(path: str, rng: random.Random) -> str:
 # name -> (kinds it takes, argv builder(mutant, seeds, out)); argv[0] names the program:
 # accucmp, ir2tbe, or "api:" for the Python API drivers below
 
-H5_KINDS = ("target", "reference", "stats", "stats_ref", "replay", "legacy", "golden", "extract")
+H5_KINDS = ("target", "reference", "stats", "stats_ref", "replay", "replay_noown", "legacy", "golden", "extract")
 FULL_KINDS = ("target", "reference", "replay", "legacy", "golden", "extract")
 _FIRST_OP = "aten.gelu.default"
 
 COMMANDS = {
     "ls": (H5_KINDS, lambda m, s, o: ["accucmp", "ls", "--plain", "-q", m]),
     "ls_stats": (H5_KINDS, lambda m, s, o: ["accucmp", "ls", "--stats", "--plain", "-q", m]),
-    "compare_target": (("target", "replay", "legacy", "golden", "extract", "stats"), lambda m, s, o: [
+    "compare_target": (("target", "replay", "replay_noown", "legacy", "golden", "extract", "stats"), lambda m, s, o: [
         "accucmp", "compare", "-m", m, "-g", s["stats_ref"] if "stats" in os.path.basename(m) else s["reference"],
         "-out", o, "-q", "-p", "--format", "csv,jsonl,html"]),
     # the golden's recorded inputs read for a replay without own error (sums' cancellation)
