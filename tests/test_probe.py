@@ -142,3 +142,27 @@ def test_replay_entry_starts_the_writer_child_before_it_probes_the_golden(dumps,
     assert len(started) == 1
     with h5py.File(tmp_path / "r.h5", "r") as h5:        # (the block's file, written by that child)
         assert h5.attrs[S.ROOT_LOAD_FILE] == good
+
+
+def test_early_writer_start_replaces_a_pooled_child_that_died(monkeypatch):
+    """remote.spawn with a dead child in the pool: the new child takes its place (it was
+    discarded at return while the dead one held the pool, and the writer started a third)."""
+    from dumpfile.write import remote
+
+    with remote._pool_lock:
+        pooled, remote._pooled = remote._pooled, None
+    if pooled is not None:
+        pooled.discard()
+    dead = remote._Child()
+    dead.proc.kill()
+    dead.proc.wait()
+    remote._pooled = dead
+    remote.spawn()
+    try:
+        assert remote._pooled is not None and remote._pooled is not dead and remote._pooled.alive()
+        assert dead.conn.closed
+    finally:
+        with remote._pool_lock:
+            child, remote._pooled = remote._pooled, None
+        if child is not None:
+            child.discard()

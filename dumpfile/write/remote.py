@@ -180,8 +180,12 @@ def spawn() -> None:
     writer's own start to meet and report."""
     global _pooled
     with _pool_lock:
-        if _pooled is not None and _pooled.alive():
+        pooled = _pooled
+        if pooled is not None and pooled.alive():
             return
+        _pooled = None          # (a child that died: its place goes to the new one)
+    if pooled is not None:
+        pooled.discard()
     try:
         child = _Child()
     except OSError:
