@@ -226,3 +226,37 @@ def test_autocast_replay_records_which_input_it_rounded(golden, tmp_path):
     assert len(bias) == 2 and bias["RoundedInputCancellation"].notna().all()
     fails = t[t["Result"] == "fail"]
     assert fails.empty, fails[["NPUDump", "SeqId", "TensorName", "FailReason"]].to_string()
+
+
+def _without_arg_dtypes(src, dst):
+    """A copy of a replay dump as written before the op attribute input_arg_dtypes."""
+    import shutil
+
+    import h5py
+
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as h5:
+        def strip(_, obj):
+            if isinstance(obj, h5py.Group) and "input_arg_dtypes" in obj.attrs:
+                del obj.attrs["input_arg_dtypes"]
+        h5.visititems(strip)
+    return dst
+
+
+def test_older_replay_dumps_get_kappa_only_when_every_input_was_rounded(golden, tmp_path):
+    """A replay dump older than input_arg_dtypes says only the set of its ops' input dtypes:
+    a sum's terms count as rounded when every floating input was (the model cast to bf16),
+    not when float32 ones sit beside bf16 ones (autocast's BatchNorm backward)."""
+    cast = _without_arg_dtypes(_replay(golden, torch.bfloat16, own_error=False), tmp_path / "cast.h5")
+    t = apply_verdict(compare_dumps(str(cast), str(golden / "g.h5")).table)
+    bias = t[(t["NPUDump"] == "aten.convolution_backward.default") & (t["TensorName"] == "result2")]
+    assert bias["RoundedInputCancellation"].notna().all() and (bias["Result"] == "skipped").all()
+    m, x, y = _make()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.utils.dumper(use_load=True, load_file_path=str(golden / "g.h5"), dump_path=str(tmp_path / "a.h5"),
+                                own_error=False):
+            _step(m, x, y)
+    mixed = _without_arg_dtypes(tmp_path / "a.h5", tmp_path / "mixed.h5")
+    t = apply_verdict(compare_dumps(str(mixed), str(golden / "g.h5")).table)
+    bn = t[(t["NPUDump"] == "aten.native_batch_norm_backward.default") & (t["TensorName"] == "result2")]
+    assert len(bn) == 2 and bn["RoundedInputCancellation"].isna().all()
