@@ -178,16 +178,8 @@ def spawn() -> None:
     child of its own first (dumpfile.read.probe): the two interpreters start together
     instead of one after the other. An OSError (no interpreter to start) is left to the
     writer's own start to meet and report."""
-    global _pooled
-    with _pool_lock:
-        pooled = _pooled
-        if pooled is not None and pooled.alive():
-            return
-        _pooled = None          # (a child that died: its place goes to the new one)
-    if pooled is not None:
-        pooled.discard()
     try:
-        child = _Child()
+        child = _take_child()       # (the running one, or a new one in place of one that died)
     except OSError:
         return
     _return_child(child)
