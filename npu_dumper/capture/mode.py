@@ -21,8 +21,7 @@ from .module_tracking import ModuleTracker, backward_module
 from .policy import OpEvent, Policy
 from .selection import OpFilter, user_stack_line
 from .snapshots import CaptureRegistry, StorageGuard, TensorCapture
-from .opschema import named_args
-from .walk import ArgWalk, OpPlan, op_plan, tensor_arg_dtypes, tensor_dtypes, tensors_in
+from .walk import ArgWalk, OpPlan, input_dtype_attrs, op_plan, tensors_in
 from ..sinks.protocol import OpJob, Sink
 
 _current_node = torch._C._current_autograd_node
@@ -166,10 +165,7 @@ class DumpMode(TorchDispatchMode):
             inputs = walk.inputs(plan, args, kwargs, caps)
         else:
             inputs = []
-            dtypes = tensor_dtypes(args, kwargs)
-            if dtypes:
-                ev.group_attrs[S.OP_INPUT_DTYPES] = dtypes
-                ev.group_attrs[S.OP_INPUT_ARG_DTYPES] = tensor_arg_dtypes(named_args(info, args, kwargs))
+            ev.group_attrs.update(input_dtype_attrs(info, args, kwargs))
         if info.written:
             for t in walk.write_targets(plan, args, kwargs):
                 self.registry.before_write(t)

@@ -18,7 +18,7 @@ import torch
 
 from dumpfile import schema as S
 
-from .opschema import OpInfo, op_info
+from .opschema import OpInfo, named_args, op_info
 from .snapshots import CaptureRegistry, ListOf, Named, TensorCapture, Value
 from .tensors import UNSTORED_DTYPES, dtype_name
 
@@ -277,12 +277,15 @@ def tensors_in(v: Any, out: list) -> list:
     return out
 
 
-def tensor_arg_dtypes(named: list) -> str:
-    """JSON {argument: dtype} of the top-level tensor arguments among `named` ((name, schema
-    type, value), opschema.named_args), or "" when there is none: which input a dump that
-    stores no inputs had in which dtype."""
-    got = {name: dtype_name(v.dtype) for name, _, v in named if isinstance(v, _TENSOR)}
-    return json.dumps(got, separators=(",", ":")) if got else ""
+def input_dtype_attrs(info: OpInfo, args: tuple, kwargs: dict) -> dict[str, str]:
+    """The op attributes saying what the op's tensor inputs were, for a dump that does not
+    store them ({} when it has none): input_dtypes (the distinct dtypes) and input_arg_dtypes
+    (JSON {argument: dtype} of the top-level tensor arguments: which input had which)."""
+    dtypes = tensor_dtypes(args, kwargs)
+    if not dtypes:
+        return {}
+    by_arg = {name: dtype_name(v.dtype) for name, _, v in named_args(info, args, kwargs) if isinstance(v, _TENSOR)}
+    return {S.OP_INPUT_DTYPES: dtypes, S.OP_INPUT_ARG_DTYPES: json.dumps(by_arg, separators=(",", ":"))}
 
 
 def tensor_dtypes(args: tuple, kwargs: dict) -> str:

@@ -100,13 +100,8 @@ class NodeRecorder:
             inputs = mode.walk.inputs(plan, ev.args, ev.kwargs, caps)
         else:
             inputs = []
-            from ..capture.opschema import named_args, op_info
-            from ..capture.walk import tensor_arg_dtypes, tensor_dtypes
-            dtypes = tensor_dtypes(ev.args, ev.kwargs)
-            if dtypes:
-                ev.group_attrs[S.OP_INPUT_DTYPES] = dtypes
-                ev.group_attrs[S.OP_INPUT_ARG_DTYPES] = tensor_arg_dtypes(
-                    named_args(op_info(ev.func), ev.args, ev.kwargs))
+            from ..capture.walk import input_dtype_attrs
+            ev.group_attrs.update(input_dtype_attrs(plan.info, ev.args, ev.kwargs))
         outputs = self._outputs(plan, out, caps, escapes) if mode.record_outputs else []
         mode._submit(ev, inputs, outputs, caps)
         for p in mode._after:
