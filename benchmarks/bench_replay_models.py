@@ -150,9 +150,13 @@ def child(spec: dict) -> dict:
             "peak_mb": _vm_kb("VmHWM") / 1024, "params": n_params, "summary": summary}
 
 
+def _files(model: str, kind: str, tmp: str) -> tuple[str, str]:
+    """(the model's golden, the file `kind` writes: a replay's dump)."""
+    return os.path.join(tmp, f"{model}_golden.h5"), os.path.join(tmp, f"{model}_{kind}.h5")
+
+
 def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
-    golden = os.path.join(tmp, f"{model}_golden.h5")
-    out = os.path.join(tmp, f"{model}_{kind}.h5")
+    golden, out = _files(model, kind, tmp)
     for path in (golden,) if kind == "dump" else (out,):
         if os.path.exists(path):
             os.remove(path)
@@ -169,9 +173,9 @@ def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
 
 
 def _verdict(model: str, kind: str, tmp: str) -> str:
-    """`accucmp compare` of a replay's dump against the golden: its verdict sentence (and the
-    first failure)."""
-    golden, out = os.path.join(tmp, f"{model}_golden.h5"), os.path.join(tmp, f"{model}_{kind}.h5")
+    """`accucmp compare` of a replay's dump against the golden: its verdict sentence (which
+    names the first failing op, its module and why), and the failing tensor."""
+    golden, out = _files(model, kind, tmp)
     summary = os.path.join(tmp, f"{model}_{kind}_verdict.json")
     proc = subprocess.run([sys.executable, "-m", "accucmp.cli", "compare", "-m", out, "-g", golden, "-q",
                            "-o", os.path.join(tmp, f"{model}_{kind}_cmp"), "--summary-json", summary],
@@ -181,9 +185,7 @@ def _verdict(model: str, kind: str, tmp: str) -> str:
     with open(summary) as f:
         got = json.load(f)
     first = got.get("first_failure")
-    where = "" if not first else f"; first failure: {first.get('op')} seqid {first.get('seqid')} " \
-        f"{first.get('module', '')} {first.get('tensor', '')}: {first.get('why', '')}"
-    return got["sentence"] + where
+    return got["sentence"] + (f" [{first.get('tensor')}]" if first and first.get("tensor") else "")
 
 
 def main() -> None:
@@ -223,8 +225,7 @@ def main() -> None:
                    for k, v in runs.items() if v}
             rows.append((model, runs[kinds[0]][0]["params"], med))
             for kind in kinds:                      # (each model's files go before the next)
-                for suffix in ("golden", kind):
-                    p = os.path.join(tmp, f"{model}_{suffix}.h5")
+                for p in _files(model, kind, tmp):
                     if os.path.exists(p):
                         os.remove(p)
     print(f"\nbf16-autocast load-replay of an fp32 dump, one training step, batch 2, 1 thread; "
