@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -251,3 +252,34 @@ def test_a_killed_writer_process_is_named_as_such(tmp_path):
     msg = str(ei.value)
     assert "\n" not in msg and str(p) in msg
     assert "dump writer process died (killed by SIGKILL)" in msg, msg
+
+
+def test_the_writer_child_imports_the_dumpfile_this_process_imported(tmp_path):
+    """A process that found dumpfile through a sys.path it changed (a copy of the source
+    put first, no install): the writer child it starts imports that same copy, not the
+    installed one (the two ends of the protocol are the same code), and writes the dump."""
+    import shutil
+    import subprocess
+    import sys
+    import dumpfile
+    alt = tmp_path / "alt"
+    shutil.copytree(os.path.dirname(dumpfile.__file__), alt / "dumpfile")
+    # the copy's child says which dumpfile it runs, in a file beside the dump
+    child = alt / "dumpfile" / "write" / "remote_child.py"
+    source = child.read_text()
+    assert 'if __name__ == "__main__":' in source
+    child.write_text(source.replace('if __name__ == "__main__":', 'if __name__ == "__main__":\n'
+                                    '    open(os.environ["WHERE_OUT"], "w").write(__file__)', 1))
+    script = (f"import sys; sys.path.insert(0, {str(alt)!r})\n"
+              "import torch, npu_dumper, dumpfile\n"
+              "m = torch.nn.Linear(8, 8)\n"
+              f"with npu_dumper.dumper(use_dump=True, dump_path={str(tmp_path / 'd.h5')!r}) as d:\n"
+              "    m(torch.ones(2, 8)).sum().backward()\n"
+              "print(dumpfile.__file__, d.summary['writer'], d.summary['ops_kept'] == d.num_ops > 0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["WHERE_OUT"] = str(tmp_path / "where")
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env=env, cwd=str(tmp_path)).stdout.split()
+    assert got[0] == str(alt / "dumpfile" / "__init__.py")
+    assert got[1:] == ["process", "True"]
+    assert (tmp_path / "where").read_text() == str(child)

@@ -46,6 +46,7 @@ import subprocess
 import sys
 
 from dumpfile import watchdog
+from dumpfile.child_env import child_environment
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read import safety
 
@@ -79,9 +80,8 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
     if key is None or (key, purpose) in _PROBED:
         return           # (a path that is no file: the entry's own open says so)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-               **{safety.MAX_BYTES_ENV: str(limit),              # the check the reader would make
-                  safety.CHILD_WALK_ENV: str(1 << 62)})          # made in the child itself, watched
+    env = child_environment(**{safety.MAX_BYTES_ENV: str(limit),     # the check the reader would make
+                               safety.CHILD_WALK_ENV: str(1 << 62)})  # made in the child itself, watched
     try:
         r = subprocess.run([exe, "-c", _CHILD, root, path, purpose, str(seconds)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

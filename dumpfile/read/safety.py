@@ -27,6 +27,7 @@ import stat
 
 from h5py import h5a, h5d, h5g, h5l, h5o, h5t, h5z
 
+from dumpfile.child_env import child_environment
 from dumpfile.errors import DumpFormatError
 
 # environment variable that sets the largest declared dataset size read (bytes; suffixes
@@ -349,7 +350,7 @@ def _walk_in_child(h5, path: str, limit: int, key: tuple) -> bool:
         return False
     # the child imports what this process imports (h5py from the same place), whatever
     # paths the caller added at run time
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = child_environment()
     try:
         r = subprocess.run([exe, "-c", _CHILD, root, path, *(str(v) for v in mine)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -57,6 +57,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import schema as S
+from ..child_env import child_environment
 from ..errors import DumpWriteError
 from .direct_io import TensorBytes
 
@@ -95,7 +96,7 @@ class _Child:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dumpfile.write.remote_child", str(child_sock.fileno())],
-            pass_fds=(child_sock.fileno(),), close_fds=True)
+            pass_fds=(child_sock.fileno(),), close_fds=True, env=child_environment())
         child_sock.close()
         _set_timeouts(parent_sock, _watchdog_s())
         self.conn = Connection(parent_sock.detach())
