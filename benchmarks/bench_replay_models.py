@@ -21,8 +21,9 @@ bottleneck 3-4-6-3, 224x224).
     python benchmarks/bench_replay_models.py [--models bert,vit,...] [--rounds N] [--tmp DIR]
            [--kinds plain-fp32,dump,plain-bf16,replay,replay-noown] [--old-code DIR] [--verdict]
 
---old-code DIR: each replay kind also as `<kind>-old`, with PYTHONPATH=DIR (an export of an
-  older commit: `git archive <rev> | tar -x -C DIR`), in the same rounds: before and after.
+--old-code DIR: the dump and each replay kind also as `<kind>-old`, with PYTHONPATH=DIR (an
+  export of an older commit: `git archive <rev> | tar -x -C DIR`), in the same rounds: before
+  and after (the old dump writes a file of its own; every replay reads the new dump's golden).
 --verdict: after each replay, `accucmp compare` of its dump against the golden (not timed),
   and its verdict printed: the replay is of the same step, from the same state (the golden's
   model state is restored after the replay's bf16 warm-up: BatchNorm's running statistics
@@ -52,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODELS = ("bert", "vit", "llama", "convnext", "resnet50")
 KINDS = ("plain-fp32", "dump", "plain-bf16", "replay", "replay-noown")
-BASE = {"dump": "plain-fp32", "plain-fp32": "plain-fp32"}   # each kind's 1x (else plain-bf16)
+BASE = {"dump": "plain-fp32", "dump-old": "plain-fp32", "plain-fp32": "plain-fp32"}   # each kind's 1x (else plain-bf16)
 
 
 def _build(name: str):
@@ -164,7 +165,9 @@ def _run(model: str, kind: str, tmp: str, old_code: str | None = None) -> dict:
         _evict(golden)
     code = old_code if kind.endswith("-old") else ROOT
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([code, HERE]), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    spec = json.dumps({"model": model, "kind": kind.removesuffix("-old"), "golden": golden, "out": out})
+    # (the old code's dump writes a file of its own: the replays read the new code's golden)
+    spec = json.dumps({"model": model, "kind": kind.removesuffix("-old"),
+                       "golden": out if kind == "dump-old" else golden, "out": out})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -205,7 +208,7 @@ def main() -> None:
     if "replay" in ",".join(kinds) and "dump" not in kinds:
         kinds.insert(0, "dump")
     if a.old_code:
-        kinds += [f"{k}-old" for k in kinds if k.startswith("replay")]
+        kinds += [f"{k}-old" for k in kinds if k.startswith("replay") or k == "dump"]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
     verdicts: list[tuple[str, str, str]] = []
