@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODELS = ("bert", "vit", "llama", "convnext", "resnet50")
 KINDS = ("plain-fp32", "dump", "plain-bf16", "replay", "replay-noown")
-BASE = {"dump": "plain-fp32", "dump-old": "plain-fp32", "plain-fp32": "plain-fp32"}   # each kind's 1x (else plain-bf16)
+BASE = {"dump": "plain-fp32", "plain-fp32": "plain-fp32"}   # each kind's 1x (else plain-bf16; "-old" as its kind)
 
 
 def _build(name: str):
@@ -237,7 +237,7 @@ def main() -> None:
           f"{'vs plain':>8s} {'peak RSS':>8s} {'vs plain':>8s}")
     for model, params, med in rows:
         for kind, m in med.items():
-            base = med.get(BASE.get(kind, "plain-bf16"))
+            base = med.get(BASE.get(kind.removesuffix("-old"), "plain-bf16"))
             rt = f"{m['wall'] / base['wall']:.2f}x" if base else "-"
             rc = f"{m['cpu'] / base['cpu']:.2f}x" if base else "-"
             rm = f"{m['peak_mb'] / base['peak_mb']:.2f}x" if base else "-"

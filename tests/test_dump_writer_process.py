@@ -256,8 +256,10 @@ def test_a_killed_writer_process_is_named_as_such(tmp_path):
 
 def test_the_writer_child_imports_the_dumpfile_this_process_imported(tmp_path):
     """A process that found dumpfile through a sys.path it changed (a copy of the source
-    put first, no install): the writer child it starts imports that same copy, not the
-    installed one (the two ends of the protocol are the same code), and writes the dump."""
+    put first, no install), run from a folder that holds another `dumpfile` (another
+    checkout's root): the writer child it starts imports that same copy, not the installed
+    one nor the working folder's (the two ends of the protocol are the same code), and
+    writes the dump."""
     import shutil
     import subprocess
     import sys
@@ -267,9 +269,12 @@ def test_the_writer_child_imports_the_dumpfile_this_process_imported(tmp_path):
     # the copy's child says which dumpfile it runs, in a file beside the dump
     child = alt / "dumpfile" / "write" / "remote_child.py"
     source = child.read_text()
-    assert 'if __name__ == "__main__":' in source
-    child.write_text(source.replace('if __name__ == "__main__":', 'if __name__ == "__main__":\n'
-                                    '    open(os.environ["WHERE_OUT"], "w").write(__file__)', 1))
+    start = 'def _child_main(argv: list[str]) -> None:\n'
+    assert start in source
+    child.write_text(source.replace(start, start + '    open(os.environ["WHERE_OUT"], "w").write(__file__)\n', 1))
+    elsewhere = tmp_path / "elsewhere"      # the working folder, with a dumpfile that cannot run
+    (elsewhere / "dumpfile").mkdir(parents=True)
+    (elsewhere / "dumpfile" / "__init__.py").write_text("raise SystemExit('the working folder\\'s dumpfile')\n")
     script = (f"import sys; sys.path.insert(0, {str(alt)!r})\n"
               "import torch, npu_dumper, dumpfile\n"
               "m = torch.nn.Linear(8, 8)\n"
@@ -279,7 +284,7 @@ def test_the_writer_child_imports_the_dumpfile_this_process_imported(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["WHERE_OUT"] = str(tmp_path / "where")
     got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         env=env, cwd=str(tmp_path)).stdout.split()
+                         env=env, cwd=str(elsewhere)).stdout.split()
     assert got[0] == str(alt / "dumpfile" / "__init__.py")
     assert got[1:] == ["process", "True"]
     assert (tmp_path / "where").read_text() == str(child)

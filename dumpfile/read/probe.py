@@ -46,7 +46,7 @@ import subprocess
 import sys
 
 from dumpfile import watchdog
-from dumpfile.child_env import child_environment
+from dumpfile.child_env import ROOT, bootstrap, child_environment
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read import safety
 
@@ -57,11 +57,7 @@ _COVERS = {LOAD: (LOAD,), REPLAY: (LOAD, REPLAY)}
 # (file identity, purpose) probed by this process
 _PROBED: set[tuple] = set()
 
-_CHILD = """import sys
-sys.path.insert(0, sys.argv[1])
-from dumpfile.read.probe import _child_main
-sys.exit(_child_main(sys.argv[2:]))
-"""
+_CHILD = bootstrap("dumpfile.read.probe")
 
 
 def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
@@ -79,11 +75,10 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
     key = _key(path, limit)
     if key is None or (key, purpose) in _PROBED:
         return           # (a path that is no file: the entry's own open says so)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = child_environment(**{safety.MAX_BYTES_ENV: str(limit),     # the check the reader would make
                                safety.CHILD_WALK_ENV: str(1 << 62)})  # made in the child itself, watched
     try:
-        r = subprocess.run([exe, "-c", _CHILD, root, path, purpose, str(seconds)],
+        r = subprocess.run([exe, "-c", _CHILD, ROOT, path, purpose, str(seconds)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                            close_fds=True, env=env, start_new_session=True)
     except OSError:

@@ -27,7 +27,7 @@ import stat
 
 from h5py import h5a, h5d, h5g, h5l, h5o, h5t, h5z
 
-from dumpfile.child_env import child_environment
+from dumpfile.child_env import ROOT, bootstrap, child_environment
 from dumpfile.errors import DumpFormatError
 
 # environment variable that sets the largest declared dataset size read (bytes; suffixes
@@ -317,11 +317,7 @@ def child_walk_bytes() -> int:
 
 # the child: imports h5py and this module only; prints nothing and exits 0 when the file
 # passes, prints the refusal (one line) and exits 3 when it does not
-_CHILD = """import sys
-sys.path.insert(0, sys.argv[1])
-from dumpfile.read.safety import _child_main
-sys.exit(_child_main(sys.argv[2:]))
-"""
+_CHILD = bootstrap("dumpfile.read.safety")
 _CHILD_REFUSED = 3
 
 
@@ -344,7 +340,6 @@ def _walk_in_child(h5, path: str, limit: int, key: tuple) -> bool:
     mine = _file_key(st, limit)
     if mine != key:
         raise DumpFormatError(f"{path}: changed while being opened (replaced or written to); refused")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = sys.executable
     if not exe or not os.path.isfile(exe):
         return False
@@ -352,7 +347,7 @@ def _walk_in_child(h5, path: str, limit: int, key: tuple) -> bool:
     # paths the caller added at run time
     env = child_environment()
     try:
-        r = subprocess.run([exe, "-c", _CHILD, root, path, *(str(v) for v in mine)],
+        r = subprocess.run([exe, "-c", _CHILD, ROOT, path, *(str(v) for v in mine)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            close_fds=True, env=env)
     except OSError:

@@ -37,7 +37,8 @@ terminal's process group is the caller's to act on.
 
 Torch-free: the child imports only dumpfile, h5py and numpy.
 
-The child's side (its serving loop, `python -m dumpfile.write.remote_child`) is
+The child's side (its serving loop, remote_child._child_main, started through
+child_env.bootstrap: this dumpfile first on its path) is
 remote_child.py; the protocol above is the contract between the two modules, and a change
 to a message is made on both sides at once.
 """
@@ -57,9 +58,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import schema as S
-from ..child_env import child_environment
+from ..child_env import ROOT, bootstrap, child_environment
 from ..errors import DumpWriteError
 from .direct_io import TensorBytes
+
+# the child: remote_child._child_main([socket fd]), this process's dumpfile first on its path
+_CHILD = bootstrap("dumpfile.write.remote_child")
 
 # Seconds without progress on the socket after which the child counts as hung (a send
 # that moves no byte, a reply that does not come). Generous: a slow disk must slow the
@@ -95,7 +99,7 @@ class _Child:
         parent_sock, child_sock = socket.socketpair()
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dumpfile.write.remote_child", str(child_sock.fileno())],
+            [sys.executable, "-c", _CHILD, ROOT, str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),), close_fds=True, env=child_environment())
         child_sock.close()
         _set_timeouts(parent_sock, _watchdog_s())

@@ -1,6 +1,7 @@
 """The dump writer process: a DumpWriter serving one caller over a socket (remote.py).
 
-Started by the caller as `python -m dumpfile.write.remote_child FD` (never a fork of a
+Started by the caller as `python -c BOOTSTRAP ROOT FD` (child_env.py: the caller's dumpfile
+first on the path, ahead of the working folder; never a fork of a
 process with torch threads) and reused for the caller's later dump files. It makes
 exactly the DumpWriter calls the writer thread would make for each op record, replies
 with the file offsets of the tensors it reserved, and publishes an op only once the
@@ -251,8 +252,9 @@ class _Server:
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
 
 
-def _main() -> None:
-    fd = int(sys.argv[1])
+def _child_main(argv: list[str]) -> None:
+    """Serve the caller on socket `argv[0]` (a descriptor number) until it is done."""
+    fd = int(argv[0])
     # fault injection for the tests: a start-up as slow as a loaded machine's
     delay = os.environ.get("DUMPFILE_TEST_START_DELAY_S")
     if delay:
@@ -286,4 +288,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    _child_main(sys.argv[1:])
