@@ -58,6 +58,36 @@ def test_kth_call_inside_a_replaced_region():
     assert (("w", 3), None) in got and (None, ("y", 3)) in got
 
 
+def test_casts_between_repeated_layers_do_not_shift_pairs_across_layers():
+    """Two layers of mm, sum, mm; the target (autocast) casts before each mm and once more
+    in layer 0. Aligned together with the casts, difflib's longest block paired layer 0's
+    last mm with layer 1's first; aligning the ops that compute first pairs every op with
+    its own layer's, and leaves the casts unmatched."""
+    cast, mm, s = "aten._to_copy.default", "aten.mm.default", "aten.sum.dim_IntList"
+    g = ops([mm, s, mm, mm, s, mm], start=1)
+    t = ops([cast, mm, cast, s, cast, mm, cast, mm, s, cast, mm], start=1)
+    layer_g = {1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1}
+    layer_t = {2: 0, 4: 0, 6: 0, 8: 1, 9: 1, 11: 1}
+    pairs = pair_by_stream(t, g)
+    both = [(p.target.seqid, p.golden.seqid) for p in pairs if p.target and p.golden]
+    assert both == [(2, 1), (4, 2), (6, 3), (8, 4), (9, 5), (11, 6)]
+    assert all(layer_t[a] == layer_g[b] for a, b in both)
+    assert sorted(p.target.seqid for p in pairs if p.golden is None) == [1, 3, 5, 7, 10]
+    assert [p.target.seqid if p.target else None for p in pairs] == list(range(1, 12))   # target order
+
+
+def test_a_cast_both_runs_have_still_pairs():
+    """Casts take part in the alignment between the computing ops around them: a model's own
+    cast, in both runs, pairs; the one only autocast adds does not."""
+    cast, mm, add = "aten._to_copy.default", "aten.mm.default", "aten.add.Tensor"
+    g = ops([mm, cast, add, mm])
+    t = ops([cast, mm, cast, add, cast, mm])
+    got = as_pairs(pair_by_stream(t, g))
+    assert ((cast, 3), (cast, 2)) in got
+    assert ((mm, 2), (mm, 1)) in got and ((add, 4), (add, 3)) in got and ((mm, 6), (mm, 4)) in got
+    assert ((cast, 1), None) in got and ((cast, 5), None) in got
+
+
 def test_op_map_pairs_cudnn_with_native():
     assert canonical_op("aten.cudnn_batch_norm.default") == canonical_op("aten.native_batch_norm.default")
     t = ops(["aten.mm.default", "aten.cudnn_batch_norm.default"])
@@ -122,3 +152,24 @@ def test_replay_against_a_golden_that_is_not_its_source(tmp_path):
     assert list(paired["GoldenSeqId"]) == [s + 2 for s in paired["SeqId"]]
     un = t[(t["Result"] == "unmatched") & (t["IO"] == "output")]
     assert sorted(un["GroundTruthPath"].str.split("/").str[1]) == ["aten.add.Tensor", "aten.zeros.default"]
+
+
+def test_structure_differs_counts_ops_one_run_lacks_not_ops_both_left_unpaired():
+    """An op both runs leave a call of unpaired (a gradient sum autograd orders differently
+    under autocast) is the same computation elsewhere, not an op one run lacks: it does not
+    stop rows from passing as inherited. An op only one run has does."""
+    from accucmp.compare.matching import OpPair
+    from accucmp.compare.pipeline import structure_differs
+
+    def op(name, seqid, module=""):
+        o = Op(name, seqid)
+        o.module = module
+        return o
+    mm, add, mul = "aten.mm.default", "aten.add.Tensor", "aten.mul.Tensor"
+    paired = [OpPair(op(mm, 1), op(mm, 1), "name")]
+    moved = [OpPair(None, op(add, 2, "dec.embed"), "unmatched"), OpPair(op(add, 5, "enc.embed"), None, "unmatched")]
+    cast = [OpPair(op("aten._to_copy.default", 3), None, "unmatched")]
+    assert structure_differs(paired + moved + cast) == ""
+    extra = [OpPair(op(mul, 4, "block.scale"), None, "unmatched")]
+    assert structure_differs(paired + moved + cast + extra) == \
+        "1 op(s) with no partner: aten.mul.Tensor (target) in block.scale"
