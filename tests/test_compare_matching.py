@@ -154,22 +154,28 @@ def test_replay_against_a_golden_that_is_not_its_source(tmp_path):
     assert sorted(un["GroundTruthPath"].str.split("/").str[1]) == ["aten.add.Tensor", "aten.zeros.default"]
 
 
-def test_structure_differs_counts_ops_one_run_lacks_not_ops_both_left_unpaired():
+def test_structure_counts_ops_one_run_lacks_for_the_rows_after_them():
     """An op both runs leave a call of unpaired (a gradient sum autograd orders differently
     under autocast) is the same computation elsewhere, not an op one run lacks: it does not
-    stop rows from passing as inherited. An op only one run has does."""
+    stop rows from passing as inherited. An op only one run has does, for the rows after
+    it (GradScaler's multiply after the loss leaves the forward's rows as they were)."""
     from accucmp.compare.matching import OpPair
-    from accucmp.compare.pipeline import structure_differs
+    from accucmp.compare.pipeline import structure_before
 
     def op(name, seqid, module=""):
         o = Op(name, seqid)
         o.module = module
         return o
     mm, add, mul = "aten.mm.default", "aten.add.Tensor", "aten.mul.Tensor"
-    paired = [OpPair(op(mm, 1), op(mm, 1), "name")]
-    moved = [OpPair(None, op(add, 2, "dec.embed"), "unmatched"), OpPair(op(add, 5, "enc.embed"), None, "unmatched")]
-    cast = [OpPair(op("aten._to_copy.default", 3), None, "unmatched")]
-    assert structure_differs(paired + moved + cast) == ""
-    extra = [OpPair(op(mul, 4, "block.scale"), None, "unmatched")]
-    assert structure_differs(paired + moved + cast + extra) == \
-        "1 op(s) with no partner: aten.mul.Tensor (target) in block.scale"
+    pairs = [OpPair(op(mm, 1), op(mm, 1), "name"),
+             OpPair(None, op(add, 2, "dec.embed"), "unmatched"),
+             OpPair(op("aten._to_copy.default", 3), None, "unmatched"),
+             OpPair(op(add, 5, "enc.embed"), None, "unmatched")]
+    assert structure_before(pairs, pairs) == ()
+    pairs += [OpPair(op(mm, 6), op(mm, 4), "name"),
+              OpPair(op(mul, 7, "block.scale"), None, "unmatched"),
+              OpPair(op(mm, 8), op(mm, 5), "name"),
+              OpPair(None, op("aten.relu.default", 6, "act"), "unmatched")]
+    assert structure_before(pairs, pairs) == (
+        (5, "1 op(s) with no partner: aten.mul.Tensor (target) in block.scale"),
+        (7, "2 op(s) with no partner: aten.mul.Tensor (target) in block.scale, aten.relu.default (golden) in act"))

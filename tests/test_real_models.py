@@ -166,3 +166,30 @@ def test_t5_under_bf16_autocast_pairs_each_op_with_its_own_layer(goldens, tmp_pa
     assert not crossed, crossed[:5]
     assert (t["Result"] != "fail").all(), _fails(t[t["Result"] == "fail"])
     assert ((t["Result"] == "pass") & (t["Origin"] == ORIGIN_INHERITED)).sum() > 0
+
+
+def test_fp16_run_with_a_grad_scaler_departs_at_the_loss_scaling(goldens, tmp_path):
+    """GPT-2 under fp16 autocast with GradScaler against its fp32 dump. The scaler's ops
+    after the loss (`full` for the scale, `mul` of the loss) are the first place the run
+    departs, and every backward tensor is 65536 x the golden's. The forward's rounding,
+    each op within its own error, passes as inherited: an op one run lacks can only change
+    what runs after it (before, those three ops kept every forward difference failing)."""
+    import torch.nn.functional as F
+    g = goldens("gpt2")
+    spec, model, x, y = R.make("gpt2")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    target = str(tmp_path / "gpt2_scaled.h5")
+    with torch.utils.dumper(use_dump=True, dump_path=target):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(input_ids=x).logits.float().flatten(0, 1), y.flatten())
+        scaler.scale(loss).backward()
+    t = _judged(target, g)
+    first = first_failure(t)
+    assert first["NPUDump"] == "aten.full.default" and first["Phase"] == "forward"
+    before = t[t["SeqId"] < first["SeqId"]]         # the model's forward and the loss
+    assert len(before) > 100
+    assert (before["Result"] != "fail").all(), _fails(before[before["Result"] == "fail"])
+    assert ((before["Result"] == "pass") & (before["Origin"] == ORIGIN_INHERITED)).sum() > 0
+    backward = t[(t["Phase"] == "backward") & (t["Result"] == "fail")]
+    assert len(backward) > 0

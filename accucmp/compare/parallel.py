@@ -84,8 +84,8 @@ def _rows_in_threads(work, jobs: int):
     pending: deque = deque()          # (row, future or None), in execution order
     done: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for pair in work.pairs:
-            for task in work.pair_tasks(pair):
+        for index, pair in enumerate(work.pairs):
+            for task in work.pair_tasks(pair, index):
                 fut = None
                 if work.computes(task):
                     fut = pool.submit(work.comparer.run, task)

@@ -17,6 +17,8 @@ here: verdict.py applies thresholds to the table, and can be re-run on a saved c
 
 from __future__ import annotations
 
+import bisect
+
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,7 +209,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     compiled = _compiled(tf, gf)
     work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
                  golden_own=not m.replay and _compiled(gf) and not _compiled(tf),
-                 structure="" if m.replay or compiled else structure_differs(matched),
+                 structure=() if m.replay or compiled else structure_before(pairs, matched),
                  structural=frozenset() if m.replay or compiled else structural_pairs(matched))
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
@@ -265,23 +267,27 @@ def _compiled(*files: DumpFile) -> bool:
     return any(f.attrs.get(S.ROOT_COMPILED) for f in files)
 
 
-def structure_differs(pairs) -> str:
-    """Independent runs: '2 op(s) with no partner: aten.mul.Tensor (target) in block.scale, ...'
-    for the ops either run has and the other lacks, dtype casts left out (autocast and a model
-    cast add them by design: op_policies.BY_DESIGN_UNPAIRED); '' when none. An op both runs
-    leave a call of unpaired is not one of them (departures.structural_pairs: the same
-    computation elsewhere in the other stream, e.g. the gradient accumulation of a tied
-    embedding that autograd orders differently under autocast): it is not an op one run
-    lacks, and counting it took inheritance from every row of the compare."""
+def structure_before(pairs, matched) -> tuple[tuple[int, str], ...]:
+    """Independent runs: for each op either run has and the other lacks, dtype casts left out
+    (autocast and a model cast add them by design: op_policies.BY_DESIGN_UNPAIRED), its place
+    in `pairs` and what StructureDiffers says of the rows after it ('2 op(s) with no partner:
+    aten.mul.Tensor (target) in block.scale, ...'). An op both runs leave a call of unpaired
+    is not one (departures.structural_pairs: the same computation elsewhere in the other
+    stream, e.g. the gradient sum of a tied embedding that autograd orders differently under
+    autocast; counting it took inheritance from every row of the compare). And an op can
+    only change what runs after it: GradScaler's `full` and `mul` after the loss no longer
+    keep the forward's rounding differences from passing as inherited."""
     from accucmp.compare.op_policies import BY_DESIGN_UNPAIRED, packet
-    structural = structural_pairs(pairs)
-    odd = [(p.target or p.golden, "target" if p.golden is None else "golden") for p in pairs
+    structural = structural_pairs(matched)
+    odd = [(i, p.target or p.golden, "target" if p.golden is None else "golden") for i, p in enumerate(pairs)
            if id(p) in structural]
-    odd = [(op, side) for op, side in odd if packet(op.op) not in BY_DESIGN_UNPAIRED]
-    if not odd:
-        return ""
-    shown = ", ".join(f"{op.op} ({side})" + (f" in {op.module}" if op.module else "") for op, side in odd[:3])
-    return f"{len(odd)} op(s) with no partner: {shown}" + (", ..." if len(odd) > 3 else "")
+    odd = [(i, op, side) for i, op, side in odd if packet(op.op) not in BY_DESIGN_UNPAIRED]
+    out = []
+    for k, (i, _, _) in enumerate(odd):
+        shown = ", ".join(f"{op.op} ({side})" + (f" in {op.module}" if op.module else "")
+                          for _, op, side in odd[:min(k + 1, 3)])
+        out.append((i, f"{k + 1} op(s) with no partner: {shown}" + (", ..." if k + 1 > 3 else "")))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +344,9 @@ class _Work:
     replay: bool
     comparer: Comparer
     ios: tuple[str, ...] = (S.INPUT_GROUP, S.OUTPUT_GROUP)
-    structure: str = ""         # independent runs: ops with no partner beyond dtype casts
+    # independent runs: (place in `pairs`, StructureDiffers text of the rows after it) of each
+    # op with no partner beyond dtype casts (structure_before)
+    structure: tuple = ()
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
     structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
     view: Any = None            # a rank against a single-process reference (reference_runs.RankView)
@@ -351,17 +359,23 @@ class _Work:
     def tasks(self, lo: int, hi: int):
         """Tasks of pairs[lo:hi], made pair by pair: only one op's small tensors (read
         eagerly) are held at a time."""
-        for pair in self.pairs[lo:hi]:
-            yield from self.pair_tasks(pair)
+        for i in range(lo, hi):
+            yield from self.pair_tasks(self.pairs[i], i)
 
-    def pair_tasks(self, pair: matching.OpPair) -> list["Task"]:
+    def structure_at(self, index: int) -> str:
+        """StructureDiffers of the rows of pairs[index]: the ops with no partner before it."""
+        k = bisect.bisect_left(self.structure, (index, ""))
+        return self.structure[k - 1][1] if k else ""
+
+    def pair_tasks(self, pair: matching.OpPair, index: int) -> list["Task"]:
         tasks = tasks_for_pair(pair, self.ff, self.metric_cols, self.replay, self.eager, self.ios,
                                golden_own=self.golden_own)
         if self.view is not None:
             tasks = self.view.adjust(pair, tasks)
-        if self.structure:
+        structure = self.structure_at(index) if self.structure else ""
+        if structure:
             for task in tasks:
-                task.row["StructureDiffers"] = self.structure
+                task.row["StructureDiffers"] = structure
         if not self.replay and pair.target is not None and pair.golden is not None and pair.region is None:
             leaves = leaf_inputs(pair, self.provenance)
             for task in tasks:
