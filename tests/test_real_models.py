@@ -193,3 +193,40 @@ def test_fp16_run_with_a_grad_scaler_departs_at_the_loss_scaling(goldens, tmp_pa
     assert ((before["Result"] == "pass") & (before["Origin"] == ORIGIN_INHERITED)).sum() > 0
     backward = t[(t["Phase"] == "backward") & (t["Result"] == "fail")]
     assert len(backward) > 0
+
+
+def _llama_replay_headline(goldens, tmp_path, change):
+    """First failure of a bf16-autocast load-replay of the Llama's golden by a model `change`d."""
+    g = goldens("llama")
+    spec, model, x, y = R.make("llama")
+    change(model)
+    target = str(tmp_path / "llama_bug.h5")
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.utils.dumper(use_load=True, load_file_path=g, dump_path=target):
+        R.step(model, x, y, spec.image, spec.forward)
+    return first_failure(_judged(target, g))
+
+
+def test_replay_names_a_changed_rmsnorm_eps_as_an_argument(goldens, tmp_path):
+    """Llama's RMSNorm adds its eps as a Python number to a Tensor argument (`add.Tensor`'s
+    `other`). Load-replay compared only arguments the schema types as numbers, so eps 0.1
+    against the recording's 1e-06 went unseen and `add` was blamed, "caused here", for
+    computing what it was given."""
+    def eps(model):
+        model.model.layers[0].input_layernorm.variance_epsilon = 0.1
+    first = _llama_replay_headline(goldens, tmp_path, eps)
+    assert first["Origin"] == "departs" and first["Module"] == "model.layers.0.input_layernorm"
+    assert "argument other 0.1, golden 1e-06" in first["FailReason"], first["FailReason"]
+
+
+def test_replay_names_an_extra_multiply_in_its_own_block(goldens, tmp_path):
+    """A forward hook scaling layer 1's gate projection by 1.05: the extra `mul` lives in
+    model.layers.1.mlp, which makes a `mul` of the same shape itself. The hook's took the
+    module's recorded call, and the module's own `mul` then took layer 2's, so the departure
+    was named in model.layers.2.mlp; a call the recording makes in that module, with every
+    such call taken, is one the live module adds."""
+    def hook(model):
+        model.model.layers[1].mlp.gate_proj.register_forward_hook(lambda m, i, o: o * 1.05)
+    first = _llama_replay_headline(goldens, tmp_path, hook)
+    assert first["Origin"] == "departs" and first["NPUDump"] == "aten.mul.Tensor"
+    assert first["Module"] == "model.layers.1.mlp", (first["Module"], first["FailReason"])

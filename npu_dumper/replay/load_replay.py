@@ -404,7 +404,19 @@ class ReplayPolicy(Policy):
         module = D.unwrapped_module(module)
         if fits:
             # in the same module first (an op inserted elsewhere must not shift the pairing)
-            return next((e for e in fits if D.unwrapped_module(e.record.module) == module), fits[0]), ""
+            own = next((e for e in fits if D.unwrapped_module(e.record.module) == module), None)
+            if own is not None:
+                return own, ""
+            if module and phase == S.PHASE_FORWARD and any(
+                    D.unwrapped_module(e.record.module) == module and _same_phase(e, phase) for e in same):
+                # The recording makes this op in this module, and each such call is taken: the
+                # live module makes one more (a forward hook's `* 1.05` after a Linear, paired
+                # with the module's own `mul`). Taking a later module's call instead shifted
+                # every pairing after it and named the next block as the departure. (Forward
+                # only: backward ops are attributed to modules less firmly; a gradient sum
+                # the other run attributes elsewhere still pairs.)
+                return None, f"one more call than the recording makes in {module}"
+            return fits[0], ""
         for other in self.op_map.equivalents(name):
             for entry in self._by_packet.get(other, ()):
                 if not entry.used and _same_phase(entry, phase) and not mismatch(entry, live, renames):
