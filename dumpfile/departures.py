@@ -48,7 +48,7 @@ BY_DESIGN_OPS = CASTS | frozenset({
     # another kernel choice needs. Whatever difference they would carry shows where their
     # result is read (an input departure), so their own presence is never one
     "aten.clone", "aten.contiguous", "aten._unsafe_view", "aten.view", "aten.reshape", "aten._reshape_alias",
-    "aten.expand", "aten.copy", "aten.copy_", "aten.t", "aten.transpose", "aten.permute",
+    "aten.expand", "aten.copy", "aten.copy_", "aten._foreach_copy_", "aten.t", "aten.transpose", "aten.permute",
     # allocations compute nothing (a warmed-up wrapper or another device's allocator reuses
     # buffers a first iteration allocates)
     "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
@@ -87,6 +87,11 @@ def op_packet(name: str) -> str:
     """'aten.mul.Tensor' -> 'aten.mul' (the overload packet's name)."""
     parts = str(name).split(".")
     return ".".join(parts[:2]) if len(parts) >= 3 else str(name)
+
+
+def is_collective_op(name: str) -> bool:
+    """An op of the collectives' namespaces (c10d and the functional collectives)."""
+    return str(name).split(".", 1)[0] in RUN_LIVE_NAMESPACES - {"profiler"}
 
 
 def is_by_design_op(name: str) -> bool:

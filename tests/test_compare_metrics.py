@@ -196,3 +196,18 @@ def test_masking_sentinels_of_each_dtype_count_equal():
     assert vals(np.array([-1e5], np.float32), np.array([-3e38], np.float32))["MaxAbsoluteError"] > 1e38
     assert vals(np.array([65504.0], np.float32), np.array([f32min], np.float32))["MaxAbsoluteError"] > 1e38
     assert vals(np.array([-100.0], np.float32), np.array([f32min], np.float32))["MaxAbsoluteError"] > 1e38
+
+
+def test_signalling_nan_counts_as_nan_without_a_warning():
+    """Garbage in a buffer (FSDP2's all-gather slots, compared by the folder compare's
+    replica check) can hold a signalling NaN: converting it to float64 raised numpy's
+    "invalid value encountered in cast" on stderr. It is a NaN on both sides, left out as
+    any NaN both sides hold."""
+    import warnings
+    snan = np.array([0x7F800001], dtype=np.uint32).view(np.float32)[0]
+    x = np.array([1.0, snan, 3.0], dtype=np.float32)
+    y = np.array([1.0, snan, 3.5], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = compare_arrays(x, y)
+    assert r["MaxAbsoluteError"].value == 0.5

@@ -404,6 +404,20 @@ def test_fsdp2_bf16_run_against_the_fp32_reference(runs, tmp_path):
         assert len(g) == _PARAMS and (g.Result == "pass").all() and set(g.ComputeDtype) == {"bfloat16"}
 
 
+def test_fsdp2_bf16_run_against_the_fp32_fsdp2_run(runs, tmp_path):
+    """Two FSDP2 runs, rank for rank: the bfloat16 MixedPrecisionPolicy's `_foreach_copy_`
+    (its cast of the flat shards into the all-gather input) is a cast, no op the fp32 run
+    lacks; and gloo's reduce-scatter copies its result into the output buffer (`copy_` after
+    the collective) from a tensor no recorded op made, which is the collective's result, not
+    a parameter or the batch. Each was named as the clean run's departure."""
+    res, csvs = _compare(tmp_path, runs / "fsdp_bf16", runs / "fsdp")
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.output.splitlines()[0], res.output
+    for t in _rank_tables(csvs):
+        assert not (t.Result == "fail").any()
+        assert (t.NPUDump == "aten._foreach_copy_.default").any()
+
+
 def test_fsdp2_bf16_wrong_weight_shard_fails_where_the_gathered_weight_is_read(runs, tmp_path):
     """Rank 1's shard of fc1.weight x1.05 under the bfloat16 policy: the all-gathered weight
     (written in place by FSDP2's copy-out, an op compare lists as parallelism) is judged as a

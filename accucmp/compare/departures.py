@@ -213,6 +213,11 @@ def leaf_inputs(pair, cache: dict) -> set[str]:
     t, g = sides
     if t is None or g is None:
         return set()
+    if D.is_by_design_op(t_op.op) and any(D.is_collective_op(side.get("self", "")) for side in sides):
+        # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
+        # in from a tensor it made itself): what is copied is the collective's result, made
+        # in the step from the ranks' tensors, not a parameter, buffer or the batch
+        return set()
     return {name for name, made in g.items() if made == "" and name in t
             and (t[name] == "" or D.is_by_design_op(t[name]))}
 

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dumpfile import schema as S
+from dumpfile.departures import is_by_design_op, is_collective_op
 from dumpfile.opclass import is_cast, sum_outputs
 
 from ..capture.opschema import named_args, named_returns, op_info
@@ -569,6 +570,7 @@ class PlainOwnError(Policy):
     def __init__(self):
         self._low = False
         self._made: set[int] = set()        # storages an op of the block wrote
+        self._collective_made: set[int] = set()   # ... a collective wrote
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
     def begin(self, session: Any) -> None:
@@ -634,6 +636,14 @@ class PlainOwnError(Policy):
         return named
 
     def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
+        if is_by_design_op(ev.name) and any(isinstance(v, torch.Tensor) and name in info.written
+                                            and storage_key(v) in self._collective_made
+                                            for name, _, v in named):
+            # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
+            # in from a tensor it made itself): what it copies is the collective's result
+            ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(
+                [name for name, _, v in named if isinstance(v, torch.Tensor) and name not in info.not_data])
+            return
         made = []
         for name, _, v in named:
             if name in info.not_data:
@@ -667,8 +677,11 @@ class PlainOwnError(Policy):
                                         for _, _, v in named):
             return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
         written = [v for n, _, v in named if n in info.written]
+        collective = is_collective_op(ev.name)
         for t in tree_flatten((ev.outputs, written))[0]:
             if isinstance(t, torch.Tensor):
                 key = storage_key(t)
                 if key is not None:
                     self._made.add(key)
+                    if collective:
+                        self._collective_made.add(key)
