@@ -11,7 +11,9 @@ give each rank half the batch. "tp_bug" is TP with rank 1's local shard of fc1.w
 scaled by 1.05 (one shard wrong, rank 0's right); "tp_ln_bug" TP with rank 1's copy of
 the (replicated, not parallelized) ln2.weight scaled by 1.05; "fsdp_bf16" FSDP2 under a
 MixedPrecisionPolicy (bfloat16 parameters, float32 reduction); "fsdp_bug" FSDP2 with rank 1's
-shard of fc1.weight scaled by 1.05, "fsdp_bf16_bug" the same under the bfloat16 policy; "sp" sequence parallel (SPBlock: LayerNorm sharded on the
+shard of fc1.weight scaled by 1.05, "fsdp_bf16_bug" the same under the bfloat16 policy,
+"fsdp_bf16_replay" each rank of the bfloat16-policy run load-replaying its rank of "fsdp"
+(which must come before it in `kinds`); "sp" sequence parallel (SPBlock: LayerNorm sharded on the
 sequence dim, the MLP's fc1 Colwise from and fc2 Rowwise to sequence shards), against the
 reference of its own model, ref_sp.h5.
 """
@@ -132,7 +134,13 @@ def _ranks(rank: int, world: int, out: str, kinds: tuple[str, ...]) -> None:
         else:
             tokens_r, labels_r = tokens, labels
         os.makedirs(os.path.join(out, kind), exist_ok=True)
-        _step(model, tokens_r, labels_r, os.path.join(out, kind, "d.h5"))
+        if kind == "fsdp_bf16_replay":      # each rank load-replays its rank of the fp32 "fsdp" run
+            import npu_dumper  # noqa: F401 - installs torch.utils.dumper
+            with torch.utils.dumper(use_load=True, load_file_path=os.path.join(out, "fsdp", f"d_rank{rank}.h5"),
+                                    dump_path=os.path.join(out, kind, "d.h5")):
+                _loss(model(tokens_r), labels_r).backward()
+        else:
+            _step(model, tokens_r, labels_r, os.path.join(out, kind, "d.h5"))
         dist.barrier()
 
 

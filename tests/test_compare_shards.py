@@ -285,7 +285,7 @@ def runs(tmp_path_factory):
     from ._dist_shard_runs import dump_runs
     return Path(dump_runs(tmp_path_factory.mktemp("shard_runs"), ("tp", "tp_bug", "tp_ln_bug", "sp", "fsdp",
                                                                          "fsdp_bf16", "fsdp_bug", "fsdp_bf16_bug",
-                                                                         "ddp")))
+                                                                         "fsdp_bf16_replay", "ddp")))
 
 
 def _compare(tmp_path, target, golden, *extra):
@@ -416,6 +416,20 @@ def test_fsdp2_bf16_run_against_the_fp32_fsdp2_run(runs, tmp_path):
     for t in _rank_tables(csvs):
         assert not (t.Result == "fail").any()
         assert (t.NPUDump == "aten._foreach_copy_.default").any()
+
+
+def test_fsdp2_bf16_load_replay_of_the_fp32_fsdp2_run(runs, tmp_path):
+    """Each rank of the bfloat16-policy run load-replays its rank of the fp32 run. The
+    policy's allocations of other sizes (its cast buffers) run live, not as "the same call
+    with a changed argument", and the reduce-scatter's copy-in reads the collective's result,
+    not a parameter: a clean replay named both as departures (77 failing rows)."""
+    res, csvs = _compare(tmp_path, runs / "fsdp_bf16_replay", runs / "fsdp")
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.output.splitlines()[0], res.output
+    for t in _rank_tables(csvs):
+        assert not (t.Result == "fail").any()
+        assert "departure" not in set(t.CompareStatus)
+        assert (t.MatchedBy == "seqid").sum() > 50
 
 
 def test_fsdp2_bf16_wrong_weight_shard_fails_where_the_gathered_weight_is_read(runs, tmp_path):

@@ -66,6 +66,7 @@ class DepartureLog:
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
         self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
+        self._collective: set[int] = set()        # storage addresses a collective wrote
         self.source: dict[str, Any] = {}          # the recording's identity (dumpfile.departures.source_of)
 
     # ---- per op ---------------------------------------------------------------------
@@ -149,11 +150,16 @@ class DepartureLog:
         if written:
             flat += [v for name, _, v in named_args(op_info(ev.func), ev.args, ev.kwargs) if name in written]
             flat, _ = tree_flatten(flat)
+        collective = D.is_collective_op(ev.name)
         for t in flat:
             if isinstance(t, torch.Tensor):
                 ptr = storage_key(t)
                 if ptr is not None:
                     self._made[ptr] = made
+                    if collective:
+                        self._collective.add(ptr)
+                    else:
+                        self._collective.discard(ptr)
 
     def check_arguments(self, ev, info, live: dict[str, Any], entry) -> None:
         """Value arguments of a matched op that differ from the recorded call's."""
@@ -203,6 +209,11 @@ class DepartureLog:
         leaves the version the key holds unchanged)."""
         if name in op_info(ev.func).out_args:
             return False                # an out= buffer is written, not read
+        if self._collective and D.is_by_design_op(ev.name) and self._writes_a_collectives_output(ev):
+            # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
+            # in from a tensor it made itself): what it copies is the collective's result, the
+            # run's own by design, not a parameter, buffer or batch tensor
+            return False
         ptr = storage_key(value)
         if ptr is None:
             return False
@@ -260,6 +271,11 @@ class DepartureLog:
                   dtype=_dtype_name(coarsest), golden=str(rec.dtype), made_by=via,
                   golden_seqid=at, at=float(at))
         return False
+
+    def _writes_a_collectives_output(self, ev) -> bool:
+        info = op_info(ev.func)
+        return any(isinstance(v, torch.Tensor) and storage_key(v) in self._collective
+                   for name, _, v in named_args(info, ev.args, ev.kwargs) if name in info.written)
 
     # ---- block exit ---------------------------------------------------------------------
     def _drop_unconsumed(self) -> None:

@@ -424,8 +424,10 @@ class ReplayPolicy(Policy):
         # Every tensor agrees but a value argument does not (eps, scale, approximate): the
         # same call with a changed argument. It is matched (so the op still runs on the
         # recorded inputs and its outputs are compared) and the change is a departure
-        # (check_arguments). Taken only in the same module, in recording order.
-        for entry in ([same[k]] if k < len(same) else []) + list(same):
+        # (check_arguments). Taken only in the same module, in recording order, and never
+        # for an op that computes nothing (an allocation of another size, a cast: FSDP2's
+        # bf16 policy allocates a cast buffer the fp32 recording lacks): it runs live.
+        for entry in (([same[k]] if k < len(same) else []) + list(same)) if not D.is_by_design_op(name) else ():
             if not entry.used and D.unwrapped_module(entry.record.module) == module and _same_phase(entry, phase) \
                     and not mismatch(entry, live, {}, tensors_only=True):
                 return entry, ""
