@@ -230,3 +230,39 @@ def test_replay_names_an_extra_multiply_in_its_own_block(goldens, tmp_path):
     first = _llama_replay_headline(goldens, tmp_path, hook)
     assert first["Origin"] == "departs" and first["NPUDump"] == "aten.mul.Tensor"
     assert first["Module"] == "model.layers.1.mlp", (first["Module"], first["FailReason"])
+
+
+def test_gradient_checkpointing_under_bf16_autocast_passes(tmp_path):
+    """GPT-2 with Hugging Face gradient checkpointing under bf16 autocast against its fp32 run
+    without it (no KV cache on either side). Hugging Face checkpoints a layer's `forward`, not
+    its call, so no module hook marks the re-run: the layer's own ops re-run in backward (the
+    residual adds) were no re-runs, and a clean run failed on an `add` "the golden run does
+    not have" (28 rows), its load-replay on the re-run `native_layer_norm` (31 rows; a re-run
+    was matched like any backward op, or inserted). Now the dumper also takes a forward op run
+    under grad mode inside backward, under checkpoint's node or saved-tensor hooks, for a
+    re-run, and load-replay runs a re-run the recording did not make live, by design.
+    (Hugging Face's default, non-reentrant checkpointing: the reentrant kind also sums
+    gradients where the run without it does not, extra `add`s the compare names.)"""
+    from dumpfile.read.reader import DumpFile
+    from npu_dumper.capture.mode import S as _S
+
+    def run(path, checkpointing, **kw):
+        spec, model, x, y = R.make("gpt2")
+        model.config.use_cache = False
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if checkpointing else torch.autocast("cpu", enabled=False)
+        with ctx, torch.utils.dumper(dump_path=str(path), **kw):
+            R.step(model, x, y, spec.image, spec.forward)
+        return str(path)
+
+    golden = run(tmp_path / "golden.h5", False, use_dump=True)
+    plain = run(tmp_path / "ckpt.h5", True, use_dump=True)
+    with DumpFile(plain) as f:
+        reruns = [o for o in f.ops() if o.attrs.get(_S.OP_RECOMPUTE, False)]
+    assert any(o.op == "aten.add.Tensor" for o in reruns)     # the blocks' own residual adds
+    replay = run(tmp_path / "ckpt_replay.h5", True, use_load=True, load_file_path=golden)
+    for target in (plain, replay):
+        t = _judged(target, golden)
+        assert (t["Result"] != "fail").all(), (target, _fails(t[t["Result"] == "fail"]))
+        assert (t["Result"] == "pass").sum() > 100

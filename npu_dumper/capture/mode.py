@@ -31,6 +31,22 @@ _TENSOR = torch.Tensor
 _FORWARD, _BACKWARD = S.PHASE_FORWARD, S.PHASE_BACKWARD
 
 
+_top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _rerunning_forward(node) -> bool:
+    """Backward is running a checkpointed forward again (asked only where grad mode is on,
+    which the engine turns off for backward's own ops unless create_graph): the reentrant
+    checkpoint's backward node, or the non-reentrant one's saved-tensor hooks on top."""
+    try:
+        if node.name() == "CheckpointFunctionBackward":
+            return True
+        hooks = _top_saved_tensors_hooks(False) if _top_saved_tensors_hooks is not None else None
+        return hooks is not None and getattr(hooks[0], "__module__", "") == "torch.utils.checkpoint"
+    except Exception:  # noqa: BLE001 - another torch's internals: not taken for a re-run
+        return False
+
+
 def _overriding(policies: list[Policy], hook: str) -> list[Policy]:
     base = getattr(Policy, hook)
     return [p for p in policies if getattr(type(p), hook) is not base]
@@ -136,6 +152,10 @@ class DumpMode(TorchDispatchMode):
                 # a module's forward runs inside backward: activation checkpointing re-running
                 # it. Its ops are attributed to that module, not to the node that asked.
                 module = stack[-1]
+            elif _is_grad_enabled() and _rerunning_forward(node):
+                # a re-run with no module hook around it (Hugging Face checkpoints a layer's
+                # `forward`, not its call): the layer's own ops, a residual add
+                recompute = True
         # A compute-dtype note belongs to the op that made it: one left by an op that was
         # skipped or filtered (or raised) must not be written on the next recorded op.
         if hints._noted:

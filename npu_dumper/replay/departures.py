@@ -87,13 +87,15 @@ class DepartureLog:
         self._pending.setdefault(ev.seqid, []).append(row)
         return row
 
-    def unmatched(self, ev, why: str, *, by_design: bool, live: dict | None) -> None:
+    def unmatched(self, ev, why: str, *, by_design: bool, live: dict | None, rerun: bool = False) -> None:
         """A live op replay runs on its live inputs. Its outputs' provenance is noted in
-        outputs_made; here, whether it is a departure."""
+        outputs_made; here, whether it is a departure. `rerun`: activation checkpointing's
+        re-run of a forward op, which has no recorded call to excuse."""
         self._pending.pop(ev.seqid, None)
         if by_design:
             ev.notes["replay_made"] = _REPLAYED          # (a collective's result: the run's own)
-            self._run_live[ev.name] += 1                 # its recorded call is not missing
+            if not rerun:
+                self._run_live[ev.name] += 1             # its recorded call is not missing
             return
         if D.is_by_design_op(ev.name):
             # a cast: its output is what its input was (a cast of a parameter is still a

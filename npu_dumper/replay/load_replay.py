@@ -130,6 +130,10 @@ class ReplayPolicy(Policy):
         self._by_name: dict[str, list[Candidate]] = {}
         self._by_packet: dict[str, list[Candidate]] = defaultdict(list)
         self._calls: Counter = Counter()
+        # activation checkpointing's re-runs: per op name, the recorded calls that were re-runs
+        # too (read from their op attributes at the first live re-run of that name)
+        self._rerun_entries: dict[str, list[Candidate]] = {}
+        self._rerun_calls: Counter = Counter()
         self._before_write = None
         # the recorded tensors: read when needed, held while a later recorded op reads them,
         # at most max_load_bytes at once (source.py); half of it may be read ahead
@@ -272,7 +276,17 @@ class ReplayPolicy(Policy):
             # below the dispatch mode) and is listed instead of half-substituted
             self._unmatched(ev, "DTensor arguments: run live, not replayed", by_design=True)
             return
-        entry, why = self._match(ev.name, k, live, ev.module, ev.phase)
+        if ev.group_attrs.get(S.OP_RECOMPUTE):
+            entry, why = self._match_rerun(ev.name, live)
+            if entry is None:
+                # a forward op activation checkpointing re-runs in backward, which the
+                # recording did not re-run: it recomputes what the replayed forward made, by
+                # design (never a recorded backward op of the same name and shapes)
+                self._calls[ev.name] -= 1
+                self._unmatched(ev, why, by_design=True, rerun=True)
+                return
+        else:
+            entry, why = self._match(ev.name, k, live, ev.module, ev.phase)
         if entry is None:
             self._unmatched(ev, why, live=live)
             return
@@ -440,10 +454,27 @@ class ReplayPolicy(Policy):
         return None, (f"no unused recorded call fits (the recorded call in its place: {why})" if why
                       else "no unused recorded call with matching inputs")
 
-    def _unmatched(self, ev: OpEvent, why: str, *, by_design: bool = False, live: dict | None = None) -> None:
+    def _match_rerun(self, name: str, live: dict[str, Any]) -> tuple[Candidate | None, str]:
+        """A re-run's partner: a recorded re-run of the same op (the recording checkpointed
+        too), the k-th such call when it fits, else the first unused one that does."""
+        reruns = self._rerun_entries.get(name)
+        if reruns is None:
+            reruns = self._rerun_entries[name] = [
+                e for e in self._by_name.get(name, ()) if e.record.attrs.get(S.OP_RECOMPUTE, False)]
+        if not reruns:
+            return None, "activation checkpointing re-ran it in backward; the recording did not"
+        k = self._rerun_calls[name]
+        self._rerun_calls[name] += 1
+        if k < len(reruns) and not reruns[k].used and not mismatch(reruns[k], live, {}):
+            return reruns[k], ""
+        fit = next((e for e in reruns if not e.used and not mismatch(e, live, {})), None)
+        return (fit, "") if fit is not None else (None, "no unused recorded re-run with matching inputs")
+
+    def _unmatched(self, ev: OpEvent, why: str, *, by_design: bool = False, live: dict | None = None,
+                   rerun: bool = False) -> None:
         self.summary.unmatched[ev.name] += 1
         self.summary.unmatched_why.setdefault(ev.name, why)
-        self.departures.unmatched(ev, why, by_design=by_design, live=live)
+        self.departures.unmatched(ev, why, by_design=by_design, live=live, rerun=rerun)
 
     # ---- substitution --------------------------------------------------------------
     def _substitute(self, ev: OpEvent, entry: Candidate, live: dict[str, Any]) -> tuple[tuple, dict]:
