@@ -193,6 +193,13 @@ def test_fp16_run_with_a_grad_scaler_departs_at_the_loss_scaling(goldens, tmp_pa
     assert ((before["Result"] == "pass") & (before["Origin"] == ORIGIN_INHERITED)).sum() > 0
     backward = t[(t["Phase"] == "backward") & (t["Result"] == "fail")]
     assert len(backward) > 0
+    # the terminal says what the backward's failures are
+    from typer.testing import CliRunner
+    from accucmp.cli.main import app
+    res = CliRunner(env={"COLUMNS": "100", "NO_COLOR": "1"}).invoke(
+        app, ["compare", "-m", target, "-g", g, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    assert "these backward tensors are 65536 (2^16) times the golden's" in " ".join(res.output.split()), res.output
 
 
 def _llama_replay_headline(goldens, tmp_path, change):

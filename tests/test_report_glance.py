@@ -218,3 +218,24 @@ def test_progress_bars_only_when_watched_and_not_quiet(dumps, tmp_path, monkeypa
     extract_ops(dumps / "t.h5", tmp_path / "x.h5", [("/aten.mm.default/1/", "/aten.mm.default/1/"),
                                                    ("/aten.add.Tensor/4/", "/aten.add.Tensor/4/")], progress=bar)
     assert calls == [("total", 2), "copied", "copied"]
+
+
+def test_loss_scale_note_needs_every_worst_backward_tensor_at_one_power_of_two():
+    """The note on a loss scale (torch.amp.GradScaler): every failing backward tensor among
+    the worst is 2**k times the golden's (relative distance 2**k - 1, standard deviations
+    2**k apart, within 1%); anything else, no note."""
+    from accucmp.report.findings import loss_scale_of
+
+    def row(red, ratio, phase="backward"):
+        return {"Phase": phase, "RelativeEuclideanDistance": red, "TargetStd": ratio * 2.0, "GoldenStd": 2.0}
+    scaled = [row(65535.4, 65536.2), row(65534.9, 65535.0), row(4.0, 1.0, "forward")]
+    assert loss_scale_of(scaled) == 65536
+    assert loss_scale_of([row(1023.0, 1024.0)]) == 1024
+    assert loss_scale_of([row(65535.0, 65536.0), row(1023.0, 1024.0)]) is None   # two scales
+    assert loss_scale_of([row(65535.0, 65536.0), row(0.5, 1.0)]) is None        # one tensor is not scaled
+    assert loss_scale_of([row(50000.0, 50001.0)]) is None                        # not a power of two
+    assert loss_scale_of([row(65535.0, -65536.0)]) is None                       # sign flipped, not scaled
+    assert loss_scale_of([row(7.0, 8.0)]) is None                                # 2^3: too small to tell
+    assert loss_scale_of([row(float("nan"), 1.0)]) is None
+    assert loss_scale_of([row(4.0, 1.0, "forward")]) is None                     # no backward row
+

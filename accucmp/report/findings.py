@@ -117,3 +117,29 @@ def by_module(rows: list[dict]) -> list[tuple[str, list[dict]]]:
         m = r.get("Module")
         groups.setdefault(m if isinstance(m, str) and m else "(top level)", []).append(r)
     return list(groups.items())
+
+
+def loss_scale_of(rows: list[dict]) -> int | None:
+    """2**k (k >= 4) when the failing backward tensors among `rows` (the worst failing ops)
+    are all 2**k times the golden's: relative distance 2**k - 1 and standard deviations
+    2**k apart, within 1%. What a loss scale (torch.amp.GradScaler) does to every gradient
+    of a run whose golden has none; None otherwise (a note for the reader, never a verdict)."""
+    import math
+
+    scales = set()
+    for r in rows:
+        if str(r.get("Phase", "")) != "backward":
+            continue
+        try:
+            red = float(r.get("RelativeEuclideanDistance"))
+            ratio = float(r.get("TargetStd")) / float(r.get("GoldenStd"))
+        except (TypeError, ValueError, ZeroDivisionError):
+            return None
+        if not (math.isfinite(red) and math.isfinite(ratio)) or red < 15:
+            return None
+        k = round(math.log2(red + 1))
+        if not 4 <= k <= 40 or abs((red + 1) / 2 ** k - 1) > 0.01 or abs(ratio / 2 ** k - 1) > 0.01:
+            return None
+        scales.add(k)
+    return 2 ** scales.pop() if len(scales) == 1 else None
+
