@@ -34,7 +34,7 @@ from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
 from . import heap
-from .layout import bitwise_equal, storage_key
+from .layout import CollectiveWrites, bitwise_equal, storage_key
 from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
@@ -66,7 +66,7 @@ class DepartureLog:
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
         self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
-        self._collective: set[int] = set()        # storage addresses a collective wrote
+        self._collective = CollectiveWrites()     # storages a collective wrote last
         self.source: dict[str, Any] = {}          # the recording's identity (dumpfile.departures.source_of)
 
     # ---- per op ---------------------------------------------------------------------
@@ -152,16 +152,12 @@ class DepartureLog:
         if written:
             flat += [v for name, _, v in named_args(op_info(ev.func), ev.args, ev.kwargs) if name in written]
             flat, _ = tree_flatten(flat)
-        collective = D.is_collective_op(ev.name)
         for t in flat:
             if isinstance(t, torch.Tensor):
                 ptr = storage_key(t)
                 if ptr is not None:
                     self._made[ptr] = made
-                    if collective:
-                        self._collective.add(ptr)
-                    else:
-                        self._collective.discard(ptr)
+        self._collective.note(ev.name, flat)
 
     def check_arguments(self, ev, info, live: dict[str, Any], entry) -> None:
         """Value arguments of a matched op that differ from the recorded call's."""
@@ -209,9 +205,10 @@ class DepartureLog:
         casting and comparing again); False when it does not, or was not compared now (a
         check made for an earlier op is not trusted for this one: a write through `.data`
         leaves the version the key holds unchanged)."""
-        if name in op_info(ev.func).out_args:
+        info = op_info(ev.func)
+        if name in info.out_args:
             return False                # an out= buffer is written, not read
-        if self._collective and D.is_by_design_op(ev.name) and self._writes_a_collectives_output(ev):
+        if self._collective.copied_into(ev.name, info, named_args(info, ev.args, ev.kwargs)):
             # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
             # in from a tensor it made itself): what it copies is the collective's result, the
             # run's own by design, not a parameter, buffer or batch tensor
@@ -273,11 +270,6 @@ class DepartureLog:
                   dtype=_dtype_name(coarsest), golden=str(rec.dtype), made_by=via,
                   golden_seqid=at, at=float(at))
         return False
-
-    def _writes_a_collectives_output(self, ev) -> bool:
-        info = op_info(ev.func)
-        return any(isinstance(v, torch.Tensor) and storage_key(v) in self._collective
-                   for name, _, v in named_args(info, ev.args, ev.kwargs) if name in info.written)
 
     # ---- block exit ---------------------------------------------------------------------
     def _drop_unconsumed(self) -> None:

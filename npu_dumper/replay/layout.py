@@ -1,6 +1,8 @@
 """A recorded tensor handed to a live op as the live argument would have been: its dtype,
 device and (for plain layouts) strides, without a copy when nothing differs, and whether
-the live tensor already holds the recorded bits (load_replay.py's substitution uses these).
+the live tensor already holds the recorded bits (load_replay.py's substitution uses these);
+and which storages a collective wrote last (CollectiveWrites: the replay's departure log and
+the plain dump's provenance both ask whether a copy reads a collective's result).
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import ctypes
 
 import torch
+
+from dumpfile.departures import is_by_design_op, is_collective_op
 
 from ..sinks.plan import is_dense
 from .recorded import non_overlapping
@@ -87,3 +91,35 @@ def storage_key(t: torch.Tensor) -> int | None:
     except Exception:  # noqa: BLE001 - wrapper subclasses, meta tensors: no address to follow
         return None
 
+
+
+class CollectiveWrites:
+    """The storages whose last writer was a collective, and whether an op copies into one.
+
+    gloo's reduce-scatter copies its result into the output buffer from a tensor it made
+    itself (a `copy_` after the collective): the copy's source is no parameter, buffer or
+    batch tensor but the collective's result. Load-replay's departure log and the plain
+    dump's provenance (`made_inputs`) both ask this, after noting every op's writes."""
+
+    def __init__(self):
+        self._storages: set[int] = set()
+
+    def note(self, op_name: str, written: list) -> None:
+        """An op wrote the tensors `written` (its outputs and written arguments)."""
+        collective = is_collective_op(op_name)
+        for t in written:
+            if isinstance(t, torch.Tensor):
+                key = storage_key(t)
+                if key is None:
+                    continue
+                if collective:
+                    self._storages.add(key)
+                else:
+                    self._storages.discard(key)
+
+    def copied_into(self, op_name: str, info, named: list) -> bool:
+        """`op_name` (its OpInfo and named arguments) is a copy that writes into a storage a
+        collective wrote last."""
+        return bool(self._storages) and is_by_design_op(op_name) and any(
+            isinstance(v, torch.Tensor) and name in info.written and storage_key(v) in self._storages
+            for name, _, v in named)

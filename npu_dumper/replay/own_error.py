@@ -42,13 +42,12 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dumpfile import schema as S
-from dumpfile.departures import is_by_design_op, is_collective_op
 from dumpfile.opclass import is_cast, sum_outputs
 
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
 from . import heap
-from .layout import bitwise_equal, storage_key
+from .layout import CollectiveWrites, bitwise_equal, storage_key
 from .op_names import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}
@@ -570,7 +569,7 @@ class PlainOwnError(Policy):
     def __init__(self):
         self._low = False
         self._made: set[int] = set()        # storages an op of the block wrote
-        self._collective_made: set[int] = set()   # ... a collective wrote
+        self._collective = CollectiveWrites()     # storages a collective wrote last
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
     def begin(self, session: Any) -> None:
@@ -636,9 +635,7 @@ class PlainOwnError(Policy):
         return named
 
     def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
-        if is_by_design_op(ev.name) and any(isinstance(v, torch.Tensor) and name in info.written
-                                            and storage_key(v) in self._collective_made
-                                            for name, _, v in named):
+        if self._collective.copied_into(ev.name, info, named):
             # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
             # in from a tensor it made itself): what it copies is the collective's result
             ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(
@@ -677,11 +674,10 @@ class PlainOwnError(Policy):
                                         for _, _, v in named):
             return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
         written = [v for n, _, v in named if n in info.written]
-        collective = is_collective_op(ev.name)
-        for t in tree_flatten((ev.outputs, written))[0]:
+        flat = tree_flatten((ev.outputs, written))[0]
+        for t in flat:
             if isinstance(t, torch.Tensor):
                 key = storage_key(t)
                 if key is not None:
                     self._made.add(key)
-                    if collective:
-                        self._collective_made.add(key)
+        self._collective.note(ev.name, flat)
