@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dumpfile import schema as S
+from dumpfile.departures import is_by_design_op
 from dumpfile.read import legacy
 from dumpfile.opmap_data import build_equivalence, build_renames, packet_of
 from dumpfile.read.reader import OpRecord, ValueRecord
@@ -211,8 +212,6 @@ def pair_by_stream(target: list[OpRecord], golden: list[OpRecord], key=None) -> 
 def _by_design(name: str) -> bool:
     """An op a device or precision change adds or drops by design, by its name in either
     layout (the original tool's `_to_copy` as ours `aten._to_copy.default`)."""
-    from dumpfile.departures import is_by_design_op
-
     if is_by_design_op(name):
         return True
     guess = legacy.aten_guess(name)

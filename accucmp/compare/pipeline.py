@@ -18,7 +18,6 @@ here: verdict.py applies thresholds to the table, and can be re-run on a saved c
 from __future__ import annotations
 
 import bisect
-
 import re
 from dataclasses import dataclass, field
 from typing import Any

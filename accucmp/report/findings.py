@@ -6,6 +6,8 @@ with the default thresholds.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from dumpfile.departures import is_by_design_op
@@ -124,8 +126,6 @@ def loss_scale_of(rows: list[dict]) -> int | None:
     are all 2**k times the golden's: relative distance 2**k - 1 and standard deviations
     2**k apart, within 1%. What a loss scale (torch.amp.GradScaler) does to every gradient
     of a run whose golden has none; None otherwise (a note for the reader, never a verdict)."""
-    import math
-
     scales = set()
     for r in rows:
         if str(r.get("Phase", "")) != "backward":
