@@ -34,7 +34,7 @@ from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
 from . import heap
-from .layout import CollectiveWrites, bitwise_equal, storage_key
+from .layout import CollectiveWrites, StorageMap, bitwise_equal, storage_key
 from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
@@ -60,8 +60,8 @@ class DepartureLog:
         self.structure = structure          # record inserted and missing ops
         self.rows: list[dict[str, Any]] = []
         self.counts: Counter = Counter()
-        self._made: dict[int, str] = {}          # storage address -> _REPLAYED / _INSERTED / a leaf's made_by
-        self._measured: set[tuple] = set()       # (storage, version, recorded path) measured once
+        self._made = StorageMap()                # storage -> _REPLAYED / _INSERTED / a leaf's made_by
+        self._measured = StorageMap()            # storage -> {(version, layout, recorded path)} measured once
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
@@ -122,10 +122,9 @@ class DepartureLog:
         flat, _ = tree_flatten(list(live.values()))
         for t in flat:
             if isinstance(t, torch.Tensor):
-                ptr = storage_key(t)
-                if ptr is None:
+                if storage_key(t) is None:
                     return _REPLAYED
-                made = self._made.get(ptr)
+                made = self._made.get(t)
                 if made is None:
                     return ("leaf", "", t.dtype)
                 return made
@@ -142,8 +141,8 @@ class DepartureLog:
                 # everything: a model's own float16 guard): no departure; its result is what
                 # its input was
                 made[1]["_identity"] = True
-                ptr = storage_key(same)
-                made = self._made.get(ptr, ("leaf", "", same.dtype)) if ptr is not None else _REPLAYED
+                made = self._made.get(same, ("leaf", "", same.dtype)) if storage_key(same) is not None \
+                    else _REPLAYED
         if isinstance(made, tuple) and made[0] == "leaf":   # a cast of a leaf: checked where it is read
             out = next((t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)), None)
             made = ("leaf", made[1] or ev.name, _coarser(made[2], out.dtype) if out is not None else made[2])
@@ -154,9 +153,7 @@ class DepartureLog:
             flat, _ = tree_flatten(flat)
         for t in flat:
             if isinstance(t, torch.Tensor):
-                ptr = storage_key(t)
-                if ptr is not None:
-                    self._made[ptr] = made
+                self._made.set(t, made)
         self._collective.note(ev.name, flat)
 
     def check_arguments(self, ev, info, live: dict[str, Any], entry) -> None:
@@ -213,10 +210,9 @@ class DepartureLog:
             # in from a tensor it made itself): what it copies is the collective's result, the
             # run's own by design, not a parameter, buffer or batch tensor
             return False
-        ptr = storage_key(value)
-        if ptr is None:
+        if storage_key(value) is None:
             return False
-        made = self._made.get(ptr)
+        made = self._made.get(value)
         if isinstance(made, tuple) and made[0] == "inserted":
             made[1]["_consumed"] = True     # the inserted op's result reaches a replayed op
             return False                # (its own row says so; this input is not a second one)
@@ -225,11 +221,15 @@ class DepartureLog:
         if made is not None and not isinstance(made, tuple):
             return False                # made by a replayed op
         via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
-        key = (ptr, value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
+        key = (value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
                value.storage_offset(), rec.path)
-        if key in self._measured:
+        measured = self._measured.get(value)
+        if measured is None:
+            measured = set()
+            self._measured.set(value, measured)
+        if key in measured:
             return False
-        self._measured.add(key)
+        measured.add(key)
         src = load(rec)
         if src.shape != value.shape:
             src = src.reshape(value.shape)

@@ -8,8 +8,10 @@ the plain dump's provenance both ask whether a copy reads a collective's result)
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from dumpfile.departures import is_by_design_op, is_collective_op
 
@@ -84,12 +86,78 @@ def dense_non_overlapping(t: torch.Tensor) -> bool:
 
 
 def storage_key(t: torch.Tensor) -> int | None:
-    """The address of a tensor's storage, what identifies "the same data" between ops of a
-    block (None: no storage to follow: a wrapper subclass, a meta or empty tensor)."""
+    """The address of a tensor's storage (None: no storage to follow: a wrapper subclass, a
+    meta or empty tensor). It names "the same data" only while the storage lives: a freed
+    storage's address is the next allocation's. What outlives the tensors it was taken from
+    is kept in a StorageMap."""
     try:
         return t.untyped_storage().data_ptr() or None
     except Exception:  # noqa: BLE001 - wrapper subclasses, meta tensors: no address to follow
         return None
+
+
+class StorageMap:
+    """A value per storage, for what a block learns of its storages as its ops run (which op
+    made one, whether a collective wrote it last): keyed by address, each entry holding a
+    weak reference to its storage, so that a lookup through another storage at that address
+    finds nothing. An address alone is no identity: a freed activation's address goes to the
+    next allocation of its size. In timm's Swin under autocast the bf16 copy of a changed
+    weight landed where an activation had been, read as made by an op, and the changed
+    weight passed as an inherited difference. The weak reference keeps the storage's
+    control block (not its bytes) alive, so no other storage takes its identity meanwhile."""
+
+    __slots__ = ("_entries", "_prune_at")
+
+    def __init__(self):
+        self._entries: dict[int, tuple[StorageWeakRef, Any]] = {}
+        self._prune_at = 4096
+
+    @staticmethod
+    def _storage(t: Any):
+        try:
+            st = t.untyped_storage()
+            return (st.data_ptr() or None), st
+        except Exception:  # noqa: BLE001 - as storage_key: no storage to follow
+            return None, None
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        ptr, st = self._storage(t)
+        entry = self._entries.get(ptr) if ptr is not None else None
+        if entry is None or entry[0].cdata != st._cdata:
+            return default
+        return entry[1]
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        return self.get(t, _ABSENT) is not _ABSENT
+
+    def set(self, t: torch.Tensor, value: Any) -> None:
+        ptr, st = self._storage(t)
+        if ptr is None:
+            return
+        entry = self._entries.get(ptr)
+        if entry is not None and entry[0].cdata == st._cdata:
+            self._entries[ptr] = (entry[0], value)
+            return
+        self._entries[ptr] = (StorageWeakRef(st), value)
+        if len(self._entries) > self._prune_at:
+            # storages freed since: their entries (and control blocks) go
+            self._entries = {k: e for k, e in self._entries.items() if not e[0].expired()}
+            self._prune_at = max(4096, 2 * len(self._entries))
+
+    def discard(self, t: torch.Tensor) -> None:
+        ptr, st = self._storage(t)
+        entry = self._entries.get(ptr) if ptr is not None else None
+        if entry is not None and entry[0].cdata == st._cdata:
+            del self._entries[ptr]
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_ABSENT = object()
 
 
 
@@ -102,24 +170,21 @@ class CollectiveWrites:
     dump's provenance (`made_inputs`) both ask this, after noting every op's writes."""
 
     def __init__(self):
-        self._storages: set[int] = set()
+        self._storages = StorageMap()
 
     def note(self, op_name: str, written: list) -> None:
         """An op wrote the tensors `written` (its outputs and written arguments)."""
         collective = is_collective_op(op_name)
         for t in written:
             if isinstance(t, torch.Tensor):
-                key = storage_key(t)
-                if key is None:
-                    continue
                 if collective:
-                    self._storages.add(key)
-                else:
-                    self._storages.discard(key)
+                    self._storages.set(t, True)
+                elif self._storages:
+                    self._storages.discard(t)
 
     def copied_into(self, op_name: str, info, named: list) -> bool:
         """`op_name` (its OpInfo and named arguments) is a copy that writes into a storage a
         collective wrote last."""
         return bool(self._storages) and is_by_design_op(op_name) and any(
-            isinstance(v, torch.Tensor) and name in info.written and storage_key(v) in self._storages
+            isinstance(v, torch.Tensor) and name in info.written and v in self._storages
             for name, _, v in named)

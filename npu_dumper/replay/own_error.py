@@ -47,7 +47,7 @@ from dumpfile.opclass import is_cast, sum_outputs
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
 from . import heap
-from .layout import CollectiveWrites, bitwise_equal, storage_key
+from .layout import CollectiveWrites, StorageMap, bitwise_equal
 from .op_names import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}
@@ -568,7 +568,7 @@ class PlainOwnError(Policy):
 
     def __init__(self):
         self._low = False
-        self._made: set[int] = set()        # storages an op of the block wrote
+        self._made = StorageMap()           # storages an op of the block wrote
         self._collective = CollectiveWrites()     # storages a collective wrote last
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
@@ -646,11 +646,11 @@ class PlainOwnError(Policy):
             if name in info.not_data:
                 continue
             if isinstance(v, torch.Tensor):
-                if storage_key(v) in self._made:
+                if v in self._made:
                     made.append(name)
             elif isinstance(v, (list, tuple)):
                 made += [f"{name}/{name}_{i}" for i, x in enumerate(v)
-                         if isinstance(x, torch.Tensor) and storage_key(x) in self._made]
+                         if isinstance(x, torch.Tensor) and x in self._made]
         ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
 
     @staticmethod
@@ -670,14 +670,11 @@ class PlainOwnError(Policy):
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
         info = op_info(ev.func)
         named = named_args(info, ev.args, ev.kwargs)
-        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and storage_key(v) in self._made
-                                        for _, _, v in named):
-            return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
         written = [v for n, _, v in named if n in info.written]
         flat = tree_flatten((ev.outputs, written))[0]
+        self._collective.note(ev.name, flat)
+        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and v in self._made for _, _, v in named):
+            return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
         for t in flat:
             if isinstance(t, torch.Tensor):
-                key = storage_key(t)
-                if key is not None:
-                    self._made.add(key)
-        self._collective.note(ev.name, flat)
+                self._made.set(t, True)
