@@ -130,6 +130,18 @@ class DepartureLog:
                 return made
         return _REPLAYED
 
+    def stood_in(self, ev, row: dict) -> None:
+        """The inserted op `row` computed what recorded ops of its module did (the replay
+        checked its result against theirs: ReplayPolicy._stood_in_for): no departure, and its
+        result counts as replayed."""
+        if row in self.rows:
+            self.rows.remove(row)
+            self.counts[row["kind"]] -= 1
+        pending = self._pending.get(ev.seqid)
+        if pending is not None and row in pending:
+            pending.remove(row)
+        ev.notes["replay_made"] = _REPLAYED
+
     def outputs_made(self, ev) -> None:
         """After an op ran: which storages it made, and as what."""
         self._pending.pop(ev.seqid, None)

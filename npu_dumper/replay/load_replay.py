@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from dumpfile import departures as D
 from dumpfile import schema as S
@@ -79,6 +80,7 @@ class ReplaySummary:
     random_replayed: int = 0                 # random ops whose recorded outputs were handed on
     departures: Counter = field(default_factory=Counter)         # kind -> count (departures.py)
     first_departure: str = ""                # the first one, as the verdict will name it
+    regrouped: list[str] = field(default_factory=list)           # live ops standing in for recorded ones
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -97,6 +99,9 @@ class ReplaySummary:
                 line += f", +{len(self.never_used) - _SUMMARY_NAMES} more"
         if self.random_replayed:
             line += f"; {self.random_replayed} random op(s) given their recorded outputs"
+        if self.regrouped:
+            line += (f"; {len(self.regrouped)} live op(s) no recorded call fits computed what recorded "
+                     f"ops of their module did (within {STAND_IN_ULPS:g} u; first: {self.regrouped[0]})")
         if any(self.departures.values()):
             line += ("; the live run departs from the recording: "
                      + ", ".join(f"{v} {k}" for k, v in self.departures.items() if v)
@@ -372,7 +377,87 @@ class ReplayPolicy(Policy):
         return bool(ev.notes.get("replay_matched"))
 
     def after_op(self, ev: OpEvent, recorded: bool) -> None:
+        made = ev.notes.get("replay_made")
+        if isinstance(made, tuple) and made[0] == "inserted" and made[1].get("seqid") == ev.seqid \
+                and not ev.notes.get("replay_matched"):
+            stood_for = self._stood_in_for(ev)
+            if stood_for:
+                for entry in stood_for:
+                    entry.used = True
+                self.departures.stood_in(ev, made[1])
+                self._check_stand_in_inputs(ev, stood_for)
+                ops = "+".join(e.record.op for e in stood_for)
+                self.summary.regrouped.append(f"{ev.module or '(no module)'}: live {ev.name} for recorded {ops}")
         self.departures.outputs_made(ev)
+
+    def _stood_in_for(self, ev: OpEvent) -> list[Candidate]:
+        """The recorded ops a live op no recorded call fits computes instead (one op for
+        several: `F.linear` is one `addmm` on a contiguous input and `mm` + `add` on a strided
+        one, and autocast's cast makes the input contiguous, so an fp32 recording and its
+        bf16 replay take different paths through the same Linear, as in timm XCiT; its
+        backward then sums the bias gradient over [4, 512] where the recording summed over
+        [4, 1, 512]). The unused recorded ops of its module and phase around the last matched
+        one, in a run no matched op of that module splits, up to the last computing op whose
+        result the live result equals within STAND_IN_ULPS units of the live dtype (plus
+        float32 summation noise). None found: [] (the op stays an inserted op). Checked by
+        value, not by name: an op that computes something else (a changed bias, an extra
+        scale) is no stand-in."""
+        outs = [t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)]
+        module = D.unwrapped_module(ev.module)
+        if len(outs) != 1 or not module or not outs[0].is_floating_point() or outs[0].numel() == 0 \
+                or outs[0].layout != torch.strided or outs[0].is_complex():
+            return []
+        out = outs[0]
+        here = self._consumed
+        best: list[Candidate] = []
+        run: list[Candidate] = []
+        for entry in self._order[max(0, here - _STAND_IN_BEHIND):here + 1 + _STAND_IN_AHEAD]:
+            if not _same_phase(entry, ev.phase) or D.unwrapped_module(entry.record.module) != module:
+                if run and entry.index > here and not entry.used:
+                    break                       # past the module's ops just ahead
+                continue
+            if entry.used:
+                run = []                        # a matched op of the module: another run
+                continue
+            run.append(entry)
+            if len(run) > _STAND_IN_OPS:
+                break
+            if D.is_by_design_op(entry.record.op) or _is_view_op(entry.record.op):
+                continue
+            try:
+                recorded = [r for r in entry.record.outputs().values() if r.is_tensor]
+                if len(recorded) != 1 or recorded[0].numel != out.numel():
+                    continue
+                golden = self._load(recorded[0])
+            except Exception:  # noqa: BLE001 - an unreadable output: no stand-in through it
+                continue
+            if _agrees(out, golden):
+                best = list(run)
+        return best
+
+    def _check_stand_in_inputs(self, ev: OpEvent, stood_for: list[Candidate]) -> None:
+        """A stand-in's tensor inputs that no replayed op made (its weight and bias, autocast's
+        casts of them) against the recorded inputs of the ops it stood in for, as a matched
+        op's are (DepartureLog.check_input): its result agreeing within a few units does not
+        show a bias changed by a few percent. Paired by shape (the same, or the same without
+        its unit dimensions: a bias added to [4, 1, 512]); an input with no such recorded
+        partner is not checked."""
+        recorded = [(rec, entry) for entry in stood_for for rec in entry.inputs.values() if rec.is_tensor]
+        for name, value in arg_dict(op_info(ev.func), ev.args, ev.kwargs).items():
+            if not isinstance(value, torch.Tensor) or value.numel() <= 1:
+                continue
+            shape = tuple(value.shape)
+            squeezed = tuple(d for d in shape if d != 1)
+            best = None
+            for rec, entry in recorded:
+                if rec.numel != value.numel():
+                    continue
+                rshape = tuple(rec.shape)
+                rank = 0 if rshape == shape else 1 if tuple(d for d in rshape if d != 1) == squeezed else None
+                if rank is not None and (best is None or rank < best[0]):
+                    best = (rank, rec, entry)
+            if best is not None:
+                self.departures.check_input(ev, name, value, best[1], self._load, best[2].record.seqid)
 
     def end(self, session: Any = None) -> None:
         # (the writer has written every op it will: a measurement still queued is of an op
@@ -408,19 +493,26 @@ class ReplayPolicy(Policy):
         same = self._by_name.get(name, ())
         renames = self.op_map.renames
         why = ""
+        module = D.unwrapped_module(module)
+        kth = None
         # a call pairs with a recorded one of its own phase: a backward accumulation add must
         # not take the forward add a model without that residual no longer makes
         if k < len(same) and not same[k].used and _same_phase(same[k], phase):
             why = mismatch(same[k], live, {})
             if not why:
-                return same[k], ""
+                kth = same[k]
+                if phase != S.PHASE_FORWARD or not module or D.unwrapped_module(kth.record.module) == module:
+                    return kth, ""
         fits = [e for e in same if not e.used and _same_phase(e, phase) and not mismatch(e, live, {})]
-        module = D.unwrapped_module(module)
         if fits:
-            # in the same module first (an op inserted elsewhere must not shift the pairing)
+            # in the same module first (an op inserted elsewhere must not shift the pairing:
+            # one more live addmm before it made timm XCiT's attn.k take the k-th recorded
+            # addmm, attn.v's, whose shapes fit)
             own = next((e for e in fits if D.unwrapped_module(e.record.module) == module), None)
             if own is not None:
                 return own, ""
+            if kth is not None:
+                return kth, ""
             if module and phase == S.PHASE_FORWARD and any(
                     D.unwrapped_module(e.record.module) == module and _same_phase(e, phase) for e in same):
                 # The recording makes this op in this module, and each such call is taken: the
@@ -578,6 +670,35 @@ class ReplayPolicy(Policy):
 
 class _NoFit(Exception):
     pass
+
+
+# A live op no recorded call fits may stand in for the recorded ops of its module just ahead
+# (ReplayPolicy._stood_in_for): at most this many of them, found among the recorded ops this
+# far behind and ahead of the last matched one, its result within this many units of its
+# dtype of theirs
+_STAND_IN_OPS = 8
+_STAND_IN_BEHIND = 16
+_STAND_IN_AHEAD = 64
+STAND_IN_ULPS = 4.0
+_FP32_NOISE = 64 * 2.0 ** -24     # another summation order of a float32 product's terms
+
+
+def _is_view_op(name: str) -> bool:
+    func = resolve_op(name)
+    return bool(getattr(func, "is_view", False))
+
+
+def _agrees(live: torch.Tensor, golden: torch.Tensor) -> bool:
+    """`live` holds `golden`'s values within STAND_IN_ULPS of live's dtype (norm-wise)."""
+    with torch.no_grad():
+        a = live.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
+        b = golden.reshape(-1).to(dtype=torch.float64)
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            return False
+        ref = float(torch.linalg.vector_norm(b))
+        err = float(torch.linalg.vector_norm(a - b))
+    u = torch.finfo(live.dtype).eps / 2
+    return err <= (STAND_IN_ULPS * u + _FP32_NOISE) * ref
 
 
 def _has_dtensor(live: dict[str, Any]) -> bool:
