@@ -6,31 +6,30 @@ Found on timm's Swin under bf16 autocast: the bf16 copy of a weight the user had
 landed where an activation had been, the plain dump recorded the copy as made by an op, and
 the changed weight passed as an inherited difference."""
 
+import numpy as np
 import torch
 
 from npu_dumper.replay.layout import CollectiveWrites, StorageMap
 
 
-def _new_storage_at(address: int, numel: int, keep: list) -> torch.Tensor:
-    """A fresh tensor whose storage starts at `address` (freed before): allocations of the
-    same size are made (and kept) until the allocator hands that address out again."""
-    for _ in range(10_000):
-        t = torch.empty(numel)
-        if t.untyped_storage().data_ptr() == address:
-            return t
-        keep.append(t)
-    raise AssertionError("the allocator never gave the freed address back")
+def _storages_over_one_buffer(numel: int):
+    """Tensors with distinct storages over the same memory, made one at a time: what the
+    allocator does with a freed storage's address, without waiting for it to (a storage made
+    over a numpy array frees with its tensor; the array, and so the address, stays)."""
+    buf = np.zeros(numel, dtype=np.float32)
+    return buf, (lambda: torch.from_numpy(buf))
 
 
 def test_a_new_storage_at_a_freed_storages_address_is_not_what_was_noted_of_it():
     made = StorageMap()
-    a = torch.ones(4096)
+    buf, new_storage = _storages_over_one_buffer(4096)
+    a = new_storage()
     made.set(a, "made by mul")
     address = a.untyped_storage().data_ptr()
     assert a in made and made.get(a[10:]) == "made by mul"     # views share the storage
     del a
-    keep: list = []
-    b = _new_storage_at(address, 4096, keep)
+    b = new_storage()
+    assert b.untyped_storage().data_ptr() == address           # the same address, another storage
     assert b not in made and made.get(b) is None
     made.set(b, "a leaf's cast")
     assert made.get(b) == "a leaf's cast"
@@ -54,11 +53,12 @@ def test_a_collective_write_is_not_inherited_by_the_next_storage_at_its_address(
         written = ("self",)
 
     writes = CollectiveWrites()
-    out = torch.zeros(4096)
+    buf, new_storage = _storages_over_one_buffer(4096)
+    out = new_storage()
     writes.note("c10d.allreduce_.default", [out])
     assert writes.copied_into("aten.copy_.default", _Info, [("self", None, out)])
     address = out.untyped_storage().data_ptr()
     del out
-    keep: list = []
-    fresh = _new_storage_at(address, 4096, keep)
+    fresh = new_storage()
+    assert fresh.untyped_storage().data_ptr() == address
     assert not writes.copied_into("aten.copy_.default", _Info, [("self", None, fresh)])
