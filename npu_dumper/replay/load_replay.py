@@ -575,6 +575,12 @@ class ReplayPolicy(Policy):
         written = info.written      # includes hidden writes (batch-norm stats)
         replaced: dict[str, Any] = {}
         for name, value in live.items():
+            if name in info.opaque_args:
+                # a backend's opaque buffer (the LSTM workspace mkldnn_rnn_layer hands its
+                # backward): its bytes are laid out for the dtype that wrote them, so the fp32
+                # recording's, handed to a bf16 backward, made every gradient NaN. The live one
+                # is what the live forward (replayed on the recorded inputs) wrote.
+                continue
             rec = find_input(entry.inputs, name, renames)
             if rec is None or not _has_tensor(value):
                 continue
