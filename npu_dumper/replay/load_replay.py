@@ -281,8 +281,11 @@ class ReplayPolicy(Policy):
             # below the dispatch mode) and is listed instead of half-substituted
             self._unmatched(ev, "DTensor arguments: run live, not replayed", by_design=True)
             return
+        # a backend's opaque buffer (an LSTM workspace) is sized and laid out for the dtype
+        # that wrote it: it takes no part in finding the recorded call (nor in substitution)
+        matched_on = {n: v for n, v in live.items() if n not in info.opaque_args} if info.opaque_args else live
         if ev.group_attrs.get(S.OP_RECOMPUTE):
-            entry, why = self._match_rerun(ev.name, live)
+            entry, why = self._match_rerun(ev.name, matched_on)
             if entry is None:
                 # a forward op activation checkpointing re-runs in backward, which the
                 # recording did not re-run: it recomputes what the replayed forward made, by
@@ -291,7 +294,7 @@ class ReplayPolicy(Policy):
                 self._unmatched(ev, why, by_design=True, rerun=True)
                 return
         else:
-            entry, why = self._match(ev.name, k, live, ev.module, ev.phase)
+            entry, why = self._match(ev.name, k, matched_on, ev.module, ev.phase)
         if entry is None:
             self._unmatched(ev, why, live=live)
             return
