@@ -387,6 +387,7 @@ class ReplayPolicy(Policy):
             if stood_for:
                 for entry in stood_for:
                     entry.used = True
+                    self._tensors.release(entry.index, entry.inputs)   # (read ahead for them: not held on)
                 self.departures.stood_in(ev, made[1])
                 self._check_stand_in_inputs(ev, stood_for)
                 ops = "+".join(e.record.op for e in stood_for)
