@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import departures as D
@@ -700,7 +701,7 @@ def _is_view_op(name: str) -> bool:
 
 def _agrees(live: torch.Tensor, golden: torch.Tensor) -> bool:
     """`live` holds `golden`'s values within STAND_IN_ULPS of live's dtype (norm-wise)."""
-    with torch.no_grad():
+    with torch.no_grad(), _disable_current_modes():      # (the comparison is no op of the step)
         a = live.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
         b = golden.reshape(-1).to(dtype=torch.float64)
         if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
