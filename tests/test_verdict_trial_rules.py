@@ -79,3 +79,27 @@ def test_first_failure_prefers_an_underflow_op_to_inherited_rows():
                       "SeqId": [11, 65, 70], "IO": ["output"] * 3, "TensorName": ["result1", "result", "result"],
                       "Result": ["fail"] * 3, "Origin": [ORIGIN_INHERITED, ORIGIN_UNDERFLOW, ORIGIN_INHERITED]})
     assert first_failure(t)["NPUDump"] == "aten.mm.default"
+
+
+def _as(op, rows):
+    return [dict(r, NPUDump=op) for r in rows]
+
+
+def test_a_collective_within_what_its_input_carries_passes_and_one_off_on_agreeing_inputs_fails():
+    # DDP's gradient bucket under bf16 autocast (timm EfficientNet): the allreduce's output is
+    # as far from the golden as this rank's input already was. Its own arithmetic (the other
+    # ranks' inputs with it) is not measured, so it passes as inherited, as a measured op does.
+    y = golden()
+    carried = _op(1, [("tensors/tensors_0", y, _noisy(y, 5.5))], (y, _noisy(y, 6.5)))
+    t = apply_verdict(pd.DataFrame(_as("c10d.allreduce_.default", carried)))
+    out = t[t["IO"] == "output"].iloc[0]
+    assert out["Result"] == "pass" and "collective" in out["FailReason"], out["FailReason"]
+    # the same numbers at an op whose arithmetic is this rank's: still a failure, inherited
+    t = apply_verdict(pd.DataFrame(_as("aten.add.Tensor", carried)))
+    out = t[t["IO"] == "output"].iloc[0]
+    assert out["Result"] == "fail" and out["Origin"] == ORIGIN_INHERITED
+    # this rank's input agrees, the result does not (another rank's input differs): caused here
+    t = apply_verdict(pd.DataFrame(_as("c10d.allreduce_.default",
+                                       _op(1, [("tensors/tensors_0", y, y)], (y, bf16(y * 1.07))))))
+    out = t[t["IO"] == "output"].iloc[0]
+    assert out["Result"] == "fail" and out["Origin"] == ORIGIN_CAUSED
