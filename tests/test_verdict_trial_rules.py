@@ -103,3 +103,4 @@ def test_a_collective_within_what_its_input_carries_passes_and_one_off_on_agreei
                                        _op(1, [("tensors/tensors_0", y, y)], (y, bf16(y * 1.07))))))
     out = t[t["IO"] == "output"].iloc[0]
     assert out["Result"] == "fail" and out["Origin"] == ORIGIN_CAUSED
+    assert "another rank's contribution differs" in out["FailReason"], out["FailReason"]

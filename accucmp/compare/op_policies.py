@@ -293,6 +293,11 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                     reasons[i] = (f"inherited: a collective's result, within what this rank's input already "
                                   f"carries ({reasons[i]})")
                 out_fails = []
+            elif tag == ORIGIN_CAUSED and is_collective_op(_s(op)) and not inputs_fail:
+                # this rank's contribution agrees: another rank's differs (or the collective)
+                for i in out_fails:
+                    reasons[i] += (" [this rank's input agrees with the golden's: another rank's "
+                                   "contribution differs; compare the ranks' folders to find where]")
         if out_fails and all(_own_judged(table, i) for i in out_fails):
             # measured against float64 on the inputs the op got (the dumper's own_error): what
             # is left is the op's, whatever its inputs carried
