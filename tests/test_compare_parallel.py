@@ -2,6 +2,7 @@
 the reader's fast dense-stride check agrees with the exhaustive one."""
 
 import itertools
+import os
 
 import numpy as np
 import pandas as pd
@@ -122,3 +123,15 @@ def test_fast_json_text_equals_json_dumps_indent(dumps, tmp_path):
     for table, meta in ((real, {"nested": [1, {"a": "\x00"}]}), (odd, None), (odd.drop(columns="lst"), {}),
                         (real.head(0), None)):
         assert to_json(table, meta) == reference(table, meta)
+
+
+def test_a_worker_that_dies_is_one_error_not_a_hang(dumps, monkeypatch):
+    # multiprocessing.Pool waited for a killed worker's rows for ever; the executor notices
+    t, g = dumps
+
+    def die(self, lo, hi):
+        os._exit(9)
+
+    monkeypatch.setattr(C._Work, "rows", die)
+    with pytest.raises(OSError, match="a compare worker process died"):
+        compare_dumps(t, g, jobs=2)

@@ -13,7 +13,8 @@ import dataclasses
 import os
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 def row_batches(setup, opener):
@@ -142,8 +143,35 @@ def _worker_rows(span: tuple[int, int]) -> list[dict[str, Any]]:
 
 
 def _rows_in_processes(work, tf, gf, ff, jobs: int, opener):
-    """Row lists of spans of whole ops, in order, from forked workers."""
+    """Row lists of spans of whole ops, in order, from forked workers, at most 2 x jobs spans
+    in flight. A ProcessPoolExecutor, not multiprocessing.Pool: when a worker raised, the
+    Pool's exit terminated the workers, and one killed while it held the result queue's lock
+    (writing its rows) left the pool's task thread waiting for that lock and the compare hung
+    in Pool.terminate (seen once in the suite, test_worker_errors_reach_the_caller, for 10
+    minutes on a loaded machine). The executor lets a running span finish and cancels the
+    rest, so its shutdown kills no worker mid-write."""
     paths = {id(f): f.path for f in (tf, gf, ff) if f is not None}
     spans = _spans(len(work.pairs), jobs)
-    with _FORK.Pool(min(jobs, len(spans)), initializer=_worker_start, initargs=(work, paths, opener)) as pool:
-        yield from pool.imap(_worker_rows, spans)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(spans)), mp_context=_FORK,
+                               initializer=_worker_start, initargs=(work, paths, opener))
+    pending: deque = deque()
+    try:
+        todo = iter(spans)
+        for span in todo:
+            pending.append(pool.submit(_worker_rows, span))
+            if len(pending) >= 2 * jobs:
+                break
+        while pending:
+            try:
+                rows = pending.popleft().result()
+            except BrokenProcessPool as e:
+                # a worker died (the kernel's OOM killer, a signal): one line, not a hang
+                # (multiprocessing.Pool waited for its rows for ever) nor a traceback
+                raise OSError(f"a compare worker process died ({e}); run again with --jobs 1 to "
+                              f"compare in this process") from None
+            span = next(todo, None)
+            if span is not None:
+                pending.append(pool.submit(_worker_rows, span))
+            yield rows
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
