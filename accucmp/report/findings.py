@@ -142,4 +142,3 @@ def loss_scale_of(rows: list[dict]) -> int | None:
             return None
         scales.add(k)
     return 2 ** scales.pop() if len(scales) == 1 else None
-

@@ -120,22 +120,26 @@ class StorageMap:
         except Exception:  # noqa: BLE001 - as storage_key: no storage to follow
             return None, None
 
-    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+    def _find(self, t: Any):
+        """(address, storage, the entry of this very storage or None)."""
         ptr, st = self._storage(t)
         entry = self._entries.get(ptr) if ptr is not None else None
-        if entry is None or entry[0].cdata != st._cdata:
-            return default
-        return entry[1]
+        if entry is not None and entry[0].cdata != st._cdata:
+            entry = None            # another storage, freed, had this address
+        return ptr, st, entry
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        entry = self._find(t)[2]
+        return default if entry is None else entry[1]
 
     def __contains__(self, t: torch.Tensor) -> bool:
-        return self.get(t, _ABSENT) is not _ABSENT
+        return self._find(t)[2] is not None
 
     def set(self, t: torch.Tensor, value: Any) -> None:
-        ptr, st = self._storage(t)
+        ptr, st, entry = self._find(t)
         if ptr is None:
             return
-        entry = self._entries.get(ptr)
-        if entry is not None and entry[0].cdata == st._cdata:
+        if entry is not None:
             self._entries[ptr] = (entry[0], value)
             return
         self._entries[ptr] = (StorageWeakRef(st), value)
@@ -145,9 +149,8 @@ class StorageMap:
             self._prune_at = max(4096, 2 * len(self._entries))
 
     def discard(self, t: torch.Tensor) -> None:
-        ptr, st = self._storage(t)
-        entry = self._entries.get(ptr) if ptr is not None else None
-        if entry is not None and entry[0].cdata == st._cdata:
+        ptr, _, entry = self._find(t)
+        if entry is not None:
             del self._entries[ptr]
 
     def __bool__(self) -> bool:
@@ -155,10 +158,6 @@ class StorageMap:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-_ABSENT = object()
-
 
 
 class CollectiveWrites:
