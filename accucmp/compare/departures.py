@@ -249,6 +249,107 @@ def structural_pairs(pairs) -> frozenset:
     return frozenset(out)
 
 
+def _linked_op(entry: dict) -> tuple[str, int] | None:
+    """(op, seqid) whose stored tensor a catalog entry links to (its `obj`, or its view's
+    base `_base|op|seqid|io|name`), or None for a tensor stored there first."""
+    base = entry.get("base")
+    if isinstance(base, str) and base:
+        last = base.rsplit("/", 1)[-1]
+        if last.startswith("_base|"):
+            parts = last.split("|")
+            if len(parts) >= 5:
+                try:
+                    return parts[1], int(parts[2])
+                except ValueError:
+                    return None
+            return None
+        ref = base
+    else:
+        ref = entry.get("obj")
+    if isinstance(ref, str) and ref:
+        parts = ref.strip("/").split("/")
+        if len(parts) >= 4:
+            try:
+                return parts[0], int(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
+    """(op, seqid) of every op whose tensors an op of `ops` from `start` on reads (its
+    catalog's input links); None when the file cannot say (written without links or
+    without a catalog, a row unreadable)."""
+    import json
+
+    if not f.attrs.get("dedup", False) or f.catalog is None:
+        return None
+    out: set = set()
+    for op in ops[start:]:
+        try:
+            raw = f.catalog.get(getattr(op, "index_row", -1))
+            if not raw:
+                return None
+            entries = json.loads(raw).get("i", [])
+        except (ValueError, RecursionError, TypeError, KeyError, OSError, RuntimeError, IndexError,
+                AttributeError):
+            return None
+        for e in entries if isinstance(entries, list) else ():
+            # (a list's members are entries of their own: "tensors/tensors_0")
+            linked = _linked_op(e) if isinstance(e, dict) else None
+            if linked is not None:
+                out.add(linked)
+    return out
+
+
+def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = None) -> frozenset:
+    """id() of the departures (structural_pairs) that change what the step ends with: an op
+    of the backward only one run has, whose results no later op of its run reads (the sum
+    autograd makes of a weight's two gradients when two modules share it, left in .grad; an
+    accumulation into a .grad the step did not zero), where the other run has no such op in
+    that module (another way to compute the same gradient there). Nothing after such an op
+    can differ, so the rule that lets an unpaired op lead the verdict only when an error
+    follows it never fires: an untied lm_head passed (GPT-2, independent bf16 compare).
+    `ops_of`: {id(file): that file's ops in order} (read from the file when absent). Files
+    without input links (dedup off, no catalog) say nothing here."""
+    cands = []
+    for p in pairs:
+        if (p.target is None) == (p.golden is None):
+            continue
+        op = p.target if p.target is not None else p.golden
+        if op.phase != "backward" or D.is_by_design_op(op.op) or _recomputed(op):
+            continue
+        cands.append((p, op, "target" if p.golden is None else "golden"))
+    if not any(id(p) in structural for p, _, _ in cands):
+        return frozenset()
+    by_file: dict[int, list] = {}
+    for p, op, side in cands:
+        by_file.setdefault(id(op.file), []).append(op)
+    read: dict[int, set | None] = {}
+    for key, mine in by_file.items():
+        f = mine[0].file
+        ops = (ops_of or {}).get(key)
+        if ops is None:
+            try:
+                ops = list(f.ops())
+            except Exception:  # noqa: BLE001 - an unreadable index: this rule says nothing
+                read[key] = None
+                continue
+        first = min(op.seqid for op in mine)
+        start = next((i for i, o in enumerate(ops) if o.seqid >= first), len(ops))
+        read[key] = _read_from(f, ops, start)
+
+    def ends_step(op) -> bool:
+        got = read.get(id(op.file))
+        return got is not None and (op.op, op.seqid) not in got
+
+    ending = [(p, op, side) for p, op, side in cands if ends_step(op)]
+    # a module where both runs end the step with an op the other lacks: two ways to one result
+    both = {(side, D.unwrapped_module(op.module or "")) for _, op, side in ending}
+    return frozenset(id(p) for p, op, side in ending if id(p) in structural
+                     and ("golden" if side == "target" else "target", D.unwrapped_module(op.module or "")) not in both)
+
+
 def _recomputed(op) -> bool:
     """An op activation checkpointing re-ran in backward: a memory trade, not numerics."""
     try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dumpfile import schema as S
-from dumpfile.departures import is_by_design_op
+from dumpfile.departures import is_by_design_op, unwrapped_module
 from dumpfile.read import legacy
 from dumpfile.opmap_data import build_equivalence, build_renames, packet_of
 from dumpfile.read.reader import OpRecord, ValueRecord
@@ -497,3 +497,35 @@ def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPA
     for i, p in enumerate(pairs):
         result += replaced.get(i, [p])
     return result, changed
+
+
+def split_unfit_by_design(pairs: list[OpPair], signature) -> tuple[list[OpPair], int]:
+    """Name pairs of by-design ops (casts, copies, views, allocations: what a device or
+    precision change adds or drops on its own, dumpfile.departures.is_by_design_op) that
+    cannot be one op of two runs become two unpaired ops: their tensors' shapes do not fit
+    (OpSignature.fits), or they run in different modules and their signatures differ.
+    For an op that computes, a wrong shape is the finding (repair_incompatible keeps such a
+    pair); a cast is no such op. BERT under bf16 autocast with its attention mask left out
+    paired the golden's cast of the (2, 12) mask in `bert` with the target's autocast cast
+    of a (32) bias in a query Linear: "size mismatch, no op of the step made it" named the
+    Linear, not the mask the target never built. Unpaired, such ops are listed (by-design
+    ops are never judged) and the verdict comes from the ops that compute. Returns the pairs
+    and how many were split."""
+    out: list[OpPair] = []
+    split = 0
+    for p in pairs:
+        t, g = p.target, p.golden
+        if t is None or g is None or p.matched_by != "name" or not _by_design(t.op):
+            out.append(p)
+            continue
+        st, sg = signature(t), signature(g)
+        if st.same(sg) or (st.fits(sg) and unwrapped_module(t.module or "") == unwrapped_module(g.module or "")):
+            out.append(p)
+            continue
+        why = ("No partner for {op} in {side} dump data: its same-named op there is a cast or copy of another "
+               "tensor ({what}); a device or precision change adds and drops these by design.")
+        what = "other shapes" if not st.fits(sg) else f"in {g.module or 'the top level'}, not {t.module or 'the top level'}"
+        out.append(_target_only(t, why.format(op=t.op, side="golden", what=what)))
+        out.append(_golden_only(g, why.format(op=g.op, side="my", what=what)))
+        split += 1
+    return out, split

@@ -29,7 +29,8 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile, ending_text
 
 from accucmp.compare import align_map, matching
-from accucmp.compare.departures import departure_rows, interleave, leaf_inputs, pair_departure, structural_pairs
+from accucmp.compare.departures import (departure_rows, interleave, leaf_inputs, pair_departure,
+                                        step_result_departures, structural_pairs)
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import OpChoice, match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -206,10 +207,12 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     # measures on every compiled node (docs/COMPILED.md), so an unpaired op neither departs
     # nor stops a row within its own error from passing as inherited
     compiled = _compiled(tf, gf)
+    structural = frozenset() if m.replay or compiled else structural_pairs(matched)
     work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
                  golden_own=not m.replay and _compiled(gf) and not _compiled(tf),
                  structure=() if m.replay or compiled else structure_before(pairs, matched),
-                 structural=frozenset() if m.replay or compiled else structural_pairs(matched))
+                 structural=structural, ends_step=step_result_departures(matched, structural)
+                 if structural and _single_process(tf) and _single_process(gf) else frozenset())
     if jobs <= 0:
         jobs = auto_jobs(len(m.pairs))
     columns = BASE_COLUMNS + metric_cols + TAIL_COLUMNS + (FP64_COLUMNS if ff is not None else [])
@@ -260,6 +263,23 @@ def _world_size(f: DumpFile) -> int:
         return int(f.attrs.get(S.ROOT_WORLD_SIZE, 1) or 1)
     except (TypeError, ValueError):
         return 1
+
+
+def _single_process(f: DumpFile) -> bool:
+    """A run of one process with no parallel wrapper: a gradient's last op is then the model's
+    own (DDP's reducer divides each gradient into a bucket that no recorded op reads again:
+    an op the single-process reference lacks by design, not a changed result)."""
+    if _world_size(f) > 1:
+        return False
+    layout = f.attrs.get(S.ROOT_PARALLEL_LAYOUT)
+    if layout is None:
+        return True
+    try:
+        import json
+        doc = json.loads(layout if isinstance(layout, str) else bytes(layout).decode("utf-8", "replace"))
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return not (isinstance(doc, dict) and doc.get("wrappers"))
 
 
 def _compiled(*files: DumpFile) -> bool:
@@ -348,6 +368,7 @@ class _Work:
     structure: tuple = ()
     provenance: dict = field(default_factory=dict)   # (file, op, seqid) -> its inputs' producers
     structural: frozenset = frozenset()                # id() of the unpaired ops that are departures
+    ends_step: frozenset = frozenset()   # id() of those that change what the step ends with: fail
     view: Any = None            # a rank against a single-process reference (reference_runs.RankView)
     golden_own: bool = False    # the golden is a compiled dump, the target is not: its nodes' own errors count
 
@@ -383,6 +404,11 @@ class _Work:
         if id(pair) in self.structural:
             # an op only one of two independent runs has (a load-replay's come from its file)
             row = pair_departure(pair)
+            if row is not None and id(pair) in self.ends_step:
+                row["EndsStep"] = True
+                row["CompareFailReason"] += (
+                    "; no later op of that run reads its result (a gradient the step ends with), and the other "
+                    "run ends the step with no other op there: the step's results differ")
             if row is not None:
                 tasks.insert(0, Task(row, None, None))
         return tasks

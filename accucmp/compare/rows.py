@@ -61,6 +61,10 @@ TAIL_COLUMNS = [
     # independent runs whose op streams differ beyond dtype casts (ops with no partner): a
     # difference then may come from them, so nothing passes as inherited (the count and ops)
     "StructureDiffers",
+    # independent runs: an op only one run has (CompareStatus unpaired_op) whose result the
+    # step ends with, read by no later op (a weight's gradient sum); it fails
+    # (compare/departures.step_result_departures)
+    "EndsStep",
     # a run against a single-process reference (compare/reference_runs.py): which part of the
     # reference's tensor the row compares with (a batch slice, a gradient after the all-reduce)
     "ReferencePart",

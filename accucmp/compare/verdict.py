@@ -285,6 +285,11 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
     if status == STATUS_DEPARTURE:
         return _judge_departure(row, reason, th)
     if status == STATUS_UNPAIRED_OP:
+        if _str(row.get("EndsStep")) == "True":
+            # an op only one run has whose result the step ends with (a weight's gradient
+            # sum, compare/departures.step_result_departures): nothing after it can differ
+            # and show it, so it fails itself
+            return (RESULT_FAIL, reason, math.inf, math.nan) + ("Departure", "Departure", math.nan, math.nan)
         return (RESULT_UNMATCHED, reason, math.nan, math.nan) + _NO_DECISION
     if status == "unmatched":
         return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION

@@ -1,0 +1,104 @@
+"""Independent compares (two plain dumps) of porting mistakes that change the structure of the
+step rather than a value an op computes: an op the target leaves out whose result the step
+ends with, and casts of different tensors that the name pairing joined. Real dumps of a
+golden fp32 step and a target step under bf16 autocast, compared as `accucmp compare` does."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
+
+
+class TiedLM(nn.Module):
+    """An embedding and an output projection that share one weight (GPT-2, BERT, Whisper)."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(16, 8)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        if tied:
+            self.head.weight = self.emb.weight
+        else:                   # the same values, its own parameter: the tie lost on loading
+            self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mix(self.emb(ids))))
+
+
+def _dump(path, model, amp: bool) -> str:
+    ids = torch.arange(12).remainder(16).view(2, 6)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else torch.autocast("cpu", enabled=False)
+    with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        F.cross_entropy(model(ids).float().flatten(0, 1), ids.flatten()).backward()
+    return str(path)
+
+
+def _judged(target, golden):
+    return apply_verdict(compare_dumps(target, golden).table)
+
+
+def test_a_lost_weight_tie_fails_at_the_gradient_sum_the_target_never_makes(tmp_path):
+    """The tied weight's two gradients are summed by one `add` in the backward that no later
+    op reads (it goes to .grad). Untied, every op the target runs agrees with its partner and
+    only that sum is missing: before, the compare passed."""
+    golden = _dump(tmp_path / "g.h5", TiedLM(tied=True), amp=False)
+    clean = _judged(_dump(tmp_path / "clean.h5", TiedLM(tied=True), amp=True), golden)
+    assert first_failure(clean) is None, clean[clean["Result"] == "fail"]["FailReason"].tolist()
+    for amp in (False, True):
+        t = _judged(_dump(tmp_path / f"untied_{amp}.h5", TiedLM(tied=False), amp=amp), golden)
+        first = first_failure(t)
+        assert first is not None, t[t["CompareStatus"] == "unpaired_op"][["NPUDump", "Module", "Result"]]
+        assert first["NPUDump"] == "aten.add.Tensor" and first["Phase"] == "backward"
+        assert "does not run aten.add.Tensor" in first["FailReason"] and "the step ends with" in first["FailReason"]
+        assert first["Module"] in ("emb", "head")
+        ends = t[t["EndsStep"].astype(str) == "True"]
+        assert len(ends) == 1 and ends["Result"].iloc[0] == "fail"
+
+
+class Masked(nn.Module):
+    """The golden multiplies the input by a keep-mask it casts in the top module; the target
+    forgets the mask (a padding mask left out)."""
+
+    def __init__(self, use_mask: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 4)
+        self.use_mask = use_mask
+
+    def forward(self, x, keep):
+        if self.use_mask:
+            x = x * keep.to(x.dtype)
+        return self.out(torch.relu(self.lin(x)))
+
+
+def _dump_masked(path, use_mask: bool, amp: bool) -> str:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 8, generator=g)
+    keep = torch.tensor([[True], [True], [False], [True]])
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else torch.autocast("cpu", enabled=False)
+    with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        Masked(use_mask)(x, keep).float().square().mean().backward()
+    return str(path)
+
+
+def test_casts_of_different_tensors_are_not_paired_and_the_missing_mask_is_named(tmp_path):
+    """Autocast's cast of a Linear's bias and the golden's cast of the mask are both
+    `_to_copy` at one place of the name streams: paired, they made a size-mismatch row that
+    blamed the Linear for "an input no op of the step made"."""
+    golden = _dump_masked(tmp_path / "g.h5", use_mask=True, amp=False)
+    clean = apply_verdict(compare_dumps(_dump_masked(tmp_path / "c.h5", True, True), golden).table)
+    assert first_failure(clean) is None, clean[clean["Result"] == "fail"]["FailReason"].tolist()
+    t = apply_verdict(compare_dumps(_dump_masked(tmp_path / "t.h5", False, True), golden).table)
+    casts = t[(t["NPUDump"] == "aten._to_copy.default") & (t["Result"] != "unmatched")]
+    assert (casts["Shape"] == casts["GoldenShape"]).all(), casts[["Module", "Shape", "GoldenShape"]]
+    assert (t["CompareStatus"] != "size_mismatch").all()
+    first = first_failure(t)
+    assert first is not None and first["CompareStatus"] == "unpaired_op", first
+    assert "does not run aten.mul.Tensor" in first["FailReason"]
