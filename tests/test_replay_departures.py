@@ -160,3 +160,39 @@ def test_a_wrapped_model_replays_an_unwrapped_recording(golden, tmp_path):
     table, sentence, _ = _replay_model(golden, tmp_path / "wrapped.h5", torch.nn.DataParallel(U.make("eps")))
     assert sentence.startswith("FAIL: module.block.ln2 aten.native_layer_norm.default: argument eps 0.1"), sentence
     assert set(table.loc[table["CompareStatus"] == "departure", "Departure"]) == {"argument"}
+
+
+def _step_keeping_grads(model, x, y, set_to_none: bool | None, dtype=torch.bfloat16):
+    """U.step and a zero_grad before it: `set_to_none` True/False zeroes the gradients as
+    optimizer.zero_grad does; None leaves the last step's in .grad (the bug)."""
+    zero = model.zero_grad
+    model.zero_grad = (lambda *a, **k: None) if set_to_none is None else \
+        (lambda *a, **k: zero(set_to_none=set_to_none))
+    try:
+        model.zero_grad()
+        U.step(model, x, y, dtype)
+    finally:
+        model.zero_grad = zero
+
+
+def test_a_step_that_accumulates_into_last_steps_gradients_fails(golden, tmp_path):
+    """A step whose .grad was not zeroed: autograd accumulates into it with an `add_` that no
+    op of the step reads, and load-replay dropped it as changing nothing (PASS). It updates
+    a tensor no op of the step made, holding something: that outlives the step. Zeroing with
+    set_to_none=False where the golden set .grad to None leaves the same gradients: passes."""
+    for set_to_none, fails in ((None, True), (False, False), (True, False)):
+        model = U.make("clean")
+        x, y = U.inputs()
+        g = torch.Generator().manual_seed(3)
+        for p in model.parameters():       # what the step before left (not run: BN's stats stay)
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        out = tmp_path / f"acc_{set_to_none}.h5"
+        with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)):
+            _step_keeping_grads(model, x, y, set_to_none)
+        table, headline = _verdict(out, golden)
+        if fails:
+            assert headline.startswith("FAIL: ") and "runs aten.add_.Tensor (backward)" in headline, headline
+            row = table[(table["CompareStatus"] == "departure") & (table["NPUDump"] == "aten.add_.Tensor")]
+            assert len(row) >= 1 and (row["Result"] == "fail").all()
+        else:
+            assert headline.startswith("PASS"), headline

@@ -38,6 +38,10 @@ from .layout import CollectiveWrites, StorageMap, bitwise_equal, storage_key
 from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
+# in-place ops whose result does not depend on what they overwrite (DepartureLog._updates_state)
+OVERWRITING_OPS = frozenset({"aten.zero_", "aten.fill_", "aten.random_", "aten.uniform_", "aten.normal_",
+                             "aten.bernoulli_", "aten.exponential_", "aten.geometric_", "aten.cauchy_",
+                             "aten.log_normal_", "aten.set_", "aten.resize_", "aten.copy_"})
 _REPLAYED, _INSERTED = "replayed", "inserted"   # (a storage no op made is a leaf: not in the map)
 _UNSET = object()
 
@@ -105,15 +109,43 @@ class DepartureLog:
         if not self.structure:
             ev.notes["replay_made"] = _REPLAYED
             return
-        row = self._add(ev, D.INSERTED, reason=why)
+        kept = self._updates_state(ev, live or {})
+        row = self._add(ev, D.INSERTED, reason=why + (f"; it updates {kept}, which no op of the step made: "
+                                                      "the change outlives the step" if kept else ""))
         # a departure once a replayed op reads what it made (check_input marks it): an op
         # whose result nothing replayed reads (a model's float16-only overflow check) changes
-        # no value the comparison sees
-        row["_consumed"] = False
+        # no value the comparison sees. One that updates state the step did not make does,
+        # after the step, whoever reads it
+        row["_consumed"] = bool(kept)
         ev.notes["replay_made"] = ("inserted", row)
         if not op_info(ev.func).written:
             ev.notes["replay_inserted_inputs"] = [t for t in tree_flatten(list((live or {}).values()))[0]
                                                   if isinstance(t, torch.Tensor)]
+
+    def _updates_state(self, ev, live: dict) -> str:
+        """The argument an inserted op updates in place, from its value, when that tensor is
+        one no op of the step made and holds something (a gradient left from the step before,
+        a parameter, a buffer): a step whose .grad was not zeroed accumulates into it with an
+        `add_` nothing in the step reads, and the compare passed. '' for none, and for ops
+        that overwrite what they write (zero_, fill_, an out= buffer: set_to_none=False
+        zeroing a .grad the golden set to None leaves the same gradient)."""
+        info = op_info(ev.func)
+        if not info.written or D.op_packet(ev.name) in OVERWRITING_OPS:
+            return ""
+        for name in info.written:
+            if name in info.out_args:
+                continue
+            t = live.get(name)
+            if not isinstance(t, torch.Tensor) or storage_key(t) is None or self._made.get(t) is not None:
+                continue
+            try:
+                with torch.no_grad(), _disable_current_modes():
+                    holds = t.numel() > 0 and bool((t != 0).any())
+            except (RuntimeError, TypeError):
+                holds = False
+            if holds:
+                return f"its input {name}"
+        return ""
 
     def _made_of(self, live: dict) -> Any:
         """What a cast's output is: what its input was. A leaf read through casts is
