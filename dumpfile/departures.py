@@ -56,6 +56,23 @@ BY_DESIGN_OPS = CASTS | frozenset({
 # namespaces whose ops are not a departure on either side: collectives (replay runs them live by
 # design: their result depends on other ranks) and the profiler's bookkeeping (record_function
 # markers, e.g. optimizer.zero_grad's: no numerics)
+# in-place ops whose result does not depend on what they overwrite: an inserted one changes
+# no state the step ends with by updating it (npu_dumper/replay/departures.py, compare's
+# step_result_departures): `zero_grad(set_to_none=False)` against a golden that set None
+OVERWRITING_OPS = frozenset({"aten.zero_", "aten.fill_", "aten.random_", "aten.uniform_", "aten.normal_",
+                             "aten.bernoulli_", "aten.exponential_", "aten.geometric_", "aten.cauchy_",
+                             "aten.log_normal_", "aten.set_", "aten.resize_", "aten.copy_", "aten._foreach_zero_",
+                             "aten._foreach_copy_"})
+
+
+def is_in_place_update(name: str) -> bool:
+    """An ATen op that updates its first argument in place from its old value (`mul_`,
+    `_foreach_mul_`, `add_`: ATen's trailing underscore), not one that overwrites it."""
+    parts = str(name).split(".")
+    return len(parts) >= 2 and parts[0] == "aten" and parts[1].endswith("_") \
+        and not parts[1].endswith("__") and op_packet(name) not in OVERWRITING_OPS
+
+
 RUN_LIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
                                  "profiler"})
 

@@ -102,3 +102,41 @@ def test_casts_of_different_tensors_are_not_paired_and_the_missing_mask_is_named
     first = first_failure(t)
     assert first is not None and first["CompareStatus"] == "unpaired_op", first
     assert "does not run aten.mul.Tensor" in first["FailReason"]
+
+
+def _dump_step(path, *, clip: float | None = None, zero: str = "none", stale: bool = False) -> str:
+    """TiedLM's step under bf16 autocast; `clip`: clip_grad_norm_ after the backward;
+    `zero`: "none" (.grad left as found), "set_to_none" or "zeros" (zero_grad inside the
+    block); `stale`: .grad holds a gradient from before the step (a step not zeroed)."""
+    model = TiedLM(tied=True)
+    ids = torch.arange(12).remainder(16).view(2, 6)
+    if stale or zero != "none":
+        g = torch.Generator().manual_seed(3)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        if zero != "none":
+            model.zero_grad(set_to_none=zero == "set_to_none")
+        F.cross_entropy(model(ids).float().flatten(0, 1), ids.flatten()).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
+    return str(path)
+
+
+def test_what_changes_the_gradients_after_the_backward_fails_and_what_leaves_them_passes(tmp_path):
+    """Gradient clipping the golden lacks scales every gradient in place after the backward
+    (`mul_`), and a step whose .grad was not zeroed adds into last step's (`add_`): no later
+    op reads either, so both passed. A clipping whose factor comes out 1 leaves the same
+    gradients, as does zero_grad() inside the block: pass."""
+    golden = _dump(tmp_path / "g.h5", TiedLM(tied=True), amp=False)
+    for name, kw, fails in (("clip", dict(clip=1e-3), "aten.linalg_vector_norm.default"),
+                            ("noclip", dict(clip=1e9), None),
+                            ("stale", dict(stale=True), "aten.add_.Tensor"),
+                            ("none", dict(zero="set_to_none"), None)):
+        t = _judged(_dump_step(tmp_path / f"{name}.h5", **kw), golden)
+        first = first_failure(t)
+        if fails is None:
+            assert first is None, (name, first)
+        else:
+            assert first is not None and first["NPUDump"] == fails, (name, first)
+            assert (t[t["EndsStep"].astype(str) == "True"]["Result"] == "fail").any(), name

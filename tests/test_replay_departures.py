@@ -196,3 +196,19 @@ def test_a_step_that_accumulates_into_last_steps_gradients_fails(golden, tmp_pat
             assert len(row) >= 1 and (row["Result"] == "fail").all()
         else:
             assert headline.startswith("PASS"), headline
+
+
+def test_gradient_clipping_the_golden_lacks_fails_unless_it_changed_nothing(golden, tmp_path):
+    """clip_grad_norm_ after the backward scales each gradient in place; nothing in the step
+    reads them after, and load-replay dropped those `mul_` ops as changing nothing (PASS).
+    A clipping whose factor comes out 1 leaves every gradient as it was: passes."""
+    for max_norm, fails in ((1e-3, True), (1e9, False)):
+        model = U.make("clean")
+        x, y = U.inputs()
+        out = tmp_path / f"clip_{max_norm}.h5"
+        with torch.utils.dumper(use_load=True, load_file_path=str(golden), dump_path=str(out)):
+            U.step(model, x, y, torch.bfloat16)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+        _, headline = _verdict(out, golden)
+        assert headline.startswith("FAIL: the model's top level runs aten.mul_.Tensor") if fails \
+            else headline.startswith("PASS"), headline

@@ -302,11 +302,39 @@ def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
     return out
 
 
+def _write_changed(op) -> bool:
+    """Whether an in-place op's recorded outputs differ from what it updated: each output
+    against its same-named input, and not equal to another input of the op (autograd's
+    `add_` of a gradient into a .grad zeroed with set_to_none=False; a clipping whose
+    factor came out 1). True when the values cannot be read: the op says it updates."""
+    import numpy as np
+
+    from accucmp.compare.matching import tensor_leaves
+    try:
+        ins, outs = tensor_leaves(op.inputs()), tensor_leaves(op.outputs())
+        others = None
+        for name, rec in outs.items():
+            old = ins.get(name)
+            if old is None or not rec.is_tensor:
+                return True
+            new_v = np.asarray(rec.read())
+            if np.array_equal(new_v, np.asarray(old.read())):
+                continue
+            if others is None:
+                others = [np.asarray(r.read()) for n, r in ins.items() if n not in outs and r.is_tensor]
+            if not any(o.shape == new_v.shape and np.array_equal(o, new_v) for o in others):
+                return True
+        return False
+    except Exception:  # noqa: BLE001 - unreadable values: the op's name says it updates
+        return True
+
+
 def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = None) -> frozenset:
     """id() of the departures (structural_pairs) that change what the step ends with: an op
-    of the backward only one run has, whose results no later op of its run reads (the sum
-    autograd makes of a weight's two gradients when two modules share it, left in .grad; an
-    accumulation into a .grad the step did not zero), where the other run has no such op in
+    of the backward, or one that updates a tensor in place and changed it, only one run has,
+    whose results no later op of its run reads (the sum autograd makes of a weight's two
+    gradients when two modules share it, left in .grad; an accumulation into a .grad the step
+    did not zero; a gradient clipping the golden lacks), where the other run has no such op in
     that module (another way to compute the same gradient there). Nothing after such an op
     can differ, so the rule that lets an unpaired op lead the verdict only when an error
     follows it never fires: an untied lm_head passed (GPT-2, independent bf16 compare).
@@ -317,7 +345,8 @@ def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = N
         if (p.target is None) == (p.golden is None):
             continue
         op = p.target if p.target is not None else p.golden
-        if op.phase != "backward" or D.is_by_design_op(op.op) or _recomputed(op):
+        if not (op.phase == "backward" or D.is_in_place_update(op.op)) or D.is_by_design_op(op.op) \
+                or _recomputed(op):
             continue
         cands.append((p, op, "target" if p.golden is None else "golden"))
     if not any(id(p) in structural for p, _, _ in cands):
@@ -343,7 +372,8 @@ def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = N
         got = read.get(id(op.file))
         return got is not None and (op.op, op.seqid) not in got
 
-    ending = [(p, op, side) for p, op, side in cands if ends_step(op)]
+    ending = [(p, op, side) for p, op, side in cands if ends_step(op)
+              and (not D.is_in_place_update(op.op) or _write_changed(op))]
     # a module where both runs end the step with an op the other lacks: two ways to one result
     both = {(side, D.unwrapped_module(op.module or "")) for _, op, side in ending}
     return frozenset(id(p) for p, op, side in ending if id(p) in structural

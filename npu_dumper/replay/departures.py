@@ -38,10 +38,6 @@ from .layout import CollectiveWrites, StorageMap, bitwise_equal, storage_key
 from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
-# in-place ops whose result does not depend on what they overwrite (DepartureLog._updates_state)
-OVERWRITING_OPS = frozenset({"aten.zero_", "aten.fill_", "aten.random_", "aten.uniform_", "aten.normal_",
-                             "aten.bernoulli_", "aten.exponential_", "aten.geometric_", "aten.cauchy_",
-                             "aten.log_normal_", "aten.set_", "aten.resize_", "aten.copy_"})
 _REPLAYED, _INSERTED = "replayed", "inserted"   # (a storage no op made is a leaf: not in the map)
 _UNSET = object()
 
@@ -109,42 +105,55 @@ class DepartureLog:
         if not self.structure:
             ev.notes["replay_made"] = _REPLAYED
             return
-        kept = self._updates_state(ev, live or {})
-        row = self._add(ev, D.INSERTED, reason=why + (f"; it updates {kept}, which no op of the step made: "
-                                                      "the change outlives the step" if kept else ""))
+        row = self._add(ev, D.INSERTED, reason=why)
         # a departure once a replayed op reads what it made (check_input marks it): an op
         # whose result nothing replayed reads (a model's float16-only overflow check) changes
-        # no value the comparison sees. One that updates state the step did not make does,
-        # after the step, whoever reads it
-        row["_consumed"] = bool(kept)
+        # no value the comparison sees. One that updates a tensor in place may change what
+        # the step ends with (a gradient): outputs_made keeps it when its write changed it
+        row["_consumed"] = False
+        before = self._written_before(ev, live or {})
+        if before:
+            ev.notes["replay_written_before"] = before
         ev.notes["replay_made"] = ("inserted", row)
         if not op_info(ev.func).written:
             ev.notes["replay_inserted_inputs"] = [t for t in tree_flatten(list((live or {}).values()))[0]
                                                   if isinstance(t, torch.Tensor)]
 
-    def _updates_state(self, ev, live: dict) -> str:
-        """The argument an inserted op updates in place, from its value, when that tensor is
-        one no op of the step made and holds something (a gradient left from the step before,
-        a parameter, a buffer): a step whose .grad was not zeroed accumulates into it with an
-        `add_` nothing in the step reads, and the compare passed. '' for none, and for ops
-        that overwrite what they write (zero_, fill_, an out= buffer: set_to_none=False
-        zeroing a .grad the golden set to None leaves the same gradient)."""
+    def _written_before(self, ev, live: dict) -> list:
+        """[(argument, tensor, copy of its values)] of the tensors an inserted op updates in
+        place (not an out= buffer, not an op that overwrites what it writes: zero_, fill_),
+        taken before it runs: outputs_made compares them after."""
         info = op_info(ev.func)
-        if not info.written or D.op_packet(ev.name) in OVERWRITING_OPS:
-            return ""
+        if not info.written or D.op_packet(ev.name) in D.OVERWRITING_OPS:
+            return []
+        out = []
         for name in info.written:
             if name in info.out_args:
                 continue
-            t = live.get(name)
-            if not isinstance(t, torch.Tensor) or storage_key(t) is None or self._made.get(t) is not None:
-                continue
-            try:
-                with torch.no_grad(), _disable_current_modes():
-                    holds = t.numel() > 0 and bool((t != 0).any())
-            except (RuntimeError, TypeError):
-                holds = False
-            if holds:
-                return f"its input {name}"
+            flat, _ = tree_flatten(live.get(name))
+            for t in flat:
+                if isinstance(t, torch.Tensor) and storage_key(t) is not None and t.layout == torch.strided:
+                    with torch.no_grad(), _disable_current_modes():
+                        out.append((name, t, t.detach().clone()))
+        return out
+
+    @staticmethod
+    def _changed_by_write(ev, before: list) -> str:
+        """The argument whose values an inserted in-place op changed, unless it then equals
+        another of the op's tensor inputs (autograd's `add_` of a gradient into a .grad
+        zeroed with set_to_none=False: what the golden's .grad got without it); ''."""
+        others = [t for t in tree_flatten([ev.args, ev.kwargs])[0] if isinstance(t, torch.Tensor)]
+        with torch.no_grad(), _disable_current_modes():
+            for name, t, old in before:
+                try:
+                    if torch.equal(t, old):
+                        continue
+                    if any(o is not t and o.shape == t.shape and o.dtype == t.dtype and o.device == t.device
+                           and torch.equal(t, o) for o in others):
+                        continue
+                except RuntimeError:
+                    pass
+                return name
         return ""
 
     def _made_of(self, live: dict) -> Any:
@@ -178,6 +187,16 @@ class DepartureLog:
         """After an op ran: which storages it made, and as what."""
         self._pending.pop(ev.seqid, None)
         made = _REPLAYED if ev.notes.get("replay_matched") else ev.notes.get("replay_made", _REPLAYED)
+        before = ev.notes.pop("replay_written_before", None)
+        if before and isinstance(made, tuple) and made[0] == "inserted":
+            changed = self._changed_by_write(ev, before)
+            if changed:
+                # nothing after it in the step may read the tensor it changed (a .grad not zeroed
+                # before the step, gradients a clipping the golden lacks scaled): the step ends
+                # with the change, so it departs whether or not a replayed op reads it
+                made[1]["_consumed"] = True
+                made[1]["reason"] = (made[1].get("reason", "") + f"; it changes its input {changed} in place, "
+                                     "and the step ends with that change").lstrip("; ")
         if isinstance(made, tuple) and made[0] == "inserted":
             same = _returns_an_input(ev.outputs, ev.notes.get("replay_inserted_inputs", ()))
             if same is not None:
