@@ -140,3 +140,47 @@ def test_what_changes_the_gradients_after_the_backward_fails_and_what_leaves_the
         else:
             assert first is not None and first["NPUDump"] == fails, (name, first)
             assert (t[t["EndsStep"].astype(str) == "True"]["Result"] == "fail").any(), name
+
+
+def _dump_opt_step(path, *, amp: bool, lr: float = 1e-3) -> str:
+    """TiedLM's step with an AdamW step (foreach) inside the block: zero-initialised biases
+    make the first update the gradient's sign, which bf16 flips on its smallest elements."""
+    model = TiedLM(tied=True)
+    with torch.no_grad():
+        model.mix.bias.zero_()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    ids = torch.arange(12).remainder(16).view(2, 6)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else torch.autocast("cpu", enabled=False)
+    with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
+        F.cross_entropy(model(ids).float().flatten(0, 1), ids.flatten()).backward()
+        opt.step()
+    return str(path)
+
+
+def test_an_optimizer_step_in_the_block_is_judged_by_its_own_error_and_its_step_sizes(tmp_path):
+    """Adam's first update is m / sqrt(v) ~ sign(gradient): a bf16 run's gradients flip it on
+    their smallest elements, and the foreach update, never measured against float64 (its
+    results are lists), was blamed for 100+ u it only inherited. Each member of a foreach
+    op's result (and of what an in-place one wrote) is measured now. A doubled learning rate
+    reaches the update as per-parameter step sizes (a ScalarList): recorded, it fails there."""
+    golden = _dump_opt_step(tmp_path / "g.h5", amp=False)
+    clean = _judged(_dump_opt_step(tmp_path / "c.h5", amp=True), golden)
+    assert first_failure(clean) is None, clean[clean["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
+    upd = clean[clean["NPUDump"].str.startswith("aten._foreach_addcdiv_") & (clean["IO"] == "output")]
+    assert len(upd) == 3 and upd["OwnErrorVsFp64"].notna().all()     # emb (= head), mix weight, bias
+    t = _judged(_dump_opt_step(tmp_path / "lr.h5", amp=True, lr=2e-3), golden)
+    first = first_failure(t)
+    assert first is not None and first["NPUDump"].startswith("aten._foreach_addcdiv_"), first
+    assert str(first["ArgsDiffer"]).startswith("scalars [-0.02") and "golden [-0.01" in str(first["ArgsDiffer"])
+
+
+def test_a_long_argument_list_that_differs_is_named_by_its_first_difference():
+    from accucmp.compare.rows import args_differ
+
+    steps = [-0.01] * 40
+    assert args_differ({"scalars": steps, "eps": 1e-5}, {"scalars": steps, "eps": 1e-5}) == ""
+    assert args_differ({"scalars": steps[:3] + [-0.02] + steps[4:]}, {"scalars": steps}) == \
+        "scalars[3] -0.02, golden -0.01"
+    assert args_differ({"scalars": [-0.02] * 40}, {"scalars": steps}) == \
+        "scalars[0] -0.02, golden -0.01 (40 of 40 differ)"
+    assert args_differ({"dims": [0, 1]}, {"dims": [1, 0]}) == "dims [0, 1], golden [1, 0]"

@@ -273,7 +273,13 @@ def args_differ(t: dict | None, g: dict | None) -> str:
     for k in sorted(set(t) | set(g)):
         tv, gv = t.get(k), g.get(k)
         if tv != gv and not argument_change_is_by_design(k, tv, gv):
-            out.append(f"{k} {tv!r}, golden {gv!r}")
+            if isinstance(tv, list) and isinstance(gv, list) and len(tv) == len(gv) and len(tv) > 4:
+                # a long list (an optimizer's per-parameter step sizes): its first difference
+                at = [i for i, (a, b) in enumerate(zip(tv, gv)) if a != b]
+                out.append(f"{k}[{at[0]}] {tv[at[0]]!r}, golden {gv[at[0]]!r}"
+                           + (f" ({len(at)} of {len(tv)} differ)" if len(at) > 1 else ""))
+            else:
+                out.append(f"{k} {tv!r}, golden {gv!r}")
     return ", ".join(out)
 
 

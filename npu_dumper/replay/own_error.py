@@ -157,6 +157,33 @@ def _trim_after(out: Any) -> None:
     heap.allocated(sum(t.numel() for t in flat if isinstance(t, torch.Tensor)) * 8)
 
 
+def results_of(info: Any, out: Any, named: list) -> Any:
+    """What an op's own error is measured on: its return value, or for an in-place op that
+    returns nothing (the foreach ops: `_foreach_mul_`, `_foreach_addcdiv_`) {argument: value}
+    of the arguments it wrote (`named`: named_args, taken before it ran)."""
+    if out is None and info.written and not info.return_names:
+        return {n: v for n, _, v in named if n in info.written and n not in info.out_args}
+    return out
+
+
+def _results(info: Any, out: Any, ref: Any, ref_args: tuple, ref_kwargs: dict):
+    """(name as the dump names it, live tensor, float64 reference) of each result: a list's
+    members one by one (`result/result_0`, `self/self_3`: an optimizer's foreach op holds
+    every parameter's), an in-place op that returns nothing by the arguments it wrote
+    (results_of), against what the reference wrote into its float64 copies."""
+    if isinstance(out, dict):
+        refs = {n: v for n, _, v in named_args(info, ref_args, ref_kwargs)}
+        items = [(n, v, refs.get(n)) for n, v in out.items()]
+    else:
+        items = [(n, live, r) for (n, _, live), (_, _, r) in zip(named_returns(info, out), named_returns(info, ref))]
+    for name, live, r in items:
+        if isinstance(live, (list, tuple)) and isinstance(r, (list, tuple)) and len(live) == len(r):
+            for k, (a, b) in enumerate(zip(live, r)):
+                yield f"{name}/{name}_{k}", a, b
+        else:
+            yield name, live, r
+
+
 def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     info = op_info(func)
     if isinstance(prepared, (_BlockedProduct, _BlockedPointwise)):
@@ -175,7 +202,7 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
         return None
     errors: dict[str, list[float]] = {}
     with torch.no_grad(), _disable_current_modes():
-        for (name, _, live), (_, _, r) in zip(named_returns(info, out), named_returns(info, ref)):
+        for name, live, r in _results(info, out, ref, ref_args, ref_kwargs):
             if not (isinstance(live, torch.Tensor) and isinstance(r, torch.Tensor)):
                 continue
             if not (live.is_floating_point() or live.is_complex()) or live.shape != r.shape or live.numel() == 0:
@@ -543,12 +570,19 @@ def _coarser_than_fp32(d: Any) -> bool:
 _FP32_EPS = torch.finfo(torch.float32).eps
 
 
+# the longest list of numbers kept in scalar_args: an optimizer's foreach op takes one step
+# size per parameter (`_foreach_addcdiv_.ScalarList`, 40 for GPT-2 small's 148 tensors in
+# groups); at 16 a doubled learning rate went unrecorded and its parameter updates passed as
+# inherited. 1024 numbers keep the attribute well inside HDF5's 64 KiB compact limit.
+MAX_SCALAR_LIST = 1024
+
+
 def _plain_value(v: Any) -> bool:
     """A number, bool, string or list of them: an argument whose value two runs should share.
     (dtypes, devices and layouts are left out: autocast and a device change them by design)"""
     if isinstance(v, (bool, int, float, str)):
         return True
-    if isinstance(v, (list, tuple)) and v and len(v) <= 16:
+    if isinstance(v, (list, tuple)) and v and len(v) <= MAX_SCALAR_LIST:
         return all(isinstance(x, (bool, int, float)) for x in v)
     return False
 
@@ -595,7 +629,7 @@ class PlainOwnError(Policy):
         except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
             prepared = None
         out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
-        self._measure_into(ev, prepared, out, self._measurer)
+        self._measure_into(ev, prepared, results_of(info, out, named), self._measurer)
         return out
 
     def op_computed(self, ev: OpEvent) -> None:
