@@ -17,6 +17,7 @@ import math
 from typing import Any, Iterable, Iterator
 
 from dumpfile import departures as D
+from dumpfile.read.catalog import linked_tensor
 from dumpfile.read.reader import DumpFile
 
 STATUS_DEPARTURE = "departure"
@@ -162,18 +163,8 @@ def pair_departure(pair) -> dict[str, Any] | None:
 def _producer(entry: dict) -> str | None:
     """The op whose output a catalog entry's tensor is ('' when it was first stored as an
     input: no recorded op made it), from the entry's link (`obj`) or its view's base."""
-    base = entry.get("base")
-    ref = entry.get("obj")
-    if isinstance(base, str) and base:
-        last = base.rsplit("/", 1)[-1]
-        if last.startswith("_base|"):            # a local link: _base|op|seqid|io|name
-            parts = last.split("|")
-            return parts[1] if len(parts) >= 5 and parts[3] == "output" else ""
-        ref = base
-    if isinstance(ref, str) and ref:
-        parts = ref.strip("/").split("/")
-        return parts[0] if len(parts) >= 4 and parts[2] == "output" else ""
-    return ""
+    linked = linked_tensor(entry)
+    return linked[0] if linked is not None and linked[2] == "output" else ""
 
 
 def input_producers(f: DumpFile, op) -> dict[str, str] | None:
@@ -249,33 +240,6 @@ def structural_pairs(pairs) -> frozenset:
     return frozenset(out)
 
 
-def _linked_op(entry: dict) -> tuple[str, int] | None:
-    """(op, seqid) whose stored tensor a catalog entry links to (its `obj`, or its view's
-    base `_base|op|seqid|io|name`), or None for a tensor stored there first."""
-    base = entry.get("base")
-    if isinstance(base, str) and base:
-        last = base.rsplit("/", 1)[-1]
-        if last.startswith("_base|"):
-            parts = last.split("|")
-            if len(parts) >= 5:
-                try:
-                    return parts[1], int(parts[2])
-                except ValueError:
-                    return None
-            return None
-        ref = base
-    else:
-        ref = entry.get("obj")
-    if isinstance(ref, str) and ref:
-        parts = ref.strip("/").split("/")
-        if len(parts) >= 4:
-            try:
-                return parts[0], int(parts[1])
-            except ValueError:
-                return None
-    return None
-
-
 def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
     """(op, seqid) of every op whose tensors an op of `ops` from `start` on reads (its
     catalog's input links); None when the file cannot say (written without links or
@@ -296,9 +260,9 @@ def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
             return None
         for e in entries if isinstance(entries, list) else ():
             # (a list's members are entries of their own: "tensors/tensors_0")
-            linked = _linked_op(e) if isinstance(e, dict) else None
+            linked = linked_tensor(e) if isinstance(e, dict) else None
             if linked is not None:
-                out.add(linked)
+                out.add(linked[:2])
     return out
 
 

@@ -52,6 +52,7 @@ import numpy as np
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
+from dumpfile.read.catalog import linked_tensor
 from dumpfile.read.light import LightValue
 
 from accucmp.compare.fsdp_gradients import GRADIENT_LAYOUT_INPUTS, REDUCED_ROW_OUTPUTS
@@ -199,22 +200,8 @@ def _entries(f, op) -> tuple[list[dict], list[dict]]:
 def _link(entry: dict) -> tuple[int, str, str] | None:
     """(seqid, io, name) of the tensor an entry is (its `obj` link) or a view of (its
     `base`); None when the entry is the tensor's first appearance and no view."""
-    base = entry.get("base")
-    if isinstance(base, str) and base:
-        last = base.rsplit("/", 1)[-1]
-        if last.startswith("_base|"):             # a local link: _base|op|seqid|io|name
-            parts = last.split("|")
-            if len(parts) >= 5 and parts[2].isdigit():
-                return int(parts[2]), parts[3], "/".join(parts[4:])
-            return None
-        ref = base
-    else:
-        ref = entry.get("obj")
-    if isinstance(ref, str) and ref:
-        parts = ref.strip("/").split("/")
-        if len(parts) >= 4 and parts[1].isdigit():
-            return int(parts[1]), parts[2], "/".join(parts[3:])
-    return None
+    linked = linked_tensor(entry)
+    return None if linked is None else linked[1:]
 
 
 def _is_tensor(entry: dict) -> bool:

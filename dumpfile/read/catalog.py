@@ -50,6 +50,29 @@ def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def linked_tensor(entry: dict) -> tuple[str, int, str, str] | None:
+    """(op, seqid, io, name) of the stored tensor a catalog entry is (its `obj` link,
+    `/op/seqid/io/name`) or a view of (its `base`; a local link `_base|op|seqid|io|name`),
+    or None when the entry is the tensor's first appearance and no view (or a link that does
+    not parse)."""
+    base = entry.get("base")
+    if isinstance(base, str) and base:
+        last = base.rsplit("/", 1)[-1]
+        if last.startswith("_base|"):
+            parts = last.split("|")
+            if len(parts) >= 5 and parts[2].isdigit():
+                return parts[1], int(parts[2]), parts[3], "/".join(parts[4:])
+            return None
+        ref = base
+    else:
+        ref = entry.get("obj")
+    if isinstance(ref, str) and ref:
+        parts = ref.strip("/").split("/")
+        if len(parts) >= 4 and parts[1].isdigit():
+            return parts[0], int(parts[1]), parts[2], "/".join(parts[3:])
+    return None
+
+
 def catalog_attrs(e: dict, code: int) -> dict[str, Any]:
     """An entry's attributes as a layout walk reads them from the object (numpy scalars/arrays)."""
     attrs: dict[str, Any] = {S.ATTR_TYPE: np.int64(code)}
