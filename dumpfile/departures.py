@@ -53,9 +53,6 @@ BY_DESIGN_OPS = CASTS | frozenset({
     # buffers a first iteration allocates)
     "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
 })
-# namespaces whose ops are not a departure on either side: collectives (replay runs them live by
-# design: their result depends on other ranks) and the profiler's bookkeeping (record_function
-# markers, e.g. optimizer.zero_grad's: no numerics)
 # in-place ops whose result does not depend on what they overwrite: an inserted one changes
 # no state the step ends with by updating it (npu_dumper/replay/departures.py, compare's
 # step_result_departures): `zero_grad(set_to_none=False)` against a golden that set None
@@ -73,6 +70,9 @@ def is_in_place_update(name: str) -> bool:
         and not parts[1].endswith("__") and op_packet(name) not in OVERWRITING_OPS
 
 
+# namespaces whose ops are not a departure on either side: collectives (replay runs them live by
+# design: their result depends on other ranks) and the profiler's bookkeeping (record_function
+# markers, e.g. optimizer.zero_grad's: no numerics)
 RUN_LIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
                                  "profiler"})
 
