@@ -17,7 +17,7 @@ import math
 from typing import Any, Iterable, Iterator
 
 from dumpfile import departures as D
-from dumpfile.read.catalog import linked_tensor
+from dumpfile.read.catalog import linked_tensor, row_entries
 from dumpfile.read.reader import DumpFile
 
 STATUS_DEPARTURE = "departure"
@@ -170,20 +170,10 @@ def _producer(entry: dict) -> str | None:
 def input_producers(f: DumpFile, op) -> dict[str, str] | None:
     """{input name: the op that made it, '' for none} of one op, from its catalog row; None
     when the file cannot say (no catalog row, or written without links: root `dedup`)."""
-    if not f.attrs.get("dedup", False) or f.catalog is None:
+    if not f.attrs.get("dedup", False):
         return None
-    row = getattr(op, "index_row", -1)
-    try:
-        raw = f.catalog.get(row)
-        if not raw:
-            return None
-        import json
-
-        d = json.loads(raw)
-        entries = d.get("i", [])
-        return {e["n"]: _producer(e) for e in entries if isinstance(e, dict) and isinstance(e.get("n"), str)}
-    except (ValueError, RecursionError, TypeError, KeyError, OSError, RuntimeError, IndexError, AttributeError):
-        return None
+    entries = row_entries(f, op)
+    return None if entries is None else {e["n"]: _producer(e) for e in entries[0]}
 
 
 def leaf_inputs(pair, cache: dict) -> set[str]:
@@ -244,23 +234,16 @@ def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
     """(op, seqid) of every op whose tensors an op of `ops` from `start` on reads (its
     catalog's input links); None when the file cannot say (written without links or
     without a catalog, a row unreadable)."""
-    import json
-
-    if not f.attrs.get("dedup", False) or f.catalog is None:
+    if not f.attrs.get("dedup", False):
         return None
     out: set = set()
     for op in ops[start:]:
-        try:
-            raw = f.catalog.get(getattr(op, "index_row", -1))
-            if not raw:
-                return None
-            entries = json.loads(raw).get("i", [])
-        except (ValueError, RecursionError, TypeError, KeyError, OSError, RuntimeError, IndexError,
-                AttributeError):
+        entries = row_entries(f, op)
+        if entries is None:
             return None
-        for e in entries if isinstance(entries, list) else ():
+        for e in entries[0]:
             # (a list's members are entries of their own: "tensors/tensors_0")
-            linked = linked_tensor(e) if isinstance(e, dict) else None
+            linked = linked_tensor(e)
             if linked is not None:
                 out.add(linked[:2])
     return out

@@ -52,7 +52,7 @@ import numpy as np
 
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
-from dumpfile.read.catalog import linked_tensor
+from dumpfile.read.catalog import linked_tensor, row_entries
 from dumpfile.read.light import LightValue
 
 from accucmp.compare.fsdp_gradients import GRADIENT_LAYOUT_INPUTS, REDUCED_ROW_OUTPUTS
@@ -185,16 +185,7 @@ def check_world_sizes(pairs, target_dir, golden_dir) -> None:
 # ---- catalog links: which op made a tensor ----------------------------------------------------
 def _entries(f, op) -> tuple[list[dict], list[dict]]:
     """(inputs, outputs) catalog entries of one op: name `n`, shape, links `obj`/`base`."""
-    raw = f.catalog.get(getattr(op, "index_row", -1)) if f.catalog is not None else None
-    if not raw:
-        return [], []
-    try:
-        d = json.loads(raw)
-    except ValueError:
-        return [], []
-    ins = [e for e in d.get("i", []) if isinstance(e, dict) and isinstance(e.get("n"), str)]
-    outs = [e for e in d.get("o", []) if isinstance(e, dict) and isinstance(e.get("n"), str)]
-    return ins, outs
+    return row_entries(f, op) or ([], [])
 
 
 def _link(entry: dict) -> tuple[int, str, str] | None:

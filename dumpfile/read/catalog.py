@@ -285,6 +285,19 @@ def _catalog_row(f: DumpFile, op):
         return None
 
 
+def row_entries(f: DumpFile, op) -> tuple[list[dict], list[dict]] | None:
+    """(input entries, output entries) of the op's catalog row, each a dict with a string
+    name `n` (shape, links `obj`/`base`, ...); None when the file has no usable catalog or
+    row, or the row is not the JSON object a writer stores (parse_row: nesting bounded)."""
+    d = parse_row(_catalog_row(f, op) or "")
+    if d is None:
+        return None
+    sides = d.get("i", []), d.get("o", [])
+    if not all(isinstance(x, list) for x in sides):
+        return None
+    return tuple([e for e in x if isinstance(e, dict) and isinstance(e.get("n"), str)] for x in sides)
+
+
 def op_shapes(f: DumpFile, op) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
     """The shapes of an op's tensors, ((io, name, shape), ...) with io "input"/"output" and
     list members named "name/name_i", from its catalog row alone: no group opened, no
