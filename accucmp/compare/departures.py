@@ -139,10 +139,12 @@ def interleave(parts: Iterable[list[dict[str, Any]]], departures: list[dict[str,
         yield pending[i:]
 
 
-def pair_departure(pair) -> dict[str, Any] | None:
+def pair_departure(pair, ends_step: bool = False) -> dict[str, Any] | None:
     """Independent runs (two plain dumps): an op one run has and the other does not, when the
     pairing and alignment left it alone and it is not a by-design cast (dumpfile.departures),
-    is where the runs depart structurally: one row, before that op's unmatched tensor rows."""
+    is where the runs depart structurally: one row, before that op's unmatched tensor rows.
+    `ends_step`: the step ends with its result (step_result_departures): column EndsStep, and
+    the sentence says so."""
     op = pair.target if pair.target is not None else pair.golden
     if op is None or (pair.target is not None and pair.golden is not None) or D.is_by_design_op(op.op):
         return None
@@ -150,13 +152,19 @@ def pair_departure(pair) -> dict[str, Any] | None:
     d = {"kind": kind, "op": op.op, "module": op.module, "phase": op.phase}
     if kind == D.MISSING:
         d["golden_seqid"] = float(op.seqid)
-    return {
+    row = {
         "NPUDump": op.op, "NPUDumpPath": "", "GroundTruthPath": "",
         "SeqId": op.seqid if kind == D.INSERTED else math.nan, "Phase": op.phase, "Module": op.module,
         "IO": IO_DEPARTURE, "TensorName": "", "CompareStatus": STATUS_UNPAIRED_OP, "Departure": kind,
         "CompareFailReason": sentence(d),
         "GoldenSeqId": op.seqid if kind == D.MISSING else math.nan, "GoldenOp": op.op if kind == D.MISSING else "",
     }
+    if ends_step:
+        row["EndsStep"] = True
+        row["CompareFailReason"] += (
+            "; no later op of that run reads its result (a gradient the step ends with), and the other "
+            "run ends the step with no other op there: the step's results differ")
+    return row
 
 
 # ---- independent runs: which inputs no op of the step made ------------------------------------
@@ -284,7 +292,7 @@ def _write_changed(op) -> bool:
         return True
 
 
-def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = None) -> frozenset:
+def step_result_departures(pairs, structural: frozenset) -> frozenset:
     """id() of the departures (structural_pairs) that change what the step ends with: an op
     of the backward, or one that updates a tensor in place and changed it, only one run has,
     whose results no later op of its run reads (the sum autograd makes of a weight's two
@@ -293,32 +301,29 @@ def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = N
     that module (another way to compute the same gradient there). Nothing after such an op
     can differ, so the rule that lets an unpaired op lead the verdict only when an error
     follows it never fires: an untied lm_head passed (GPT-2, independent bf16 compare).
-    `ops_of`: {id(file): that file's ops in order} (read from the file when absent). Files
-    without input links (dedup off, no catalog) say nothing here."""
-    cands = []
+    Files without input links (dedup off, no catalog) say nothing here."""
+    cands = []          # (pair, op, side, whether it updates in place)
     for p in pairs:
         if (p.target is None) == (p.golden is None):
             continue
         op = p.target if p.target is not None else p.golden
-        if not (op.phase == "backward" or D.is_in_place_update(op.op)) or D.is_by_design_op(op.op) \
-                or _recomputed(op):
+        in_place = D.is_in_place_update(op.op)
+        if not (op.phase == "backward" or in_place) or D.is_by_design_op(op.op) or _recomputed(op):
             continue
-        cands.append((p, op, "target" if p.golden is None else "golden"))
-    if not any(id(p) in structural for p, _, _ in cands):
+        cands.append((p, op, "target" if p.golden is None else "golden", in_place))
+    if not any(id(p) in structural for p, *_ in cands):
         return frozenset()
     by_file: dict[int, list] = {}
-    for p, op, side in cands:
+    for _, op, _, _ in cands:
         by_file.setdefault(id(op.file), []).append(op)
     read: dict[int, set | None] = {}
     for key, mine in by_file.items():
         f = mine[0].file
-        ops = (ops_of or {}).get(key)
-        if ops is None:
-            try:
-                ops = list(f.ops())
-            except Exception:  # noqa: BLE001 - an unreadable index: this rule says nothing
-                read[key] = None
-                continue
+        try:
+            ops = f.ops()
+        except Exception:  # noqa: BLE001 - an unreadable index: this rule says nothing
+            read[key] = None
+            continue
         first = min(op.seqid for op in mine)
         start = next((i for i, o in enumerate(ops) if o.seqid >= first), len(ops))
         read[key] = _read_from(f, ops, start)
@@ -327,8 +332,8 @@ def step_result_departures(pairs, structural: frozenset, ops_of: dict | None = N
         got = read.get(id(op.file))
         return got is not None and (op.op, op.seqid) not in got
 
-    ending = [(p, op, side) for p, op, side in cands if ends_step(op)
-              and (not D.is_in_place_update(op.op) or _write_changed(op))]
+    ending = [(p, op, side) for p, op, side, in_place in cands
+              if ends_step(op) and (not in_place or _write_changed(op))]
     # a module where both runs end the step with an op the other lacks: two ways to one result
     both = {(side, D.unwrapped_module(op.module or "")) for _, op, side in ending}
     return frozenset(id(p) for p, op, side in ending if id(p) in structural

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from dumpfile import dtensor as DT
 from dumpfile import schema as S
 from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile, ending_text
@@ -275,9 +276,8 @@ def _single_process(f: DumpFile) -> bool:
     if layout is None:
         return True
     try:
-        import json
-        doc = json.loads(layout if isinstance(layout, str) else bytes(layout).decode("utf-8", "replace"))
-    except (ValueError, TypeError, RecursionError):
+        doc = DT.layout(layout)
+    except (ValueError, TypeError, AttributeError):
         return False
     return not (isinstance(doc, dict) and doc.get("wrappers"))
 
@@ -403,12 +403,7 @@ class _Work:
                     task.row["Leaf"] = True
         if id(pair) in self.structural:
             # an op only one of two independent runs has (a load-replay's come from its file)
-            row = pair_departure(pair)
-            if row is not None and id(pair) in self.ends_step:
-                row["EndsStep"] = True
-                row["CompareFailReason"] += (
-                    "; no later op of that run reads its result (a gradient the step ends with), and the other "
-                    "run ends the step with no other op there: the step's results differ")
+            row = pair_departure(pair, id(pair) in self.ends_step)
             if row is not None:
                 tasks.insert(0, Task(row, None, None))
         return tasks
