@@ -48,7 +48,7 @@ from dumpfile.read.reader import DumpFile, ValueRecord, corrupt_dump_error
 from ..errors import DumperError
 from ..opmap import OpMap, get_op_map
 from ..capture.snapshots import _is_dtensor
-from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_args, named_returns, op_info
+from ..capture.opschema import COLLECTIVE_REASON, arg_dict, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
 from . import heap
 from .op_names import draws_random, resolve_op
@@ -350,9 +350,8 @@ class ReplayPolicy(Policy):
                 return NotImplemented
             prepared = own_error.prepare(ev.func, ev.args, ev.kwargs, live)
             out = ev.func(*ev.args, **ev.kwargs)
-            info = op_info(ev.func)
             measured = None if prepared is None else self._measurer.measure(
-                ev.func, prepared, own_error.results_of(info, out, named_args(info, ev.args, ev.kwargs)))
+                ev.func, prepared, own_error.results_of(op_info(ev.func), out, ev.args, ev.kwargs))
             if measured is not None:
                 ev.group_attrs[S.OP_OWN_ERROR] = measured
             return out

@@ -157,12 +157,12 @@ def _trim_after(out: Any) -> None:
     heap.allocated(sum(t.numel() for t in flat if isinstance(t, torch.Tensor)) * 8)
 
 
-def results_of(info: Any, out: Any, named: list) -> Any:
+def results_of(info: Any, out: Any, args: tuple, kwargs: dict) -> Any:
     """What an op's own error is measured on: its return value, or for an in-place op that
     returns nothing (the foreach ops: `_foreach_mul_`, `_foreach_addcdiv_`) {argument: value}
-    of the arguments it wrote (`named`: named_args, taken before it ran)."""
+    of the arguments it wrote (the op's `args` / `kwargs`; named only for such an op)."""
     if out is None and info.written and not info.return_names:
-        return {n: v for n, _, v in named if n in info.written and n not in info.out_args}
+        return {n: v for n, _, v in named_args(info, args, kwargs) if n in info.written and n not in info.out_args}
     return out
 
 
@@ -629,7 +629,7 @@ class PlainOwnError(Policy):
         except Exception:  # noqa: BLE001 - arguments with no float64 copy (a tensor subclass): not measured
             prepared = None
         out = ev.func(*ev.args, **ev.kwargs)       # (the run's own errors are the run's)
-        self._measure_into(ev, prepared, results_of(info, out, named), self._measurer)
+        self._measure_into(ev, prepared, results_of(info, out, ev.args, ev.kwargs), self._measurer)
         return out
 
     def op_computed(self, ev: OpEvent) -> None:
