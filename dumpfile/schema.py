@@ -130,6 +130,17 @@ OP_MADE_INPUTS = "made_inputs"
 # string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
 # independent runs whose op got different arguments
 OP_SCALAR_ARGS = "scalar_args"
+# a step with a loss scaler (torch.amp.GradScaler; npu_dumper/capture/loss_scale.py): the
+# scaler's own ops carry their role, OP_LOSS_SCALER: "state" (the scale, its inverse, the inf
+# flag, the growth tracker: not the model's values), "apply" (the multiplication of the loss,
+# or of the backward's seed gradient, by the scale), "unscale" (the division of the gradients
+# by it). Compare leaves them out of the departures by design (docs/COMPARE.md, "Loss scaling").
+OP_LOSS_SCALER = "loss_scaler"
+LOSS_SCALER_ROLES = ("state", "apply", "unscale")
+# the scale an op's tensors carry where it is not 1: JSON {"input": {argument: factor},
+# "output": factor} (every floating output carries the one factor). A gradient computed from
+# the scaled loss is the golden's times the scale; compare divides the factor out.
+OP_LOSS_SCALE = "loss_scale"
 # compiled dumps (torch.compile, npu_dumper/compiled/): the FX node of the compiled graph
 # whose output the op's record holds, and that graph ("forward 0", "backward 0")
 OP_FX_NODE = "fx_node"

@@ -245,7 +245,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
 
     # ---- policies (lazy imports: only the modes in use are loaded) ----------------------
     def _make_policies(self) -> list[Policy]:
-        policies: list[Policy] = []
+        from .capture.loss_scale import LossScalePolicy
+        # first: load-replay reads the role it gives a loss scaler's op (run live, by design)
+        policies: list[Policy] = [LossScalePolicy()]
         if self.load_file_path:
             from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones

@@ -17,6 +17,7 @@ import math
 from typing import Any, Iterable, Iterator
 
 from dumpfile import departures as D
+from dumpfile import schema as S
 from dumpfile.read.catalog import linked_tensor, row_entries
 from dumpfile.read.reader import DumpFile
 
@@ -227,7 +228,7 @@ def structural_pairs(pairs) -> frozenset:
         if (p.target is None) == (p.golden is None):
             continue
         op = p.target if p.target is not None else p.golden
-        if D.is_by_design_op(op.op) or _recomputed(op):
+        if D.is_by_design_op(op.op) or _recomputed(op) or loss_scaler_op(op):
             continue
         (t_only if p.target is not None else g_only).setdefault(D.op_packet(op.op), []).append(p)
     out = set()
@@ -338,6 +339,15 @@ def step_result_departures(pairs, structural: frozenset) -> frozenset:
     both = {(side, D.unwrapped_module(op.module or "")) for _, op, side in ending}
     return frozenset(id(p) for p, op, side in ending if id(p) in structural
                      and ("golden" if side == "target" else "target", D.unwrapped_module(op.module or "")) not in both)
+
+
+def loss_scaler_op(op) -> bool:
+    """A loss scaler's own op (op attribute loss_scaler): its scale and the scaling are a
+    precision port's by design, as a cast is."""
+    try:
+        return op.attrs.get(S.OP_LOSS_SCALER) is not None
+    except Exception:  # noqa: BLE001 - unreadable attributes: judged as any other op
+        return False
 
 
 def _recomputed(op) -> bool:

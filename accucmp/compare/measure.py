@@ -45,7 +45,11 @@ class Comparer:
     def _read_whole(self, rec: ValueRecord, numel: int) -> bool:
         return rec.type != S.TYPE_TENSOR or numel <= self.chunk
 
-    def _chunks(self, rec: ValueRecord, numel: int):
+    def _chunks(self, rec: ValueRecord, numel: int, scale: float = 1.0):
+        if scale != 1.0:
+            # a loss scale (rows.Task.scale): divided out in float64, where dividing by a
+            # power of two is exact and no float16 value under- or overflows
+            return (np.asarray(c, dtype=np.float64) / scale for c in self._chunks(rec, numel))
         if self._read_whole(rec, numel):
             return iter([np.asarray(rec.read()).reshape(-1)])
         if isinstance(rec, LightTensor) and rec.fast and rec.stored_shape:
@@ -75,7 +79,10 @@ class Comparer:
                                         "fill_/copy_/bernoulli_ destination before the op): not compared")
             return
         if t.is_stats or g.is_stats:
-            xs = t.stats() if t.is_stats else stats_of(self._chunks(t, t_n))
+            if task.scale != 1.0 and t.is_stats:
+                # (statistics hold no tensor to divide: compared as recorded, the row says so)
+                row["CompareFailReason"] = f"statistics of a tensor that carries a loss scale of {task.scale:g}"
+            xs = t.stats() if t.is_stats else stats_of(self._chunks(t, t_n, task.scale))
             ys = g.stats() if g.is_stats else stats_of(self._chunks(g, g_n))
             res, extras = compare_stats(xs, ys, self.algorithms)
             self._put(row, res, extras)
@@ -106,6 +113,8 @@ class Comparer:
         whole = self._read_whole(t, t_n) and self._read_whole(g, g_n)
         if whole:
             x = np.asarray(t.read()).reshape(-1)
+            if task.scale != 1.0:
+                x = x.astype(np.float64) / task.scale
             y = np.asarray(g.read()).reshape(-1)
             tc.add(x, y)
             if tc.needs_kl_pass:
@@ -115,13 +124,13 @@ class Comparer:
                 fp[0].add(x, z)
                 fp[1].add(y, z)
         else:
-            for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
+            for x, y in aligned(self._chunks(t, t_n, task.scale), self._chunks(g, g_n)):
                 tc.add(x, y)
             if tc.needs_kl_pass:
-                for x, y in aligned(self._chunks(t, t_n), self._chunks(g, g_n)):
+                for x, y in aligned(self._chunks(t, t_n, task.scale), self._chunks(g, g_n)):
                     tc.kl_pass(x, y)
             if fp:
-                for x, z in aligned(self._chunks(t, t_n), self._chunks(f, f_n)):
+                for x, z in aligned(self._chunks(t, t_n, task.scale), self._chunks(f, f_n)):
                     fp[0].add(x, z)
                 for y, z in aligned(self._chunks(g, g_n), self._chunks(f, f_n)):
                     fp[1].add(y, z)

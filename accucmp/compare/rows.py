@@ -77,6 +77,10 @@ TAIL_COLUMNS = [
     # ||sum |x| || / ||sum x|| (and the same of the largest elements), from the golden's
     # recorded input (compare/cancellation.py); the verdict allows that many u more
     "RoundedInputCancellation",
+    # a step with a loss scaler (GradScaler; op attribute loss_scale): the factor the target's
+    # tensor carries over the golden's (65536: a gradient of the scaled loss against an
+    # unscaled golden), divided out before the metrics; empty where the two carry the same
+    "LossScale",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -93,8 +97,13 @@ STATUS_CORRUPT = "corrupt"              # unreadable / attributes disagree with 
 STATUS_PARALLELISM = "parallelism"      # an op only the parallel run has (collective, bucket copy)
 STATUS_PARTIAL = "partial"              # a reduction over the rank's part of the batch
 STATUS_SHARDED = "sharded"              # a shard of a tensor (shard assembly's part)
+# the loss scaler's state (its scale, inverse scale, inf flag: op attribute loss_scaler "state")
+STATUS_LOSS_SCALER = "loss_scaler"
 # statuses whose rows hold two records but no metrics are computed for
-NOT_MEASURED = frozenset((STATUS_RANDOM_REPLAYED, STATUS_PARALLELISM, STATUS_PARTIAL, STATUS_SHARDED))
+NOT_MEASURED = frozenset((STATUS_RANDOM_REPLAYED, STATUS_PARALLELISM, STATUS_PARTIAL, STATUS_SHARDED,
+                          STATUS_LOSS_SCALER))
+LOSS_SCALER_REASON = ("the loss scaler's own op (GradScaler's scale, its inverse, the inf check): "
+                      "by design, not the model's values")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,8 @@ class Task:
     # (the golden's input whose terms the output sums, the kept-axes rule, the op's plain
     # arguments): RoundedInputCancellation is computed from it (rounded_sum_terms)
     sum_terms: tuple[ValueRecord, str, dict | None] | None = None
+    # the loss scale the target's tensor carries over the golden's (LossScale): divided out
+    scale: float = 1.0
 
 
 def dtype_of(rec: ValueRecord) -> str:
@@ -156,6 +167,8 @@ _B_MADE_INPUTS = S.OP_MADE_INPUTS.encode()
 _B_SCALAR_ARGS = S.OP_SCALAR_ARGS.encode()
 _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 _B_STACK = S.OP_STACK.encode()
+_B_LOSS_SCALER = S.OP_LOSS_SCALER.encode()
+_B_LOSS_SCALE = S.OP_LOSS_SCALE.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
 EAGER_ELEMENTS = 1 << 14
@@ -173,6 +186,12 @@ class OpTensors:
     scalar_args: dict | None = None                 # the op's plain arguments; None: not recorded
     source: str = ""                                # the user's source line (op attribute stack)
     input_arg_dtypes: dict | None = None            # {argument: dtype} (op attribute input_arg_dtypes)
+    loss_scaler: str = ""                           # the op's role in a loss scaler (op attribute)
+    loss_scale: dict = field(default_factory=dict)  # (io, name) or io -> scale (op attribute loss_scale)
+
+    def scale_of(self, io: str, name: str) -> float:
+        """The loss scale the op's tensor `name` (of group `io`) carries: 1 where none."""
+        return self.loss_scale.get((io, name), self.loss_scale.get(io, 1.0))
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -186,7 +205,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
-                          _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)))
+                          _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
+                          _role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -204,11 +224,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
-                          _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)))
+                          _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
+                          _role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
-                       _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES))
+                       _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE))
 
 
 def _text(v: Any) -> str:
@@ -253,6 +274,32 @@ def _arg_dtypes(text: Any) -> dict | None:
     if not isinstance(d, dict) or not all(isinstance(v, str) for v in d.values()):
         return None
     return {str(k): v for k, v in d.items()}
+
+
+def _role(text: Any) -> str:
+    """The op attribute loss_scaler: one of schema.LOSS_SCALER_ROLES, or ''."""
+    role = _text(text)
+    return role if role in S.LOSS_SCALER_ROLES else ""
+
+
+def _loss_scale(text: Any) -> dict:
+    """The op attribute loss_scale as {(input, name): scale, output: scale}; {} when absent
+    or bad. A scale is a finite positive number: anything else would make a division of the
+    file's choosing, so a damaged attribute compares the tensors as they are."""
+    d = _json_attr(text)
+    if not isinstance(d, dict):
+        return {}
+
+    def ok(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+
+    out: dict = {}
+    ins = d.get("input")
+    if isinstance(ins, dict):
+        out.update({(S.INPUT_GROUP, str(k)): float(v) for k, v in ins.items() if ok(v)})
+    if ok(d.get("output")):
+        out[S.OUTPUT_GROUP] = float(d["output"])
+    return out
 
 
 def _scalar_args(text: Any) -> dict | None:
@@ -360,6 +407,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
         t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype,
                          own_error=_region_own_error(region), made_inputs=_region_made_inputs(region))
         g_ts = OpTensors(region.tensors(1, "input"), region.tensors(1, "output"), g_ts.compute_dtype)
+    scaler_state = S.LOSS_SCALER_ROLES[0] in (t_ts.loss_scaler, g_ts.loss_scaler)
+    unscaled_result = _unscaled_result(t_ts, g_ts)
     precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
     changed = args_differ(t_ts.scalar_args, g_ts.scalar_args) if not replay and region is None else ""
     compute = t_ts.compute_dtype or g_ts.compute_dtype
@@ -403,8 +452,25 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["CompareStatus"] = STATUS_RANDOM_REPLAYED
                 row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
                                             "(no device reproduces another's random numbers): not compared")
+            elif scaler_state:
+                row["CompareStatus"] = STATUS_LOSS_SCALER
+                row["CompareFailReason"] = LOSS_SCALER_REASON
             elif pair.reason:
                 row["CompareFailReason"] = pair.reason
+            if (t_ts.loss_scaler or g_ts.loss_scaler) and row["CompareStatus"] == STATUS_UNMATCHED:
+                row["CompareFailReason"] = LOSS_SCALER_REASON
+            if io == S.OUTPUT_GROUP and t is not None and unscaled_result:
+                # the first op that reads a gradient the scaler did not unscale is where the
+                # run departs: what it computes differs from the golden's by design of its
+                # inputs, which its own error (measured on those inputs) cannot excuse
+                row["StructureDiffers"] = unscaled_result
+            scale = 1.0
+            if t is not None and g is not None and region is None:
+                scale = t_ts.scale_of(io, name) / g_ts.scale_of(io, name)
+                if scale != 1.0 and _floating(t) and _floating(g):
+                    row["LossScale"] = scale
+                else:
+                    scale = 1.0
             own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
             if own is not None:
                 row["OwnErrorOf"] = "target"
@@ -436,8 +502,28 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
             if replay and own is None and region is None and io == S.OUTPUT_GROUP and t is not None \
                     and g is not None and g_op is not None:
                 terms = rounded_sum_terms(g_op.op, name, t_ts, g_ts)
-            tasks.append(Task(row, t, g, fp, terms))
+            tasks.append(Task(row, t, g, fp, terms, scale))
     return tasks
+
+
+# StructureDiffers of an op that read gradients the loss scaler had not unscaled (the verdict
+# fails it as caused there)
+READS_SCALED = "it reads tensors that carry the loss scale"
+
+
+def _unscaled_result(t_ts: OpTensors, g_ts: OpTensors) -> str:
+    """What an output row says of a target op outside the backward that read a tensor still
+    carrying the loss scale (an optimizer step or clipping before the scaler unscaled the
+    gradients): its result is compared as it is. '' otherwise."""
+    ins = [f for k, f in t_ts.loss_scale.items() if isinstance(k, tuple) and f != g_ts.scale_of(*k)]
+    if not ins or t_ts.scale_of(S.OUTPUT_GROUP, "") != 1.0 or t_ts.loss_scaler == S.LOSS_SCALER_ROLES[2]:
+        return ""
+    return (f"{READS_SCALED} {max(ins):g}: gradients the loss scaler "
+            f"had not unscaled (an optimizer step or clipping before scaler.unscale_/scaler.step)")
+
+
+def _floating(rec: ValueRecord) -> bool:
+    return dtype_of(rec).startswith(("float", "bfloat", "complex"))
 
 
 def rounded_sum_terms(op: str, output: str, t_ts: OpTensors, g_ts: OpTensors

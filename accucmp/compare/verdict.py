@@ -67,6 +67,7 @@ from dumpfile.errors import DumpError
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, apply_op_policies, bound_class
+from accucmp.compare.rows import READS_SCALED
 
 if TYPE_CHECKING:
     from accucmp.compare.measure import Measured
@@ -247,6 +248,11 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
             if plain[0] == RESULT_FAIL and changed:
                 # the op computed right what it was given, but not with the golden's arguments
                 return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {plain[1]}") + plain[2:]
+            if plain[0] == RESULT_FAIL and structure.startswith(READS_SCALED):
+                # it computed right on gradients that still carry the loss scale: the run
+                # departs here (compare/rows._unscaled_result)
+                return (RESULT_FAIL, f"{plain[1]} [caused here: {structure}; its own error vs fp64 on those "
+                        f"inputs is {res[3]:.3g} u]") + plain[2:]
             if plain[0] == RESULT_FAIL and structure:
                 # an op one run has and the other lacks may have made the difference: not passed
                 return (RESULT_FAIL, f"{plain[1]} {NOT_PASSED_NOTE} the runs' op streams differ ({structure}); "
@@ -258,6 +264,8 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
         return res
     if changed and res[0] == RESULT_FAIL:
         return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {res[1]}") + res[2:]
+    if res[0] == RESULT_FAIL and structure.startswith(READS_SCALED):
+        return (RESULT_FAIL, f"{res[1]} [{structure}]") + res[2:]
     made_by = _str(row.get("MadeBy"))
     if res[0] == RESULT_FAIL and _str(row.get("IO")) == "input" and res[4] != "CompareStatus":
         if made_by == "op" and not structure:

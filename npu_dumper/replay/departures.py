@@ -87,14 +87,17 @@ class DepartureLog:
         self._pending.setdefault(ev.seqid, []).append(row)
         return row
 
-    def unmatched(self, ev, why: str, *, by_design: bool, live: dict | None, rerun: bool = False) -> None:
+    def unmatched(self, ev, why: str, *, by_design: bool, live: dict | None,
+                  counts_as_recorded: bool = True) -> None:
         """A live op replay runs on its live inputs. Its outputs' provenance is noted in
-        outputs_made; here, whether it is a departure. `rerun`: activation checkpointing's
-        re-run of a forward op, which has no recorded call to excuse."""
+        outputs_made; here, whether it is a departure. `counts_as_recorded`: a by-design op
+        that stands for a recorded call of it (a collective, a DTensor op), which is then not
+        missing; not so activation checkpointing's re-run of a forward op or a loss scaler's
+        op, which have no recorded call to excuse."""
         self._pending.pop(ev.seqid, None)
         if by_design:
             ev.notes["replay_made"] = _REPLAYED          # (a collective's result: the run's own)
-            if not rerun:
+            if counts_as_recorded:
                 self._run_live[ev.name] += 1             # its recorded call is not missing
             return
         if D.is_by_design_op(ev.name):

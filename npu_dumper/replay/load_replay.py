@@ -61,6 +61,8 @@ from .source import DEFAULT_BUDGET, RecordedTensors
 from . import own_error
 from .measure_worker import MeasureWorker
 
+LOSS_SCALER_REASON = "the loss scaler's own op (GradScaler): run live, by design"
+
 _SUMMARY_NAMES = 5
 
 
@@ -271,6 +273,15 @@ class ReplayPolicy(Policy):
         k = self._calls[ev.name]
         self._calls[ev.name] += 1
         info = op_info(ev.func)
+        if ev.group_attrs.get(S.OP_LOSS_SCALER):
+            # a loss scaler's op (npu_dumper/capture/loss_scale.py): the scaler's state and
+            # the scaling are the live run's own; a recorded call of the same name is another
+            # computation (found_inf's `.item()` took the optimizer's step count and skipped
+            # the step). Matched ops get the recording's unscaled values, so the scale ends
+            # at the first of them.
+            self._calls[ev.name] -= 1
+            self._unmatched(ev, LOSS_SCALER_REASON, by_design=True, counts_as_recorded=False)
+            return
         live = arg_dict(info, ev.args, ev.kwargs)
         if info.collective:
             # run live, unrecorded: substituting this rank's recorded inputs cannot give the
@@ -336,6 +347,8 @@ class ReplayPolicy(Policy):
         ev.group_attrs[S.OP_REPLAYED] = True
         ev.group_attrs[S.OP_SOURCE_SEQID] = ev.seqid
         ev.notes["replay_matched"] = True
+        # its tensors are the recording's: they carry the recording's loss scale, not the live one
+        ev.group_attrs.pop(S.OP_LOSS_SCALE, None)
         self.departures.matched(entry.record.seqid)
         self.summary.matched += 1
         if entry.record.op != ev.name:
@@ -569,10 +582,11 @@ class ReplayPolicy(Policy):
         return (fit, "") if fit is not None else (None, "no unused recorded re-run with matching inputs")
 
     def _unmatched(self, ev: OpEvent, why: str, *, by_design: bool = False, live: dict | None = None,
-                   rerun: bool = False) -> None:
+                   rerun: bool = False, counts_as_recorded: bool = True) -> None:
         self.summary.unmatched[ev.name] += 1
         self.summary.unmatched_why.setdefault(ev.name, why)
-        self.departures.unmatched(ev, why, by_design=by_design, live=live, rerun=rerun)
+        self.departures.unmatched(ev, why, by_design=by_design, live=live,
+                                  counts_as_recorded=counts_as_recorded and not rerun)
 
     # ---- substitution --------------------------------------------------------------
     def _substitute(self, ev: OpEvent, entry: Candidate, live: dict[str, Any]) -> tuple[tuple, dict]:

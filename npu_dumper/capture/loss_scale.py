@@ -1,0 +1,236 @@
+"""A loss scaler's part in the step, marked op by op (torch.amp.GradScaler).
+
+An fp16 port trains with a loss scaler; its fp32 golden usually does not. The scaler adds ops
+the golden lacks (the scale's creation, `loss * scale`, the backward's seed times the scale,
+the gradients' unscale and the inf check, the scale's update), and every gradient from the
+loss back to the unscale is the golden's times the scale. Without knowing that, a compare
+stops at the scaler's first op and every backward op differs by 65536x.
+
+While a dump block runs, GradScaler's `scale`, `unscale_` and `update` are wrapped so that
+the ops they dispatch are known as the scaler's, and its state tensors (the scale, the
+growth tracker, the inverse scale, the inf flags) are known by their storage. Each op then
+gets a role (schema.OP_LOSS_SCALER: "state", "apply", "unscale") where it is the scaler's,
+and the scale its tensors carry where it is not 1 (schema.OP_LOSS_SCALE), followed from the
+op that applied it through every backward op that reads a scaled tensor (the backward is
+linear in its seed), to the unscale. An op after the backward that reads a tensor still
+carrying the scale (an optimizer step before the unscale) is not scaled alike: what it
+computes is not linear in it, and compare judges it as it is. Nothing here adds an op: the
+storages are looked up, the scale's value read once per multiplication. Inactive (one attribute test per op) until a scaler
+method runs inside the block.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from dumpfile import departures as D
+from dumpfile import schema as S
+
+from .opschema import named_args, op_info
+from .policy import OpEvent, Policy
+from .walk import tensors_in
+
+ROLE_STATE, ROLE_APPLY, ROLE_UNSCALE = S.LOSS_SCALER_ROLES
+# the ops that apply a scale: GradScaler's `outputs * scale`, and autograd's backward of it
+# (MulBackward0: grad * other)
+_APPLYING = frozenset({"aten.mul", "aten.mul_"})
+_WRAPPED = ("scale", "unscale_", "update")
+# ops whose result takes an input's shape and dtype, not its values: `ones_like(loss)` is the
+# backward's seed, 1 whatever scale the loss carries
+_VALUE_FREE = frozenset(f"aten.{n}" for n in (
+    "ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like",
+    "new_ones", "new_zeros", "new_full", "new_empty", "new_empty_strided", "empty_strided"))
+
+
+def _storage_key(t: torch.Tensor):
+    """(data pointer, storage) of a strided tensor with storage; None otherwise."""
+    try:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return (ptr, st) if ptr else None
+
+
+class _ByStorage:
+    """Values kept per storage, valid while that storage lives (a weak reference to the
+    storage object: its address can be reused once it is freed)."""
+
+    def __init__(self):
+        self._d: dict[int, tuple[Any, Any]] = {}
+
+    def get(self, t: torch.Tensor, default=None):
+        key = _storage_key(t)
+        if key is None:
+            return default
+        e = self._d.get(key[0])
+        return e[1] if e is not None and e[0]() is key[1] else default
+
+    def put(self, t: torch.Tensor, value) -> None:
+        key = _storage_key(t)
+        if key is not None:
+            self._d[key[0]] = (weakref.ref(key[1]), value)
+
+    def drop(self, t: torch.Tensor) -> None:
+        key = _storage_key(t)
+        if key is not None:
+            self._d.pop(key[0], None)
+
+
+class LossScalePolicy(Policy):
+    """Marks the loss scaler's ops and the scale each op's tensors carry (module docstring).
+    First among the dumper's policies: load-replay reads the role to run the scaler's ops live."""
+
+    def __init__(self):
+        self._state = _ByStorage()        # storages of the scaler's state tensors
+        self._factor = _ByStorage()       # storage -> the scale its values carry (absent: 1)
+        self._region: list[str] = []      # the scaler methods running, innermost last
+        self._thread = threading.get_ident()
+        self._originals: dict[tuple, Any] = {}
+        self.active = False               # a scaler method has run inside the block
+        self.scales: list[float] = []     # the scales applied, in order
+        self.ops = 0                      # ops given a role
+
+    # ---- the scaler's methods ------------------------------------------------------------
+    def begin(self, session: Any) -> None:
+        self._thread = threading.get_ident()
+        # GradScaler and its subclasses that define the methods themselves (FSDP's
+        # ShardedGradScaler); a subclass that calls super() runs both wrappers, harmlessly
+        for cls in _scaler_classes():
+            for name in _WRAPPED:
+                original = cls.__dict__.get(name)
+                if original is not None:
+                    self._originals[(cls, name)] = original
+                    setattr(cls, name, self._wrap(name, original))
+
+    def end(self, session: Any) -> None:
+        for (cls, name), original in self._originals.items():
+            setattr(cls, name, original)
+        self._originals = {}
+
+    def _wrap(self, name: str, original):
+        policy = self
+
+        def method(scaler, *args, **kwargs):
+            if threading.get_ident() != policy._thread:
+                return original(scaler, *args, **kwargs)
+            policy.active = True
+            # a scale made before the block (every step after the first) is known from here
+            for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)):
+                if isinstance(t, torch.Tensor):
+                    policy._state.put(t, True)
+            policy._region.append(name)
+            try:
+                return original(scaler, *args, **kwargs)
+            finally:
+                policy._region.pop()
+
+        method.__wrapped__ = original
+        method.__name__ = getattr(original, "__name__", name)
+        method.__doc__ = getattr(original, "__doc__", None)
+        return method
+
+    # ---- per op -------------------------------------------------------------------------
+    def before_op(self, ev: OpEvent) -> None:
+        if not self.active:
+            return
+        info = op_info(ev.func)
+        state, data = [], []
+        overwrites = D.op_packet(ev.name) in D.OVERWRITING_OPS
+        for name, _, value in named_args(info, ev.args, ev.kwargs):
+            members = tensors_in(value, [])
+            for i, t in enumerate(members):
+                label = f"{name}/{name}_{i}" if isinstance(value, (list, tuple)) else name
+                if self._state.get(t):
+                    state.append((label, t))
+                elif (t.is_floating_point() or t.is_complex()) and not (overwrites and name in info.written):
+                    data.append((label, t))
+        region = self._region[-1] if self._region else None
+        role = None
+        if region is not None or state:
+            if not data:
+                role = ROLE_STATE
+            elif state and D.op_packet(ev.name) in _APPLYING:
+                role = ROLE_APPLY
+            elif region == "unscale_":
+                role = ROLE_UNSCALE
+        factors = {label: f for label, t in data if (f := self._factor.get(t, 1.0)) != 1.0}
+        if role == ROLE_STATE:
+            out = None
+        elif role == ROLE_APPLY:
+            scale = _value(state[0][1])
+            self.scales.append(scale)
+            out = max(factors.values(), default=1.0) * scale
+        elif role == ROLE_UNSCALE or state:
+            out = 1.0          # the unscale, or an op that takes the scale to undo it (a fused step)
+        elif ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in _VALUE_FREE:
+            # the backward is linear in its seed: what it computes from a scaled tensor is
+            # scaled alike. Not so an op after it (an optimizer, clipping): one that reads a
+            # gradient the scaler has not unscaled computes something else (Adam's second
+            # moment: scale squared), and its result is compared as it is
+            out = max(factors.values(), default=1.0)
+        else:
+            out = 1.0
+        if role is not None:
+            ev.group_attrs[S.OP_LOSS_SCALER] = role
+            self.ops += 1
+        if factors or (out is not None and out != 1.0):
+            ev.group_attrs[S.OP_LOSS_SCALE] = json.dumps({"input": factors, "output": out})
+        ev.notes["loss_scale_out"] = out
+
+    def after_op(self, ev: OpEvent, recorded: bool) -> None:
+        if not self.active or "loss_scale_out" not in ev.notes:
+            return
+        out = ev.notes.pop("loss_scale_out")
+        if ev.notes.get("replay_matched"):
+            # a replayed op computed on the recording's inputs: its results carry the
+            # recording's scale, which the golden's own records already have
+            out = 1.0
+        info = op_info(ev.func)
+        made = tensors_in(ev.outputs, [])
+        if info.written:
+            for name, _, value in named_args(info, ev.args, ev.kwargs):
+                if name in info.written:
+                    tensors_in(value, made)
+        for t in made:
+            if out is None:
+                self._state.put(t, True)
+            elif out != 1.0 and (t.is_floating_point() or t.is_complex()):
+                self._factor.put(t, out)
+            else:
+                self._factor.drop(t)
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """The dumper's report (Dumper.summary["lossscale"]): None when no scaler ran."""
+        if not self.active:
+            return None
+        return {"scaler_ops": self.ops, "scales": sorted(set(self.scales))}
+
+
+def _value(t: torch.Tensor) -> float:
+    """The scale a state tensor holds (one number: GradScaler's scale is a 0-dim tensor)."""
+    try:
+        return float(t.detach().reshape(-1)[0].item()) if t.numel() else 1.0
+    except (RuntimeError, ValueError):
+        return 1.0
+
+
+def _scaler_classes() -> list:
+    """torch.amp.GradScaler and every subclass imported so far."""
+    try:
+        from torch.amp.grad_scaler import GradScaler
+    except ImportError:        # (an older torch: torch.cuda.amp's)
+        return []
+    out, todo = [], [GradScaler]
+    while todo:
+        cls = todo.pop()
+        if cls not in out:
+            out.append(cls)
+            todo += cls.__subclasses__()
+    return out

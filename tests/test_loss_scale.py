@@ -1,0 +1,148 @@
+"""A target step with a loss scaler (torch.amp.GradScaler) against a golden without one: the
+scaler's ops are by design, the gradients are compared with the scale divided out, and a
+step that uses gradients the scaler has not unscaled still fails where it does. Real dumps
+(npu_dumper/capture/loss_scale.py marks the ops; accucmp/compare/rows.py divides)."""
+
+import json
+
+import h5py
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
+from dumpfile import schema as S
+
+SCALE = 2.0 ** 16
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.norm(self.fc1(x))))
+
+
+def _step(path, *, scaler: bool, unscale: bool = True, mode=None, weight_bump: float = 0.0):
+    """One SGD step of Net on fixed data in float32 (a power-of-two scale is exact there, so a
+    correct scaled step equals the golden's after division, bit for bit)."""
+    model = Net()
+    if weight_bump:
+        with torch.no_grad():
+            model.fc2.weight[0, 0] += weight_bump
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sc = torch.amp.GradScaler("cpu", init_scale=SCALE) if scaler else None
+    torch.manual_seed(1)
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    kw = mode or dict(use_dump=True)
+    with torch.utils.dumper(dump_path=str(path), **kw) as dump:
+        loss = F.cross_entropy(model(x), y)
+        if sc is None:
+            loss.backward()
+            opt.step()
+        else:
+            sc.scale(loss).backward()
+            if unscale:
+                sc.step(opt)
+                sc.update()
+            else:                   # the porting mistake: the optimizer steps on scaled gradients
+                opt.step()
+    return str(path), model, dump
+
+
+def _judged(target, golden):
+    return apply_verdict(compare_dumps(target, golden).table)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return _step(tmp_path_factory.mktemp("ls") / "golden.h5", scaler=False)
+
+
+def test_a_scaled_step_passes_with_the_scale_divided_out(tmp_path, golden):
+    """Before: `FAIL: the model's top level runs aten.full.default`, and every backward row
+    65536x off."""
+    target, _, dump = _step(tmp_path / "scaled.h5", scaler=True)
+    assert dump.summary["lossscale"]["scales"] == [SCALE]
+    t = _judged(target, golden[0])
+    assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
+    back = t[(t["Phase"] == "backward") & (t["CompareStatus"] == "compared")]
+    grads = back[back["LossScale"] == SCALE]
+    assert len(grads) >= 10
+    # a power-of-two scale divides out exactly: the gradients agree bit for bit
+    assert (grads["MaxAbsoluteError"] == 0).all()
+    # what the backward reads from the forward (weights, activations) carries no scale
+    assert back["LossScale"].isna().any()
+    scaler_rows = t[t["CompareFailReason"].astype(str).str.contains("loss scaler's own op")]
+    assert {"aten.full.default", "aten.mul.Tensor"} <= set(scaler_rows["NPUDump"])
+    assert not (t["CompareStatus"] == "unpaired_op").any()
+    # the optimizer's update reads the unscaled gradients: no factor there
+    upd = t[(t["Phase"] == "forward") & t["NPUDump"].str.startswith("aten.add_")]
+    assert len(upd) and upd["LossScale"].isna().all()
+
+
+def test_the_dump_marks_the_scaler_ops_and_the_scaled_tensors(tmp_path):
+    target, _, _ = _step(tmp_path / "scaled.h5", scaler=True)
+    roles, scaled = {}, []
+    with h5py.File(target, "r") as f:
+        for op in f:
+            if not isinstance(f[op], h5py.Group):
+                continue
+            for seq, g in f[op].items():
+                if S.OP_LOSS_SCALER in g.attrs:
+                    roles[(op, int(seq))] = g.attrs[S.OP_LOSS_SCALER]
+                if S.OP_LOSS_SCALE in g.attrs:
+                    scaled.append((g.attrs["phase"], json.loads(g.attrs[S.OP_LOSS_SCALE])))
+    by_role = {}
+    for (op, _), role in roles.items():
+        by_role.setdefault(role, set()).add(op)
+    assert by_role["apply"] == {"aten.mul.Tensor"}          # loss * scale, and its backward
+    assert by_role["unscale"] == {"aten._amp_foreach_non_finite_check_and_unscale_.default"}
+    assert "aten._amp_update_scale_.default" in by_role["state"]
+    # every backward op downstream of the seed carries exactly the scale, never its square
+    factors = {d["output"] for phase, d in scaled if phase == "backward"}
+    assert factors == {SCALE}
+
+
+def test_an_optimizer_step_on_gradients_not_unscaled_fails_at_that_step(tmp_path, golden):
+    """`opt.step()` instead of `scaler.step(opt)`: SGD moves the weights 65536x too far. The
+    backward agrees (scale divided out); the first op that reads a scaled gradient outside it
+    is where the run departs, although it computed right what it was given."""
+    target, _, _ = _step(tmp_path / "noscale.h5", scaler=True, unscale=False)
+    t = _judged(target, golden[0])
+    first = first_failure(t)
+    assert first is not None
+    assert first["Phase"] == "forward" and first["NPUDump"].startswith("aten.add_"), first
+    assert "carry the loss scale 65536" in first["FailReason"]
+    assert not ((t["Phase"] == "backward") & (t["Result"] == "fail")).any()
+
+
+def test_a_changed_weight_is_still_named_under_a_scaler(tmp_path, golden):
+    target, _, _ = _step(tmp_path / "bumped.h5", scaler=True, weight_bump=0.5)
+    first = first_failure(_judged(target, golden[0]))
+    assert first is not None and first["Module"] == "fc2" and first["Phase"] == "forward", first
+
+
+def test_load_replay_runs_the_scaler_live_and_takes_the_step(tmp_path, golden):
+    """Before: the scaler's ops were matched to recorded calls of the same name; the inf
+    flag's `.item()` took the recording's step count, so GradScaler skipped the optimizer
+    step, and the run failed at the scaler's `full`."""
+    g_path, g_model, _ = golden
+    target, model, dump = _step(tmp_path / "replay.h5", scaler=True,
+                                mode=dict(use_load=True, load_file_path=g_path))
+    t = _judged(target, g_path)
+    assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "FailReason"]]
+    assert not (t["CompareStatus"] == "departure").any()
+    # the step was taken: the weights moved as the golden's did
+    for p, q in zip(model.parameters(), g_model.parameters()):
+        torch.testing.assert_close(p, q)
+    assert dump.summary["lossscale"]["scaler_ops"] > 0
