@@ -245,9 +245,7 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
 
     # ---- policies (lazy imports: only the modes in use are loaded) ----------------------
     def _make_policies(self) -> list[Policy]:
-        from .capture.loss_scale import LossScalePolicy
-        # first: load-replay reads the role it gives a loss scaler's op (run live, by design)
-        policies: list[Policy] = [LossScalePolicy()]
+        policies: list[Policy] = []
         if self.load_file_path:
             from .replay.load_replay import ReplayPolicy
             # ReplayPolicy(load_file_path, *, op_map=...): match live ops to recorded ones
@@ -266,7 +264,9 @@ class dumper:  # noqa: N801 - the original API's name (torch.utils.dumper)
         if self.load_with_acl_dump:
             # ir2tbe's AclDumpPolicy: kernel-level dump around each replayed op
             policies.append(make_policy("load_with_acl_dump", self))
-        return policies or [Policy()]
+        from .capture.loss_scale import LossScalePolicy
+        # (every mode: a GradScaler's ops and scaled gradients are marked whatever is recorded)
+        return policies + [LossScalePolicy()]
 
     def _validate(self) -> None:
         if self.dump_path is None:

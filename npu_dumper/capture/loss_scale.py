@@ -84,7 +84,9 @@ class _ByStorage:
 
 class LossScalePolicy(Policy):
     """Marks the loss scaler's ops and the scale each op's tensors carry (module docstring).
-    First among the dumper's policies: load-replay reads the role to run the scaler's ops live."""
+    Its before_op runs first: load-replay reads the role to run the scaler's ops live."""
+
+    before_others = True
 
     def __init__(self):
         self._state = _ByStorage()        # storages of the scaler's state tensors

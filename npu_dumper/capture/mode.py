@@ -79,7 +79,10 @@ class DumpMode(TorchDispatchMode):
         self._filter_trivial = op_filter.trivial
         # Only the hooks a policy overrides are called (the plain dump's Policy() has none).
         self._runners = _overriding(self.policies, "run_op")
-        self._before = _overriding(self.policies, "before_op")
+        # a policy whose before_op others read (Policy.before_others: the loss scaler's
+        # roles, which load-replay reads) runs first, wherever it sits in the list
+        self._before = sorted(_overriding(self.policies, "before_op"),
+                              key=lambda p: not getattr(p, "before_others", False))
         self._deciders = _overriding(self.policies, "should_record")
         self._after = _overriding(self.policies, "after_op")
         self._computed = _overriding(self.policies, "op_computed")

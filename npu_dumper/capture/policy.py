@@ -63,6 +63,10 @@ class Policy:
     # probes its golden, dumpfile.read.probe): the dumper starts the writer's child first, so
     # that the two start side by side
     starts_a_child = False
+    # its before_op runs before the other policies' (their before_op reads what it notes)
+    before_others = False
+    # its before_op puts other values in the op's arguments (load-replay's recorded inputs)
+    substitutes_inputs = False
 
     def begin(self, session: Any) -> None:
         pass

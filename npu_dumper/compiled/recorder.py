@@ -74,7 +74,7 @@ class NodeRecorder:
     @property
     def replays(self) -> bool:
         """A load file is replayed (graph-level load-replay): nodes take its inputs."""
-        return bool(self.mode._before)
+        return any(getattr(p, "substitutes_inputs", False) for p in self.mode._before)
 
     def before(self, ev: OpEvent) -> None:
         """The policies' before_op: load-replay puts the recorded inputs in ev.args."""

@@ -118,6 +118,7 @@ class ReplayPolicy(Policy):
     """The load-replay policy (see module doc). `summary` is filled in at block exit."""
 
     starts_a_child = True       # (begin probes the golden in a watched child)
+    substitutes_inputs = True
 
     def __init__(self, load_file_path: str | os.PathLike, op_map: OpMap | dict | None = None, *,
                  dump_path: str | os.PathLike | None = None, keep_live_strides: bool = True,
