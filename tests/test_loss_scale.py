@@ -73,7 +73,9 @@ def test_a_scaled_step_passes_with_the_scale_divided_out(tmp_path, golden):
     65536x off."""
     target, _, dump = _step(tmp_path / "scaled.h5", scaler=True)
     assert dump.summary["lossscale"]["scales"] == [SCALE]
-    t = _judged(target, golden[0])
+    result = compare_dumps(target, golden[0])
+    assert any("the target trains with a loss scaler" in n for n in result.meta["notes"])
+    t = apply_verdict(result.table)
     assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
     back = t[(t["Phase"] == "backward") & (t["CompareStatus"] == "compared")]
     grads = back[back["LossScale"] == SCALE]
@@ -146,3 +148,44 @@ def test_load_replay_runs_the_scaler_live_and_takes_the_step(tmp_path, golden):
     for p, q in zip(model.parameters(), g_model.parameters()):
         torch.testing.assert_close(p, q)
     assert dump.summary["lossscale"]["scaler_ops"] > 0
+
+
+def _scaled_step(path, init_scale, *, mode=None, fp16=False):
+    """Net's step with a GradScaler of `init_scale`, in float32 or under float16 autocast."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sc = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    torch.manual_seed(1)
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    with torch.autocast("cpu", dtype=torch.float16, enabled=fp16), \
+            torch.utils.dumper(dump_path=str(path), **(mode or dict(use_dump=True))):
+        sc.scale(F.cross_entropy(model(x), y)).backward()
+        sc.step(opt)
+        sc.update()
+    return str(path), model
+
+
+def test_two_runs_that_both_scale_compare_by_the_ratio_of_their_scales(tmp_path):
+    """The golden trained with its own GradScaler at another scale (its dynamic scale moved
+    elsewhere): its scaler ops are by design too, and the gradients compare by the ratio."""
+    g_path, g_model = _scaled_step(tmp_path / "g.h5", 2.0 ** 10)
+    t_path, _ = _scaled_step(tmp_path / "t.h5", SCALE)
+    t = _judged(t_path, g_path)
+    assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
+    assert set(t["LossScale"].dropna()) == {SCALE / 2.0 ** 10}
+    r_path, r_model = _scaled_step(tmp_path / "r.h5", SCALE, mode=dict(use_load=True, load_file_path=g_path))
+    r = _judged(r_path, g_path)
+    assert first_failure(r) is None, r[r["Result"] == "fail"][["NPUDump", "FailReason"]]
+    for p, q in zip(r_model.parameters(), g_model.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_an_overflow_under_the_scale_fails_and_says_what_the_scaler_does(tmp_path, golden):
+    """float16 gradients times 2^24 overflow: the step differs (GradScaler skips it), and the
+    row says that this is the scaler at work, not a kernel's fault."""
+    t_path, model = _scaled_step(tmp_path / "inf.h5", 2.0 ** 24, fp16=True)
+    first = first_failure(_judged(t_path, golden[0]))
+    assert first is not None and first["Phase"] == "backward", first
+    assert "overflowed under the loss scale 1.67772e+07" in first["FailReason"], first["FailReason"]
+    # GradScaler found the Inf and skipped the update: fc2 kept its initial weight
+    torch.testing.assert_close(model.fc2.weight, Net().fc2.weight)

@@ -341,6 +341,20 @@ def step_result_departures(pairs, structural: frozenset) -> frozenset:
                      and ("golden" if side == "target" else "target", D.unwrapped_module(op.module or "")) not in both)
 
 
+def loss_scaler_notes(pairs) -> list[str]:
+    """What the summary says of each run's loss scaler (its ops with no partner): that they
+    are by design and that the compare divides the scale out."""
+    counts = {"target": 0, "golden": 0}
+    for p in pairs:
+        if (p.target is None) != (p.golden is None):
+            op = p.target if p.target is not None else p.golden
+            if loss_scaler_op(op):
+                counts["target" if p.target is not None else "golden"] += 1
+    return [f"the {side} trains with a loss scaler (GradScaler): its {n} op(s) are by design, and tensors "
+            f"that carry the scale are compared with it divided out (column LossScale)"
+            for side, n in counts.items() if n]
+
+
 def loss_scaler_op(op) -> bool:
     """A loss scaler's own op (op attribute loss_scaler): its scale and the scaling are a
     precision port's by design, as a cast is."""

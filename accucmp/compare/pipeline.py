@@ -30,8 +30,8 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.reader import DumpFile, ending_text
 
 from accucmp.compare import align_map, matching
-from accucmp.compare.departures import (departure_rows, interleave, leaf_inputs, pair_departure,
-                                        step_result_departures, structural_pairs)
+from accucmp.compare.departures import (departure_rows, interleave, leaf_inputs, loss_scaler_notes,
+                                        pair_departure, step_result_departures, structural_pairs)
 from accucmp.compare.measure import Comparer, Measured
 from accucmp.compare.pairing import OpChoice, match_ops
 from accucmp.compare.parallel import auto_jobs, row_batches
@@ -231,7 +231,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
         "paired_ops": sum(1 for p in m.pairs if p.target is not None and p.golden is not None),
         "unmatched_target_ops": n_unmatched_t, "unmatched_golden_ops": n_unmatched_g,
         "op_filter": {"target": m.target_filter, "golden": m.golden_filter, "ops_left_out": m.ops_left_out},
-        "notes": list(m.notes),
+        "notes": list(m.notes) + loss_scaler_notes(m.pairs),
         "aligned_regions": list(m.aligned_regions),
         "rows": None, "compared_io": list(m.ios), "algorithms": list(algs),
         "select": pattern.select.pattern if pattern is not None and pattern.select is not None else None,

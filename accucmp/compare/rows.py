@@ -189,6 +189,10 @@ class OpTensors:
     loss_scaler: str = ""                           # the op's role in a loss scaler (op attribute)
     loss_scale: dict = field(default_factory=dict)  # (io, name) or io -> scale (op attribute loss_scale)
 
+    def is_scaler_state(self, name: str) -> bool:
+        """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
+        return name in self.loss_scale.get(_STATE, ())
+
     def scale_of(self, io: str, name: str) -> float:
         """The loss scale the op's tensor `name` (of group `io`) carries: 1 where none."""
         return self.loss_scale.get((io, name), self.loss_scale.get(io, 1.0))
@@ -299,7 +303,15 @@ def _loss_scale(text: Any) -> dict:
         out.update({(S.INPUT_GROUP, str(k)): float(v) for k, v in ins.items() if ok(v)})
     if ok(d.get("output")):
         out[S.OUTPUT_GROUP] = float(d["output"])
+    state = d.get("state")
+    if isinstance(state, list):
+        out[_STATE] = frozenset(str(k) for k in state)
     return out
+
+
+# the loss_scale key of the scaler's own tensors among an op's arguments (inputs, and the
+# outputs an in-place op writes under the same names)
+_STATE = "state"
 
 
 def _scalar_args(text: Any) -> dict | None:
@@ -452,7 +464,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["CompareStatus"] = STATUS_RANDOM_REPLAYED
                 row["CompareFailReason"] = ("random op: load-replay handed on the golden's outputs "
                                             "(no device reproduces another's random numbers): not compared")
-            elif scaler_state:
+            elif scaler_state or t_ts.is_scaler_state(name) or g_ts.is_scaler_state(name):
                 row["CompareStatus"] = STATUS_LOSS_SCALER
                 row["CompareFailReason"] = LOSS_SCALER_REASON
             elif pair.reason:
@@ -465,7 +477,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 # inputs, which its own error (measured on those inputs) cannot excuse
                 row["StructureDiffers"] = unscaled_result
             scale = 1.0
-            if t is not None and g is not None and region is None:
+            # (a load-replay's op computed on the recording's inputs: it carries their scale)
+            if t is not None and g is not None and region is None and not replay:
                 scale = t_ts.scale_of(io, name) / g_ts.scale_of(io, name)
                 if scale != 1.0 and _floating(t) and _floating(g):
                     row["LossScale"] = scale

@@ -306,6 +306,12 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
     if status in ("size_mismatch", "corrupt"):
         return (RESULT_FAIL, reason or status, math.inf, math.nan) + ("CompareStatus", status, math.nan, math.nan)
     if _num(row.get("NonFiniteMismatch")) > 0:
+        scale = _num(row.get("LossScale"))
+        if scale > 1 and _num(row.get("TargetNonFinite")) > 0:
+            # dynamic loss scaling at work, not a kernel's fault: the step differs all the same
+            reason = (f"{reason or 'NaN/Inf on one side only'} [the target's gradients overflowed under "
+                      f"the loss scale {scale:g}: GradScaler skips this step's update and lowers the scale; "
+                      f"compare a step after the scale has settled]")
         return (RESULT_FAIL, reason or "NaN/Inf on one side only", math.inf, math.nan) + (
             "NonFiniteMismatch", "NonFiniteMismatch", _num(row.get("NonFiniteMismatch")), 0.0)
 

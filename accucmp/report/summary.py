@@ -392,8 +392,9 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         scale = findings.loss_scale_of(s.worst)
         if scale is not None:
             _say(console, f"  note: these backward tensors are {scale} (2^{scale.bit_length() - 1}) times the golden's, "
-                          "what a loss scale does (torch.amp.GradScaler): dump the step with the scaler off "
-                          "(GradScaler(enabled=False)) or at init_scale=1 to compare its gradients")
+                          "what a loss scale does: the dumper recognises torch.amp.GradScaler (docs/COMPARE.md, "
+                          "\"Loss scaling\"); for another scaler, dump the step with it off or at scale 1 to "
+                          "compare its gradients")
     if s.unmatched and top:
         n = s.counts.get("unmatched", 0)
         _say(console, f"unmatched ({n}; first {len(s.unmatched)}, casts last), by module:", "yellow")

@@ -181,8 +181,15 @@ class LossScalePolicy(Policy):
         if role is not None:
             ev.group_attrs[S.OP_LOSS_SCALER] = role
             self.ops += 1
+        doc: dict[str, Any] = {}
         if factors or (out is not None and out != 1.0):
-            ev.group_attrs[S.OP_LOSS_SCALE] = json.dumps({"input": factors, "output": out})
+            doc = {"input": factors, "output": out}
+        if state and role != ROLE_STATE:
+            # the scaler's own tensors among the op's arguments (the scale `loss * scale`
+            # takes, the unscale's inverse scale and inf flag): not the model's values
+            doc["state"] = [label for label, _ in state]
+        if doc:
+            ev.group_attrs[S.OP_LOSS_SCALE] = json.dumps(doc)
         ev.notes["loss_scale_out"] = out
 
     def after_op(self, ev: OpEvent, recorded: bool) -> None:

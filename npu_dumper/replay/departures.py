@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from dumpfile import departures as D
+from dumpfile import schema as S
 from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
@@ -361,7 +362,7 @@ class DepartureLog:
             if live[name] > 0:          # the live call of it ran live (a DTensor op, a collective)
                 live[name] -= 1
                 return True
-            return D.is_by_design_op(name) or _holds_dtensor(entry)
+            return D.is_by_design_op(name) or _holds_dtensor(entry) or _loss_scalers(entry)
 
         unused = [e for e in order if not e.used and not by_design(e)] if self.structure else []
         rows = []
@@ -399,6 +400,16 @@ class DepartureLog:
 
     def encode(self) -> str:
         return D.encode(self.rows, {k: v for k, v in self.counts.items() if v > 0}, self.source)
+
+
+def _loss_scalers(entry) -> bool:
+    """A recorded loss scaler's op (the golden trained with a GradScaler): the live run's
+    scaler, if it has one, runs live (load_replay.ReplayPolicy.before_op), so the recorded
+    one is never called, by design. (Read only for ops the live run left unused.)"""
+    try:
+        return entry.record.attrs.get(S.OP_LOSS_SCALER) is not None
+    except Exception:  # noqa: BLE001 - unreadable: judged as any other op
+        return False
 
 
 def _holds_dtensor(entry) -> bool:
