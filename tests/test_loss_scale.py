@@ -173,6 +173,10 @@ def test_two_runs_that_both_scale_compare_by_the_ratio_of_their_scales(tmp_path)
     t = _judged(t_path, g_path)
     assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
     assert set(t["LossScale"].dropna()) == {SCALE / 2.0 ** 10}
+    # the scales themselves (the `mul`'s other operand, the unscale's inverse scale) are the
+    # scaler's, skipped with the reason
+    state = t[t["CompareStatus"] == "loss_scaler"]
+    assert len(state) and (state["Result"] == "skipped").all()
     r_path, r_model = _scaled_step(tmp_path / "r.h5", SCALE, mode=dict(use_load=True, load_file_path=g_path))
     r = _judged(r_path, g_path)
     assert first_failure(r) is None, r[r["Result"] == "fail"][["NPUDump", "FailReason"]]

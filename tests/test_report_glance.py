@@ -4,6 +4,7 @@ name is broken across lines; piped, lines are neither wrapped nor shortened."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -42,9 +43,11 @@ def dumps(tmp_path_factory):
 
 
 def _compare(dumps, env, *extra):
+    # paths relative to the dumps' folder: the `wrote <csv>` line is then as short wherever
+    # pytest puts its temporary folders (under pytest-xdist, popen-gw0/ made it 81 columns)
     runner = CliRunner(env=env)
-    return runner.invoke(app, ["compare", "-m", str(dumps / "t.h5"), "-g", str(dumps / "g.h5"),
-                               "-o", str(dumps / "out"), *extra])
+    with contextlib.chdir(dumps):
+        return runner.invoke(app, ["compare", "-m", "t.h5", "-g", "g.h5", "-o", "out", *extra])
 
 
 def test_terminal_80_columns_verdict_first_names_shortened_not_broken(dumps):

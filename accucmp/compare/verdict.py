@@ -301,7 +301,7 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
         return (RESULT_UNMATCHED, reason, math.nan, math.nan) + _NO_DECISION
     if status == "unmatched":
         return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION
-    if status in ("uninitialized", "empty", "random_replayed", "parallelism", "partial", "sharded"):
+    if status in ("uninitialized", "empty", "random_replayed", "parallelism", "partial", "sharded", "loss_scaler"):
         return (RESULT_SKIPPED, reason, math.nan, math.nan) + _NO_DECISION
     if status in ("size_mismatch", "corrupt"):
         return (RESULT_FAIL, reason or status, math.inf, math.nan) + ("CompareStatus", status, math.nan, math.nan)
