@@ -193,3 +193,37 @@ def test_an_overflow_under_the_scale_fails_and_says_what_the_scaler_does(tmp_pat
     assert "overflowed under the loss scale 1.67772e+07" in first["FailReason"], first["FailReason"]
     # GradScaler found the Inf and skipped the update: fc2 kept its initial weight
     torch.testing.assert_close(model.fc2.weight, Net().fc2.weight)
+
+
+class Rotary(nn.Module):
+    """A complex rotation between two Linears (DeepSeek-V2's rotary embedding): its backward
+    carries complex gradients."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.register_buffer("freqs", torch.polar(torch.ones(4), torch.arange(4.0)))
+
+    def forward(self, x):
+        z = torch.view_as_complex(self.fc1(x).view(-1, 4, 2)) * self.freqs
+        return self.fc2(torch.view_as_real(z).flatten(1))
+
+
+def test_complex_gradients_divide_the_scale_out_too(tmp_path):
+    """Before: `operands could not be broadcast together` on DeepSeek-V2's complex rotary
+    gradients (the division made them real, half their length)."""
+    def step(path, scaler):
+        model = Rotary()
+        torch.manual_seed(1)
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        with torch.utils.dumper(dump_path=str(path), use_dump=True):
+            loss = F.cross_entropy(model(x), y)
+            (scaler.scale(loss) if scaler else loss).backward()
+        return str(path)
+    g = step(tmp_path / "g.h5", None)
+    t = _judged(step(tmp_path / "t.h5", torch.amp.GradScaler("cpu", init_scale=SCALE)), g)
+    assert first_failure(t) is None, t[t["Result"] == "fail"][["NPUDump", "FailReason"]]
+    cplx = t[(t["DataType"] == "complex64") & (t["LossScale"] == SCALE)]
+    assert len(cplx) and (cplx["CompareStatus"] == "compared").all()
+    assert (cplx["MaxAbsoluteError"] == 0).all()

@@ -49,7 +49,7 @@ class Comparer:
         if scale != 1.0:
             # a loss scale (rows.Task.scale): divided out in float64, where dividing by a
             # power of two is exact and no float16 value under- or overflows
-            return (np.asarray(c, dtype=np.float64) / scale for c in self._chunks(rec, numel))
+            return (_unscaled(c, scale) for c in self._chunks(rec, numel))
         if self._read_whole(rec, numel):
             return iter([np.asarray(rec.read()).reshape(-1)])
         if isinstance(rec, LightTensor) and rec.fast and rec.stored_shape:
@@ -114,7 +114,7 @@ class Comparer:
         if whole:
             x = np.asarray(t.read()).reshape(-1)
             if task.scale != 1.0:
-                x = x.astype(np.float64) / task.scale
+                x = _unscaled(x, task.scale)
             y = np.asarray(g.read()).reshape(-1)
             tc.add(x, y)
             if tc.needs_kl_pass:
@@ -154,6 +154,13 @@ class Comparer:
                 reasons.append(r.reason)
         row["CompareFailReason"] = "; ".join(_dedupe_bool(reasons))
         row.update(extras)
+
+
+def _unscaled(x, scale: float) -> np.ndarray:
+    """`x` divided by a loss scale in float64 (complex128 for a complex tensor: DeepSeek-V2's
+    rotary gradients), where dividing by a power of two is exact."""
+    x = np.asarray(x)
+    return x.astype(np.complex128 if np.iscomplexobj(x) else np.float64) / scale
 
 
 def _dedupe_bool(reasons: list[str]) -> list[str]:
