@@ -105,7 +105,7 @@ def _eps_off(net, rank):
         net.blocks[1].ln2.eps = 1e-1
 
 
-# case name -> (wrapper, batch split, fault planted after wrapping)
+# case name -> (wrapper, batch split, fault planted after wrapping[, trains with a GradScaler])
 CASES = {
     "ddp_interleaved": (_ddp, "interleaved", None),
     "ddp_contiguous": (_ddp, "contiguous", None),
@@ -113,6 +113,9 @@ CASES = {
     "ddp_eps_bug": (_ddp, "interleaved", _eps_off),
     "fsdp2": (_fsdp, "interleaved", None),
     "tp": (_tp, "all", None),
+    # fp32 with a loss scaler against the reference without one: every gradient 65536x
+    "ddp_scaled": (_ddp, "interleaved", None, True),
+    "fsdp2_scaled": (_fsdp, "interleaved", None, True),
 }
 
 
@@ -121,7 +124,7 @@ def _rank_main(rank: int, world: int, out: str, cases: tuple[str, ...]) -> None:
 
     tokens, targets = batch()
     for case in cases:
-        wrap, split, fault = CASES[case]
+        wrap, split, fault, *scaled = CASES[case]
         net = model()
         wrapped = wrap(net, rank, world)
         if fault is not None:
@@ -129,8 +132,21 @@ def _rank_main(rank: int, world: int, out: str, cases: tuple[str, ...]) -> None:
         rows = list(range(BATCH)) if split == "all" else rows_of(rank, world, split)
         folder = os.path.join(out, case)
         os.makedirs(folder, exist_ok=True)
-        dump_step(wrapped, tokens[rows], targets[rows], os.path.join(folder, "lm.h5"))
+        path = os.path.join(folder, "lm.h5")
+        if scaled and scaled[0]:
+            _scaled_step(wrapped, tokens[rows], targets[rows], path)
+        else:
+            dump_step(wrapped, tokens[rows], targets[rows], path)
         dist.barrier()
+
+
+def _scaled_step(net, tokens, targets, path: str) -> None:
+    """dump_step with a torch.amp.GradScaler at 65536 (forward, scaled backward)."""
+    import npu_dumper  # noqa: F401 - installs torch.utils.dumper
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with torch.utils.dumper(use_dump=True, dump_path=path):
+        scaler.scale(step(net, tokens, targets)).backward()
 
 
 def build_runs(out, cases=tuple(CASES), world: int = 2) -> str:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 
-CASES = ("ddp_interleaved", "ddp_contiguous", "ddp_weight_bug", "ddp_eps_bug", "fsdp2", "tp")
+CASES = ("ddp_interleaved", "ddp_contiguous", "ddp_weight_bug", "ddp_eps_bug", "fsdp2", "tp", "ddp_scaled",
+         "fsdp2_scaled")
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +240,18 @@ def test_reduce_scattered_gradients_read_in_small_pieces_measure_the_same(runs, 
     assert len(a) == 27 and list(a["Result"]) == list(b["Result"]) == ["pass"] * 27
     ra, rb = (pd.to_numeric(x["RelativeEuclideanDistance"]) for x in (a, b))
     assert ((ra - rb).abs() < 1e-6).all() and list(a["TensorName"]) == list(b["TensorName"])
+
+
+@pytest.mark.parametrize("case,part", [("ddp_scaled", "after all-reduce"), ("fsdp2_scaled", "after reduce-scatter")])
+def test_ranks_that_train_with_a_grad_scaler_pass_with_the_scale_divided_out(runs, scheduler, tmp_path, case, part):
+    """Each rank's gradients carry GradScaler's 65536; the reference's do not. The reduced
+    gradients, re-paired with the reference's full-batch ones, are compared with the scale
+    divided out (before: `FAIL ... aten.copy_.default #102 in emb (backward): RelErr 6.55e+04`,
+    DDP's copy of the all-reduced bucket into .grad)."""
+    res, rows = _compare(runs, case, tmp_path, scheduler)
+    assert res.exit_code == 0, res.output
+    assert sorted(rows) == [0, 1]
+    for t in rows.values():
+        assert not (t["Result"] == "fail").any(), t[t["Result"] == "fail"][["NPUDump", "FailReason"]]
+        reduced = t[t["MatchedBy"] == part]
+        assert len(reduced) and (reduced["LossScale"] == 2.0 ** 16).all() and (reduced["Result"] == "pass").all()

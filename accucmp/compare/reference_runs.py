@@ -742,7 +742,7 @@ class RankView:
                 row["ReferencePart"] = (f"rows {_rows_text(self.rows)} of {self.batch} (dim {dim})"
                                         + (f" x{scale:g} (gradient of a mean loss over this rank's rows)"
                                            if scale != 1.0 else ""))
-                out.append(Task(row, t, part, task.fp64))
+                out.append(Task(row, t, part, task.fp64, scale=task.scale))
                 continue
             if t_shape == g_shape and flags & _BATCH:
                 row["CompareStatus"] = STATUS_PARTIAL
@@ -803,7 +803,7 @@ class RankView:
         if self.reduced_scale != 1.0:       # a sum loss: the averaged gradient is the full one / world
             g = FlatRange.of(g, 0, g.numel, tuple(g.shape), self.reduced_scale)
         self._mark_rank_stats(row, made[0])
-        return Task(row, t, g)
+        return Task(row, t, g, scale=_loss_scale(row, t_op, g_op, made[1]))
 
     def _mark_rank_stats(self, row: dict, made_seq) -> None:
         """A reduced gradient whose local parts were computed from per-rank batch statistics
@@ -867,7 +867,7 @@ class RankView:
                                          + f" (this rank's shard of the gradient its #{made[0]} made, "
                                            "after the reduce-scatter)"})
             self._mark_rank_stats(row, made[0])
-            out.append(Task(row, mine, ref))
+            out.append(Task(row, mine, ref, scale=_loss_scale(row, t_op, g_op, made[1])))
         return out
 
     def _sharded(self, t_op, task) -> bool:
@@ -1023,3 +1023,16 @@ class _RefPair:
 @dataclass
 class _Named:
     path: str
+
+
+def _loss_scale(row: dict, t_op, g_op, g_name: str) -> float:
+    """The loss scale a rank's reduced gradient (the row's tensor of `t_op`) carries over the
+    reference's gradient (output `g_name` of `g_op`): a rank that trains with a GradScaler
+    against a reference without one (docs/COMPARE.md, "Loss scaling"). Sets LossScale."""
+    from accucmp.compare.rows import tensor_scale
+
+    scale = tensor_scale(t_op, str(row.get("IO")), str(row.get("TensorName")).split("[", 1)[0]) \
+        / tensor_scale(g_op, "output", g_name)
+    if scale != 1.0:
+        row["LossScale"] = scale
+    return scale

@@ -309,6 +309,16 @@ def _loss_scale(text: Any) -> dict:
     return out
 
 
+def tensor_scale(op, io: str, name: str) -> float:
+    """The loss scale tensor `name` (group `io`) of `op` carries, from its op attribute alone
+    (a rank's gradient re-paired with a reference's: compare/reference_runs.py)."""
+    try:
+        d = _loss_scale(op.attrs.get(S.OP_LOSS_SCALE))
+    except Exception:  # noqa: BLE001 - unreadable attributes: no scale, compared as it is
+        return 1.0
+    return d.get((io, name), d.get(io, 1.0))
+
+
 # the loss_scale key of the scaler's own tensors among an op's arguments (inputs, and the
 # outputs an in-place op writes under the same names)
 _STATE = "state"
