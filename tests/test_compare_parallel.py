@@ -62,29 +62,40 @@ def test_workers_reopen_the_fp64_golden_too(dumps, tmp_path):
     assert list(faulty["SeqId"]) == [7] and list(faulty["TensorName"]) == ["result"]
 
 
-def _forks():
-    """These tests are of the forked workers' path, which the compare takes only when no
-    other thread could hold a lock across the fork (parallel._safe_to_fork). Under
-    pytest-xdist a test file may share its process with one that left a thread finishing:
-    it is waited for a while; one that stays makes the compare use threads, and the test
-    is skipped with its name rather than failing on the other path."""
-    for t in P.blocking_threads():
-        t.join(timeout=10)
-    left = P.blocking_threads()
-    if left:
-        pytest.skip(f"threads left in this process make forking unsafe: {[t.name for t in left]}")
+# The forked workers' path is taken only when no other thread could hold a lock across the
+# fork (parallel._safe_to_fork). A test file under pytest-xdist may share its process with
+# one that left threads (tqdm's monitor, an executor's worker), so these tests run the
+# compare in a fresh interpreter, whose only thread is its main one.
+_IN_FRESH_PROCESS = """
+import os, sys
+from accucmp.compare import parallel as P, pipeline as C
+def boom(self, lo, hi):
+    raise RuntimeError("worker failed")
+def die(self, lo, hi):
+    os._exit(9)
+C._Work.rows = {"boom": boom, "die": die}[sys.argv[1]]
+assert not P.blocking_threads(), P.blocking_threads()
+try:
+    C.compare_dumps(sys.argv[2], sys.argv[3], jobs=2)
+except Exception as e:
+    print(f"{type(e).__name__}: {e}")
+else:
+    print("no error")
+"""
 
 
-def test_worker_errors_reach_the_caller(dumps, monkeypatch):
+def _compare_in_fresh_process(fault: str, t, g) -> str:
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", _IN_FRESH_PROCESS, fault, str(t), str(g)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_worker_errors_reach_the_caller(dumps):
     t, g = dumps
-    _forks()
-
-    def boom(self, lo, hi):
-        raise RuntimeError("worker failed")
-
-    monkeypatch.setattr(C._Work, "rows", boom)
-    with pytest.raises(RuntimeError, match="worker failed"):
-        compare_dumps(t, g, jobs=2)
+    assert _compare_in_fresh_process("boom", t, g) == "RuntimeError: worker failed"
 
 
 def test_auto_jobs_stays_in_process_for_few_ops():
@@ -139,14 +150,7 @@ def test_fast_json_text_equals_json_dumps_indent(dumps, tmp_path):
         assert to_json(table, meta) == reference(table, meta)
 
 
-def test_a_worker_that_dies_is_one_error_not_a_hang(dumps, monkeypatch):
+def test_a_worker_that_dies_is_one_error_not_a_hang(dumps):
     # multiprocessing.Pool waited for a killed worker's rows for ever; the executor notices
     t, g = dumps
-    _forks()
-
-    def die(self, lo, hi):
-        os._exit(9)
-
-    monkeypatch.setattr(C._Work, "rows", die)
-    with pytest.raises(OSError, match="a compare worker process died"):
-        compare_dumps(t, g, jobs=2)
+    assert _compare_in_fresh_process("die", t, g).startswith("OSError: a compare worker process died")
