@@ -2,7 +2,6 @@
 the reader's fast dense-stride check agrees with the exhaustive one."""
 
 import itertools
-import os
 
 import numpy as np
 import pandas as pd
