@@ -29,6 +29,7 @@ import json
 import math
 from typing import Any
 
+from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 from dumpfile.opclass import CASTS
 
@@ -109,6 +110,15 @@ def op_packet(name: str) -> str:
 def is_collective_op(name: str) -> bool:
     """An op of the collectives' namespaces (c10d and the functional collectives)."""
     return str(name).split(".", 1)[0] in RUN_LIVE_NAMESPACES - {"profiler"}
+
+
+def loss_scaler_role(value: Any) -> str:
+    """An op's attribute loss_scaler (schema.OP_LOSS_SCALER) as one of its roles
+    (schema.LOSS_SCALER_ROLES), or '' for none or a value that is no role: a file is input
+    from outside, and only a known role makes an op a loss scaler's, by design."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) and value in S.LOSS_SCALER_ROLES else ""
 
 
 def is_by_design_op(name: str) -> bool:

@@ -359,11 +359,9 @@ def loss_scaler_op(op) -> bool:
     """A loss scaler's own op (op attribute loss_scaler): its scale and the scaling are a
     precision port's by design, as a cast is."""
     try:
-        role = op.attrs.get(S.OP_LOSS_SCALER)
+        return bool(D.loss_scaler_role(op.attrs.get(S.OP_LOSS_SCALER)))
     except Exception:  # noqa: BLE001 - unreadable attributes: judged as any other op
         return False
-    role = role.decode("utf-8", "replace") if isinstance(role, bytes) else role
-    return isinstance(role, str) and role in S.LOSS_SCALER_ROLES
 
 
 def _recomputed(op) -> bool:

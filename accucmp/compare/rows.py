@@ -21,7 +21,7 @@ import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile import jsontext
-from dumpfile.departures import argument_change_is_by_design
+from dumpfile.departures import argument_change_is_by_design, loss_scaler_role
 from dumpfile.errors import DumpFormatError
 from dumpfile.opclass import sum_terms
 from dumpfile.read import catalog
@@ -195,7 +195,7 @@ class OpTensors:
 
     def scale_of(self, io: str, name: str) -> float:
         """The loss scale the op's tensor `name` (of group `io`) carries: 1 where none."""
-        return self.loss_scale.get((io, name), self.loss_scale.get(io, 1.0))
+        return _scale_in(self.loss_scale, io, name)
 
 
 def op_tensors(op, eager: int = 0) -> OpTensors:
@@ -210,7 +210,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
-                          _role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)))
+                          loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -229,7 +229,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
-                          _role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)))
+                          loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
@@ -280,12 +280,6 @@ def _arg_dtypes(text: Any) -> dict | None:
     return {str(k): v for k, v in d.items()}
 
 
-def _role(text: Any) -> str:
-    """The op attribute loss_scaler: one of schema.LOSS_SCALER_ROLES, or ''."""
-    role = _text(text)
-    return role if role in S.LOSS_SCALER_ROLES else ""
-
-
 def _loss_scale(text: Any) -> dict:
     """The op attribute loss_scale as {(input, name): scale, output: scale}; {} when absent
     or bad. A scale is a finite positive number: anything else would make a division of the
@@ -316,6 +310,12 @@ def tensor_scale(op, io: str, name: str) -> float:
         d = _loss_scale(op.attrs.get(S.OP_LOSS_SCALE))
     except Exception:  # noqa: BLE001 - unreadable attributes: no scale, compared as it is
         return 1.0
+    return _scale_in(d, io, name)
+
+
+def _scale_in(d: dict, io: str, name: str) -> float:
+    """The scale tensor `name` of group `io` carries in a parsed loss_scale attribute (_loss_scale):
+    its own entry (an input), else the group's (every floating output carries one), else 1."""
     return d.get((io, name), d.get(io, 1.0))
 
 

@@ -407,11 +407,9 @@ def _loss_scalers(entry) -> bool:
     scaler, if it has one, runs live (load_replay.ReplayPolicy.before_op), so the recorded
     one is never called, by design. (Read only for ops the live run left unused.)"""
     try:
-        role = entry.record.attrs.get(S.OP_LOSS_SCALER)
+        return bool(D.loss_scaler_role(entry.record.attrs.get(S.OP_LOSS_SCALER)))
     except Exception:  # noqa: BLE001 - unreadable: judged as any other op
         return False
-    role = role.decode("utf-8", "replace") if isinstance(role, bytes) else role
-    return isinstance(role, str) and role in S.LOSS_SCALER_ROLES
 
 
 def _holds_dtensor(entry) -> bool:
