@@ -67,7 +67,7 @@ from dumpfile.errors import DumpError
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, apply_op_policies, bound_class
-from accucmp.compare.rows import READS_SCALED
+from accucmp.compare.rows import NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
 
 if TYPE_CHECKING:
     from accucmp.compare.measure import Measured
@@ -224,6 +224,8 @@ def _judge_departure(row: dict, reason: str, th: Mapping[str, float]) -> tuple:
 INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
 ARGS_NOTE = "argument"             # FailReason of a row whose op got other arguments than the golden's
 NOT_PASSED_NOTE = "[not passed as inherited:"
+# rows with nothing to judge: no data on a side by design, or no metrics computed for them
+_SKIPPED_STATUSES = NOT_MEASURED | {STATUS_UNINITIALIZED, STATUS_EMPTY}
 
 
 def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
@@ -301,7 +303,7 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
         return (RESULT_UNMATCHED, reason, math.nan, math.nan) + _NO_DECISION
     if status == "unmatched":
         return (RESULT_UNMATCHED, reason or "no pair in the other dump", math.nan, math.nan) + _NO_DECISION
-    if status in ("uninitialized", "empty", "random_replayed", "parallelism", "partial", "sharded", "loss_scaler"):
+    if status in _SKIPPED_STATUSES:
         return (RESULT_SKIPPED, reason, math.nan, math.nan) + _NO_DECISION
     if status in ("size_mismatch", "corrupt"):
         return (RESULT_FAIL, reason or status, math.inf, math.nan) + ("CompareStatus", status, math.nan, math.nan)

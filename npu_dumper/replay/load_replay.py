@@ -271,18 +271,18 @@ class ReplayPolicy(Policy):
     # ---- per op --------------------------------------------------------------------
     def before_op(self, ev: OpEvent) -> None:
         self.summary.live_ops += 1
-        k = self._calls[ev.name]
-        self._calls[ev.name] += 1
-        info = op_info(ev.func)
         if ev.group_attrs.get(S.OP_LOSS_SCALER):
             # a loss scaler's op (npu_dumper/capture/loss_scale.py): the scaler's state and
             # the scaling are the live run's own; a recorded call of the same name is another
             # computation (found_inf's `.item()` took the optimizer's step count and skipped
             # the step). Matched ops get the recording's unscaled values, so the scale ends
-            # at the first of them.
-            self._calls[ev.name] -= 1
+            # at the first of them. (Not counted among the op's calls: the k-th call of an op
+            # takes its k-th recorded call.)
             self._unmatched(ev, LOSS_SCALER_REASON, by_design=True, counts_as_recorded=False)
             return
+        k = self._calls[ev.name]
+        self._calls[ev.name] += 1
+        info = op_info(ev.func)
         live = arg_dict(info, ev.args, ev.kwargs)
         if info.collective:
             # run live, unrecorded: substituting this rank's recorded inputs cannot give the
@@ -304,7 +304,7 @@ class ReplayPolicy(Policy):
                 # recording did not re-run: it recomputes what the replayed forward made, by
                 # design (never a recorded backward op of the same name and shapes)
                 self._calls[ev.name] -= 1
-                self._unmatched(ev, why, by_design=True, rerun=True)
+                self._unmatched(ev, why, by_design=True, counts_as_recorded=False)
                 return
         else:
             entry, why = self._match(ev.name, k, matched_on, ev.module, ev.phase)
@@ -583,11 +583,10 @@ class ReplayPolicy(Policy):
         return (fit, "") if fit is not None else (None, "no unused recorded re-run with matching inputs")
 
     def _unmatched(self, ev: OpEvent, why: str, *, by_design: bool = False, live: dict | None = None,
-                   rerun: bool = False, counts_as_recorded: bool = True) -> None:
+                   counts_as_recorded: bool = True) -> None:
         self.summary.unmatched[ev.name] += 1
         self.summary.unmatched_why.setdefault(ev.name, why)
-        self.departures.unmatched(ev, why, by_design=by_design, live=live,
-                                  counts_as_recorded=counts_as_recorded and not rerun)
+        self.departures.unmatched(ev, why, by_design=by_design, live=live, counts_as_recorded=counts_as_recorded)
 
     # ---- substitution --------------------------------------------------------------
     def _substitute(self, ev: OpEvent, entry: Candidate, live: dict[str, Any]) -> tuple[tuple, dict]:
