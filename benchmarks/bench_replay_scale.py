@@ -251,6 +251,22 @@ def _run_delay() -> float:
         return 0.0
 
 
+def _faults() -> tuple[int, int, int, int]:
+    """Page faults so far: this thread's minor and major ones, the process's minor and major
+    ones (/proc/thread-self/stat, getrusage). A fresh page of the heap, a page of a mapped
+    recorded tensor touched first, a page the C heap gave back and wants again: each is a
+    fault, which on a virtual machine costs the faulting thread microseconds of CPU."""
+    import resource
+    try:
+        with open("/proc/thread-self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        mine = int(fields[7]), int(fields[9])
+    except (OSError, IndexError, ValueError):
+        mine = 0, 0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return mine[0], mine[1], ru.ru_minflt, ru.ru_majflt
+
+
 def _thread_cpu() -> dict:
     """CPU seconds so far of each of this process's threads, by native id: (name, seconds)."""
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -394,6 +410,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     t0 = time.perf_counter()
     c0 = time.process_time()
     m0 = time.thread_time()
+    faults0 = _faults()
     if kind.startswith("plain"):
         with amp():
             loss = step()
@@ -483,6 +500,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
             summary += f" [recorded tensors held: peak {tensors.peak_held_bytes / 2**20:.0f} MiB]"
         if prof is not None:
             prof.disable()
+    faults = [b - a for a, b in zip(faults0, _faults())]
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     main_cpu = time.thread_time() - m0
@@ -491,7 +509,7 @@ def child(kind: str, cfg: dict, golden: str, out: str, options: dict, profile: b
     res = {"kind": kind, "wall_s": wall, "cpu_s": cpu, "peak_kb": _vm_kb("VmHWM"),
            "rss_before_kb": rss_before, "peak_at_s": peak_sampled[1],
            "peak_anon_kb": peak_sampled[2], "peak_file_kb": peak_sampled[3], "writer_peak_kb": writer_kb,
-           "loss": loss, "params": n_params, "summary": summary}
+           "loss": loss, "params": n_params, "summary": summary, "faults": faults}
     for path in (golden if kind == "dump" else out,):
         if kind != "plain-fp32" and kind != "plain-bf16" and os.path.exists(path):
             res["file_bytes"] = os.path.getsize(path)
@@ -686,6 +704,10 @@ def main() -> None:
               f"{rs[-1]['peak_at_s']:.1f}s of the step (anon {rs[-1]['peak_anon_kb'] / 1024:.0f}M, "
               f"file {rs[-1]['peak_file_kb'] / 1024:.0f}M)")
     for kind in kinds:
+        f = runs[kind][-1].get("faults")
+        if f:
+            print(f"  {kind} page faults in the measured step (its block included): the model's thread {f[0]:,} minor, "
+                  f"{f[1]:,} major; the process {f[2]:,} minor, {f[3]:,} major")
         if runs[kind][-1].get("summary"):
             print(f"  {kind}: {runs[kind][-1]['summary']}")
         if runs[kind][-1].get("breakdown"):

@@ -49,7 +49,7 @@ def main() -> None:
                     t = apply_verdict(compare_dumps(R.dump(name, f"{d}/c.h5", DTYPES[dn], load=load), g).table)
                     clean = int((t["Result"] == "fail").sum())
                     named = []
-                    for fl in R.MODELS[name].faults:
+                    for fl in R.spec_of(name).faults:
                         t = apply_verdict(compare_dumps(R.dump(name, f"{d}/f.h5", DTYPES[dn], load=load,
                                                                fault=fl), g).table)
                         ff = first_failure(t)
