@@ -126,10 +126,20 @@ OP_OWN_ERROR = "own_error"
 # inputs are leaves (parameters, buffers, the batch). Compare: a difference in the former is
 # inherited, in the latter it is the run's own input
 OP_MADE_INPUTS = "made_inputs"
+# the same plain dumps: JSON {input: dtype} of the op's leaf inputs (not in made_inputs) that
+# are a cast of a leaf back from a coarser floating dtype (a bfloat16 model's weight that a
+# module computing in float32 copies with `weight.float()`: Gemma's RMSNorm, an MoE router).
+# They hold the golden's values rounded to that dtype by design; compare judges them there
+OP_LEAF_ROUNDED = "leaf_rounded"
 # plain dumps (own_error=True, the default): JSON {argument: value} of the op's number, bool,
 # string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
 # independent runs whose op got different arguments
 OP_SCALAR_ARGS = "scalar_args"
+# plain dumps (own_error=True, the default): True on an op that drew random numbers (torch's
+# tag nondeterministic_seeded, less the calls that draw none: dropout with p=0 or train=False).
+# Its result depends on the generator's state, an input no file holds: compare tells two
+# independent runs whose draws differ from a kernel's error (docs/COMPARE.md, "Random ops")
+OP_RANDOM = "random"
 # a step with a loss scaler (torch.amp.GradScaler; npu_dumper/capture/loss_scale.py): the
 # scaler's own ops carry their role, OP_LOSS_SCALER: "state" (the scale, its inverse, the inf
 # flag, the growth tracker: not the model's values), "apply" (the multiplication of the loss,

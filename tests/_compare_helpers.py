@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
 
 from dumpfile import DumpWriter, TensorMeta
@@ -59,3 +60,20 @@ def _write(w, grp, name, v, uninit=False):
         return
     arr = np.asarray(arr)
     w.write_tensor(grp, name, _store(arr, dtype), TensorMeta(dtype, tuple(arr.shape), uninitialized=uninit))
+
+
+_DELETE = object()
+
+
+def overwrite_op_attr(path, name: str, value=_DELETE) -> None:
+    """Every op group's attribute `name` set to `value`, or deleted when no value is given
+    (a damaged or hostile file, an older dumper's file)."""
+    with h5py.File(path, "r+") as f:
+        for op in f:
+            if isinstance(f[op], h5py.Group):
+                for g in f[op].values():
+                    if isinstance(g, h5py.Group) and name in g.attrs:
+                        if value is _DELETE:
+                            del g.attrs[name]
+                        else:
+                            g.attrs[name] = value

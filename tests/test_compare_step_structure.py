@@ -142,13 +142,13 @@ def test_what_changes_the_gradients_after_the_backward_fails_and_what_leaves_the
             assert (t[t["EndsStep"].astype(str) == "True"]["Result"] == "fail").any(), name
 
 
-def _dump_opt_step(path, *, amp: bool, lr: float = 1e-3) -> str:
+def _dump_opt_step(path, *, amp: bool, lr: float = 1e-3, weight_decay: float = 1e-2) -> str:
     """TiedLM's step with an AdamW step (foreach) inside the block: zero-initialised biases
     make the first update the gradient's sign, which bf16 flips on its smallest elements."""
     model = TiedLM(tied=True)
     with torch.no_grad():
         model.mix.bias.zero_()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=True)
     ids = torch.arange(12).remainder(16).view(2, 6)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else torch.autocast("cpu", enabled=False)
     with ctx, torch.utils.dumper(use_dump=True, dump_path=str(path)):
@@ -162,7 +162,10 @@ def test_an_optimizer_step_in_the_block_is_judged_by_its_own_error_and_its_step_
     their smallest elements, and the foreach update, never measured against float64 (its
     results are lists), was blamed for 100+ u it only inherited. Each member of a foreach
     op's result (and of what an in-place one wrote) is measured now. A doubled learning rate
-    reaches the update as per-parameter step sizes (a ScalarList): recorded, it fails there."""
+    reaches the update as per-parameter step sizes (a ScalarList): recorded, it fails there.
+    Before that, AdamW's decoupled weight decay multiplies by 1 - lr * wd: 0.99998 against
+    0.99999, 1e-5 relative, within float32's bound; the op ran with another argument than the
+    golden's, so it fails there first (the first place the run departs)."""
     golden = _dump_opt_step(tmp_path / "g.h5", amp=False)
     clean = _judged(_dump_opt_step(tmp_path / "c.h5", amp=True), golden)
     assert first_failure(clean) is None, clean[clean["Result"] == "fail"][["NPUDump", "TensorName", "FailReason"]]
@@ -170,8 +173,35 @@ def test_an_optimizer_step_in_the_block_is_judged_by_its_own_error_and_its_step_
     assert len(upd) == 3 and upd["OwnErrorVsFp64"].notna().all()     # emb (= head), mix weight, bias
     t = _judged(_dump_opt_step(tmp_path / "lr.h5", amp=True, lr=2e-3), golden)
     first = first_failure(t)
-    assert first is not None and first["NPUDump"].startswith("aten._foreach_addcdiv_"), first
-    assert str(first["ArgsDiffer"]).startswith("scalars [-0.02") and "golden [-0.01" in str(first["ArgsDiffer"])
+    assert first is not None and first["NPUDump"] == "aten._foreach_mul_.Scalar", first
+    assert first["ArgsDiffer"] == "scalar 0.99998, golden 0.99999" and first["DecidedBy"] == "ArgsDiffer", first
+    upd = t[t["NPUDump"].str.startswith("aten._foreach_addcdiv_") & (t["Result"] == "fail")]
+    assert len(upd) and upd["ArgsDiffer"].astype(str).str.startswith("scalars [-0.02").all()
+    assert upd["ArgsDiffer"].astype(str).str.contains("golden [-0.01", regex=False).all()
+
+
+def test_a_changed_weight_decay_fails_at_its_multiply_though_within_every_bound(tmp_path):
+    """AdamW's weight decay 0.1 against the golden's 0.01 multiplies each weight by 0.9999
+    instead of 0.99999: 9e-5 relative, under float32's 1e-4 floor, and the bf16 run passed.
+    The op ran with another argument than the golden's: the run departs there, and the row
+    fails whatever the size (DecidedBy ArgsDiffer); the terminal does not offer a threshold."""
+    golden = _dump_opt_step(tmp_path / "g.h5", amp=False)
+    target = _dump_opt_step(tmp_path / "wd.h5", amp=True, weight_decay=0.1)
+    t = _judged(target, golden)
+    first = first_failure(t)
+    assert first is not None and first["NPUDump"] == "aten._foreach_mul_.Scalar", first
+    assert first["ArgsDiffer"] == "scalar 0.9999, golden 0.99999" and first["DecidedBy"] == "ArgsDiffer"
+    assert first["Origin"] == "caused here" and first["RelativeEuclideanDistance"] < 1e-4
+    assert "the op ran with other arguments than the golden's" in first["FailReason"], first["FailReason"]
+    # the same rows judged without their arguments pass: the size alone does not fail them
+    assert first_failure(apply_verdict(t.assign(ArgsDiffer=""))) is None
+    from typer.testing import CliRunner
+    from accucmp.cli.main import app
+    res = CliRunner(env={"COLUMNS": "100", "NO_COLOR": "1"}).invoke(
+        app, ["compare", "-m", target, "-g", golden, "-o", str(tmp_path / "out")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "FAIL: first op caused here is aten._foreach_mul_.Scalar" in out, res.output
+    assert "decided by: what the run does, not a bound" in out and "-t ArgsDiffer" not in out, res.output
 
 
 def test_a_long_argument_list_that_differs_is_named_by_its_first_difference():

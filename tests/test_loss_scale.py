@@ -16,6 +16,7 @@ from accucmp.compare.pipeline import compare_dumps
 from accucmp.compare.verdict import apply_verdict
 from accucmp.report.findings import first_failure
 from dumpfile import schema as S
+from tests._compare_helpers import overwrite_op_attr
 
 SCALE = 2.0 ** 16
 
@@ -229,16 +230,6 @@ def test_complex_gradients_divide_the_scale_out_too(tmp_path):
     assert (cplx["MaxAbsoluteError"] == 0).all()
 
 
-def _overwrite_attr(path, name: str, value) -> None:
-    """Every op group's attribute `name` set to `value` (a damaged or hostile file)."""
-    with h5py.File(path, "r+") as f:
-        for op in f:
-            if isinstance(f[op], h5py.Group):
-                for g in f[op].values():
-                    if isinstance(g, h5py.Group) and name in g.attrs:
-                        g.attrs[name] = value
-
-
 @pytest.mark.parametrize("attr", ['{"input": {"self": -65536}, "output": NaN}', '{"output": 1e400}', '[1, 2]',
                                   '{"output": true}', '{"input": "x", "state": 7}', "[" * 5000 + "]" * 5000,
                                   "not json"])
@@ -247,7 +238,7 @@ def test_a_damaged_loss_scale_attribute_divides_nothing(tmp_path, golden, attr):
     attribute that is no such object, is ignored (the gradients are compared as they are, and
     fail 65536x off), never a traceback or a division of the file's choosing."""
     target, _, _ = _step(tmp_path / "scaled.h5", scaler=True)
-    _overwrite_attr(target, S.OP_LOSS_SCALE, attr)
+    overwrite_op_attr(target, S.OP_LOSS_SCALE, attr)
     t = _judged(target, golden[0])
     assert t["LossScale"].isna().all()
     # the scaled loss's first reader (the backward's seed, ones_like) is compared as it is
@@ -257,6 +248,6 @@ def test_a_damaged_loss_scale_attribute_divides_nothing(tmp_path, golden, attr):
 
 def test_an_op_the_file_calls_a_scaler_with_an_unknown_role_is_judged_as_any_other(tmp_path, golden):
     target, _, _ = _step(tmp_path / "scaled.h5", scaler=True)
-    _overwrite_attr(target, S.OP_LOSS_SCALER, "trust me")
+    overwrite_op_attr(target, S.OP_LOSS_SCALER, "trust me")
     first = first_failure(_judged(target, golden[0]))
     assert first is not None and first["NPUDump"] == "aten.full.default", first

@@ -43,6 +43,13 @@ ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
 ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
 ORIGIN_DEPARTURE = "departs"        # the run itself departs here: an op inserted/missing, an argument, an input
+# FailReason of an output row that fails only because its op ran with other arguments than the
+# golden's (verdict._args_departure): not a size of error, so never explained by its inputs
+ARGS_DEPARTURE = "the op ran with other arguments than the golden's"
+# FailReason of a random op's output (column RandomOp: dropout's bernoulli_, randn) that fails
+# while the op's inputs agree: the runs drew other numbers, an input no file holds (the
+# generator's state); where the runs depart, not the kernel's error nor inherited
+RANDOM_DRAWS = "draws other random numbers than the golden run"
 
 # packet -> (indices output, values output or "" when the op returns indices only)
 TIE_INDICES: dict[str, tuple[str, str]] = {
@@ -209,6 +216,10 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
     status = table["CompareStatus"].tolist() if "CompareStatus" in table.columns else [""] * n
     leaf = table["Leaf"].tolist() if "Leaf" in table.columns else [False] * n
     made_by = [_s(v) for v in table["MadeBy"].tolist()] if "MadeBy" in table.columns else [""] * n
+    # (an op whose arguments differ is named by them: verdict.judge_row's "argument ...")
+    random_op = [_s(v) == "True" and not _s(a) for v, a in zip(
+        table["RandomOp"].tolist(), table["ArgsDiffer"].tolist() if "ArgsDiffer" in table.columns else [""] * n)] \
+        if "RandomOp" in table.columns else [False] * n
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
         if str(leaf[i]) == "True" and results[i] == "fail":
@@ -267,7 +278,13 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             continue
         in_rows = [i for i in rows if io[i] == "input"]
         inputs_fail = any(results[i] == "fail" for i in in_rows)
-        out_fails = [i for i in failing if io[i] == "output"]
+        out_fails = [i for i in failing if io[i] == "output" and ARGS_DEPARTURE not in reasons[i]]
+        drew = [i for i in out_fails if random_op[i]]
+        if drew and not inputs_fail:
+            for i in drew:
+                origin[i] = ORIGIN_DEPARTURE
+                reasons[i] = _random_departure(table, i, reasons[i])
+            out_fails = [i for i in out_fails if i not in drew]
         tag = ORIGIN_INHERITED if inputs_fail else ORIGIN_CAUSED
         if tag == ORIGIN_CAUSED and out_fails and all(_underflows(table, i) for i in out_fails):
             tag = ORIGIN_UNDERFLOW
@@ -322,6 +339,16 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                 reasons[i] = _leaf_departure(table, i, reasons[i])
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
+
+
+def _random_departure(table: pd.DataFrame, i: int, reason: str) -> str:
+    """A random op's failing output whose inputs agree: the departure's sentence, module
+    first, with what was measured and what to do."""
+    module = _s(table["Module"].iat[i]) if "Module" in table.columns else ""
+    return (f"{module or 'the model top level'} {RANDOM_DRAWS} in {_s(table['NPUDump'].iat[i])} (another seed, "
+            f"generator or device's random number generator; or the kernel differs): {reason}; to compare the "
+            "rest, seed both runs alike and turn dropout off (p=0), or load-replay, which hands random ops "
+            "the recorded outputs")
 
 
 def _leaf_departure(table: pd.DataFrame, i: int, reason: str) -> str:

@@ -55,9 +55,17 @@ TAIL_COLUMNS = [
     # earlier op of the dumped block wrote the tensor (its difference is inherited), "leaf"
     # when none did (a parameter, buffer or the batch: a difference is the run's own input)
     "MadeBy",
+    # a leaf input (MadeBy "leaf") that is a cast back from a coarser dtype (op attribute
+    # leaf_rounded: a bfloat16 model's weight copied to float32 by `weight.float()`): that
+    # dtype; the verdict allows it the golden's value rounded there
+    "LeafRoundedTo",
     # independent runs: the op's plain arguments (eps, scale, dims, ...) where the two runs
     # differ ("eps 0.1, golden 1e-05"; op attribute scalar_args), on its output rows
     "ArgsDiffer",
+    # independent runs: an output of an op that drew random numbers (op attribute random:
+    # dropout's bernoulli_, randn); failing while the op's inputs agree, the runs drew other
+    # numbers there (op_policies.RANDOM_DRAWS), which is where they depart, not a kernel's error
+    "RandomOp",
     # independent runs whose op streams differ beyond dtype casts (ops with no partner): a
     # difference then may come from them, so nothing passes as inherited (the count and ops)
     "StructureDiffers",
@@ -169,6 +177,8 @@ _B_RANDOM_REPLAYED = S.OP_RANDOM_OUTPUTS_REPLAYED.encode()
 _B_STACK = S.OP_STACK.encode()
 _B_LOSS_SCALER = S.OP_LOSS_SCALER.encode()
 _B_LOSS_SCALE = S.OP_LOSS_SCALE.encode()
+_B_RANDOM = S.OP_RANDOM.encode()
+_B_LEAF_ROUNDED = S.OP_LEAF_ROUNDED.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
 EAGER_ELEMENTS = 1 << 14
@@ -188,6 +198,8 @@ class OpTensors:
     input_arg_dtypes: dict | None = None            # {argument: dtype} (op attribute input_arg_dtypes)
     loss_scaler: str = ""                           # the op's role in a loss scaler (op attribute)
     loss_scale: dict = field(default_factory=dict)  # (io, name) or io -> scale (op attribute loss_scale)
+    random: bool = False                            # the op drew random numbers (op attribute random)
+    leaf_rounded: dict | None = None                # leaf input -> coarser dtype it went through
 
     def is_scaler_state(self, name: str) -> bool:
         """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
@@ -210,7 +222,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
-                          loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)))
+                          loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
+                          _true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -229,11 +242,19 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
-                          loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)))
+                          loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
+                          _true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
-                       _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE))
+                       _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE, _B_RANDOM,
+                       _B_LEAF_ROUNDED))
+
+
+def _true(v: Any) -> bool:
+    """A boolean op attribute: True only for a true bool (numpy's too); a file is input from
+    outside, and a string or array there means nothing."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
 def _text(v: Any) -> str:
@@ -511,9 +532,14 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                     row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
             if changed and io == S.OUTPUT_GROUP:
                 row["ArgsDiffer"] = changed
+            if io == S.OUTPUT_GROUP and not replay and region is None and (t_ts.random or g_ts.random):
+                row["RandomOp"] = True
             made = t_ts.made_inputs if t_ts.made_inputs is not None or not golden_own else g_ts.made_inputs
             if io == S.INPUT_GROUP and t is not None and made is not None:
                 row["MadeBy"] = "op" if name in made else "leaf"
+                via = (t_ts.leaf_rounded or {}).get(name) if row["MadeBy"] == "leaf" else None
+                if via in S.UNIT_ROUNDOFF:
+                    row["LeafRoundedTo"] = via
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare

@@ -66,7 +66,8 @@ from dumpfile.errors import DumpError
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import CLASS_POINTWISE, CLASS_SUM, apply_op_policies, bound_class
+from accucmp.compare.op_policies import (ARGS_DEPARTURE, CLASS_POINTWISE, CLASS_SUM, RANDOM_DRAWS,
+                                          apply_op_policies, bound_class)
 from accucmp.compare.rows import NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
 
 if TYPE_CHECKING:
@@ -223,6 +224,8 @@ def _judge_departure(row: dict, reason: str, th: Mapping[str, float]) -> tuple:
 
 INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
 ARGS_NOTE = "argument"             # FailReason of a row whose op got other arguments than the golden's
+ARGS_DECIDED_BY = "ArgsDiffer"     # DecidedBy of a row that fails only on its changed arguments
+RANDOM_DECIDED_BY = "RandomDraws"  # DecidedBy of a random op's output whose runs drew other numbers
 NOT_PASSED_NOTE = "[not passed as inherited:"
 # rows with nothing to judge: no data on a side by design, or no metrics computed for them
 _SKIPPED_STATUSES = NOT_MEASURED | {STATUS_UNINITIALIZED, STATUS_EMPTY}
@@ -263,9 +266,11 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
                 why = res[1] or f"own error vs fp64 on its own inputs {res[3]:.3g} u"
                 return (RESULT_PASS, f"{INHERITED_NOTE}: the golden differs by {plain[1]}, which earlier ops "
                         f"made; this op's {why}", res[2], res[3]) + _NO_DECISION
-        return res
+        return _args_departure(row, res, changed)
     if changed and res[0] == RESULT_FAIL:
         return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {res[1]}") + res[2:]
+    if changed:
+        return _args_departure(row, res, changed)
     if res[0] == RESULT_FAIL and structure.startswith(READS_SCALED):
         return (RESULT_FAIL, f"{res[1]} [{structure}]") + res[2:]
     made_by = _str(row.get("MadeBy"))
@@ -275,6 +280,9 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
                     f"judges it; the golden differs by {res[1]}", res[2], res[3]) + _NO_DECISION
         if made_by == "leaf":
             dtype = _str(row.get("DataType"))
+            via = _str(row.get("LeafRoundedTo"))
+            if S.UNIT_ROUNDOFF.get(via, 0.0) > S.UNIT_ROUNDOFF.get(dtype, 0.0):
+                dtype = via         # a bf16 weight's float32 copy holds values rounded to bf16
             u, sub = S.UNIT_ROUNDOFF.get(dtype, 0.0), _SMALLEST_SUBNORMAL.get(dtype, 0.0)
             max_abs, g_absmax = _num(row.get("MaxAbsoluteError")), _num(row.get("GoldenAbsMax"))
             if S.UNIT_ROUNDOFF.get(_str(row.get("GoldenDataType")), 1.0) < u \
@@ -287,6 +295,22 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
             return (RESULT_FAIL, f"input {_str(row.get('TensorName'))} differs from the golden's and no op of the "
                     f"step made it (a parameter, a buffer or the data fed in): {res[1]}") + res[2:]
     return res
+
+
+def _args_departure(row: dict, res: tuple, changed: str) -> tuple:
+    """A passing row of an op that ran with other plain arguments than the golden's fails all
+    the same: the run departs there, whatever the size of the effect. A weight decay of 0.1
+    against 0.01 makes AdamW's `mul_` by 1 - lr * wd differ by 9e-5 relative, under float32's
+    1e-4 floor, and 10x the decay passed; a replay fails it as an argument departure
+    (npu_dumper/replay/departures.check_arguments). What a precision or device change explains
+    (a dtype, a device, a dtype's extreme value) is not in `changed` (rows.args_differ)."""
+    if not changed or res[0] != RESULT_PASS:
+        return res
+    red = _num(row.get("RelativeEuclideanDistance"))
+    size = "" if math.isnan(red) else f"; its result is within tolerance of the golden's (RelErr {red:.3g})"
+    # (Severity infinite, as a departure's: no bound could pass it)
+    return (RESULT_FAIL, f"{ARGS_NOTE} {changed}: {ARGS_DEPARTURE}{size}",
+            math.inf, res[3], ARGS_DECIDED_BY, ARGS_DECIDED_BY, math.nan, math.nan)
 
 
 def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool) -> tuple:
@@ -569,10 +593,17 @@ def apply_verdict(table: pd.DataFrame, thresholds: Mapping[str, float] | None = 
     out["ErrorUlps"] = np.asarray(ulps, dtype=np.float64)
     # which test decided: none where a per-op rule changed the verdict (its reason says why)
     changed = [a != b for a, b in zip(before, results)]
-    out["DecidedBy"] = ["" if c else v for c, v in zip(changed, cols[4])]
-    out["DecidingMetric"] = ["" if c else v for c, v in zip(changed, cols[5])]
-    out["DecidingValue"] = np.asarray([math.nan if c else v for c, v in zip(changed, cols[6])], dtype=np.float64)
-    out["DecidingBound"] = np.asarray([math.nan if c else v for c, v in zip(changed, cols[7])], dtype=np.float64)
+    decided = [list(d) for d in zip(*cols[4:8])] if verdicts else []
+    for i, (r, why) in enumerate(zip(results, reasons)):
+        if changed[i]:
+            decided[i] = ["", "", math.nan, math.nan]
+        elif r == RESULT_FAIL and RANDOM_DRAWS in why:
+            # no bound: the runs drew other random numbers (op_policies._random_departure)
+            decided[i] = [RANDOM_DECIDED_BY, RANDOM_DECIDED_BY, math.nan, math.nan]
+    out["DecidedBy"] = [d[0] for d in decided]
+    out["DecidingMetric"] = [d[1] for d in decided]
+    out["DecidingValue"] = np.asarray([d[2] for d in decided], dtype=np.float64)
+    out["DecidingBound"] = np.asarray([d[3] for d in decided], dtype=np.float64)
     out["Origin"] = origin
     return out
 

@@ -295,7 +295,10 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
     parts.append(f"<p class='counts'><span>{s.total} tensors</span>{counts}</p>")
     if first is not None:
         parts.append(f"<p class='mono'>First failure (execution order): {html.escape(describe_row(first))}</p>")
-        if _text(first.get("DecidedBy")) and _text(first.get("DecidedBy")) != "CompareStatus":
+        if _text(first.get("DecidedBy")) in ("Departure", "ArgsDiffer", "RandomDraws"):
+            parts.append("<p>Decided by what the run does, not a bound: the target run departs from the golden "
+                         "run here (docs/COMPARE.md, &ldquo;Departures&rdquo;).</p>")
+        elif _text(first.get("DecidedBy")) and _text(first.get("DecidedBy")) != "CompareStatus":
             parts.append(f"<p>Decided by the threshold <span class='mono'>{html.escape(first['DecidedBy'])}</span>: "
                          f"change it with <span class='mono'>-t {html.escape(first['DecidedBy'])}=VALUE</span>, or "
                          "every dtype bound at once with <span class='mono'>--tolerance F</span>.</p>")

@@ -373,7 +373,7 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
             if _text(ff, key) and not (key == "CompareFailReason" and (_text(ff, key) in _text(ff, "FailReason")
                                                                       or _text(ff, "Origin") == "departs")):
                 _say(console, f"  {label}: {_text(ff, key)}")
-        if _text(ff, "DecidedBy") == "Departure":
+        if _text(ff, "DecidedBy") in ("Departure", "ArgsDiffer", "RandomDraws"):
             _say(console, "  decided by: what the run does, not a bound: the target run departs from the golden "
                           "run here (docs/COMPARE.md, \"Departures\")")
         elif _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":

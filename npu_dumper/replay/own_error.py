@@ -603,6 +603,8 @@ class PlainOwnError(Policy):
     def __init__(self):
         self._low = False
         self._made = StorageMap()           # storages an op of the block wrote
+        # leaves' casts back from a coarser dtype: storage -> the coarsest dtype it went through
+        self._leaf_rounded = StorageMap()
         self._collective = CollectiveWrites()     # storages a collective wrote last
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
@@ -666,6 +668,10 @@ class PlainOwnError(Policy):
             # (every op, the float32 golden's too: compare tells an op whose eps, scale or
             # approximate differs between two runs, which its own error cannot show)
             ev.group_attrs[S.OP_SCALAR_ARGS] = json.dumps(scalars)
+        if info.is_random and draws_random(ev.func, {n: v for n, _, v in named}):
+            # its result depends on the generator's state too: two runs that drew other
+            # numbers differ here, which is no kernel's error (compare, "Random ops")
+            ev.group_attrs[S.OP_RANDOM] = True
         return named
 
     def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
@@ -675,17 +681,37 @@ class PlainOwnError(Policy):
             ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(
                 [name for name, _, v in named if isinstance(v, torch.Tensor) and name not in info.not_data])
             return
-        made = []
+        made, rounded = [], {}
         for name, _, v in named:
             if name in info.not_data:
                 continue
-            if isinstance(v, torch.Tensor):
-                if v in self._made:
-                    made.append(name)
-            elif isinstance(v, (list, tuple)):
-                made += [f"{name}/{name}_{i}" for i, x in enumerate(v)
-                         if isinstance(x, torch.Tensor) and x in self._made]
+            items = [(name, v)] if isinstance(v, torch.Tensor) else \
+                [(f"{name}/{name}_{i}", x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)] \
+                if isinstance(v, (list, tuple)) else []
+            for key, t in items:
+                if t in self._made:
+                    made.append(key)
+                elif (via := self._leaf_rounded.get(t)) is not None:
+                    rounded[key] = str(via).replace("torch.", "")
         ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
+        if rounded:
+            ev.group_attrs[S.OP_LEAF_ROUNDED] = json.dumps(rounded)
+
+    def _note_leaf_rounding(self, named: list, outputs: list) -> None:
+        """The outputs of a leaf's cast to a finer dtype than one its values went through (a
+        bfloat16 weight's float32 copy; autocast's bf16 copy cast back): that coarsest dtype."""
+        coarsest = None
+        for _, _, v in named:
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                for d in (v.dtype, self._leaf_rounded.get(v)):
+                    if d is not None and (coarsest is None or torch.finfo(d).eps > torch.finfo(coarsest).eps):
+                        coarsest = d
+        if coarsest is None:
+            return
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() \
+                    and torch.finfo(coarsest).eps > torch.finfo(t.dtype).eps:
+                self._leaf_rounded.set(t, coarsest)
 
     @staticmethod
     def _measure_into(ev: OpEvent, prepared: Any, out: Any, measurer: Any = None) -> None:
@@ -708,7 +734,10 @@ class PlainOwnError(Policy):
         flat = tree_flatten((ev.outputs, written))[0]
         self._collective.note(ev.name, flat)
         if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and v in self._made for _, _, v in named):
-            return      # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight)
+            # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight); one back to a
+            # finer dtype holds the values rounded to the coarsest dtype they went through
+            self._note_leaf_rounding(named, flat)
+            return
         for t in flat:
             if isinstance(t, torch.Tensor):
                 self._made.set(t, True)
