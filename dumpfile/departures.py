@@ -29,6 +29,8 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
 from dumpfile import schema as S
 from dumpfile.errors import DumpFormatError
 from dumpfile.opclass import CASTS
@@ -119,6 +121,42 @@ def loss_scaler_role(value: Any) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return value if isinstance(value, str) and value in S.LOSS_SCALER_ROLES else ""
+
+
+# ops whose result takes a tensor argument's shape and dtype, not its values
+VALUE_FREE = frozenset(f"aten.{n}" for n in (
+    "ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like",
+    "new_ones", "new_zeros", "new_full", "new_empty", "new_empty_strided", "empty_strided"))
+RESTRIDES = frozenset({"aten.as_strided", "aten.as_strided_"})
+
+
+def restride_moves_no_element(name: str, shape, stride, new_shape, new_stride, offset, new_offset) -> bool:
+    """An `as_strided(_)` that keeps the shape, the storage offset and the stride of every
+    dimension holding more than one element: each element stays where it was, only unit
+    dimensions' strides change. A channels_last run's pooled (N, C, 1, 1) result is restrided
+    so by adaptive_avg_pool2d, which a contiguous run does not do: a layout's choice, as a
+    contiguous copy is, never a departure."""
+    try:
+        shape, new_shape = tuple(int(n) for n in shape), tuple(int(n) for n in new_shape)
+        stride, new_stride = tuple(int(n) for n in stride), tuple(int(n) for n in new_stride)
+        return op_packet(name) in RESTRIDES and shape == new_shape and len(stride) == len(new_stride) == len(shape) \
+            and int(offset) == int(new_offset) and all(a == b for n, a, b in zip(shape, stride, new_stride) if n > 1)
+    except (TypeError, ValueError):
+        return False
+
+
+def attr_is_true(v: Any) -> bool:
+    """A boolean op attribute (random, constant): True only for a true bool (numpy's too); a
+    file is input from outside, and a string or array there means nothing."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def is_constant_op(attrs: Any) -> bool:
+    """An op's attribute constant (schema.OP_CONSTANT): it read no value of the run."""
+    try:
+        return attr_is_true(attrs.get(S.OP_CONSTANT))
+    except Exception:  # noqa: BLE001 - unreadable attributes: an op like any other
+        return False
 
 
 def is_by_design_op(name: str) -> bool:

@@ -140,6 +140,12 @@ OP_SCALAR_ARGS = "scalar_args"
 # Its result depends on the generator's state, an input no file holds: compare tells two
 # independent runs whose draws differ from a kernel's error (docs/COMPARE.md, "Random ops")
 OP_RANDOM = "random"
+# plain dumps (own_error=True): True on an op that reads no value of the run: no tensor
+# argument, or only tensors such ops made (`arange`, `zeros`, a causal mask built from them).
+# It computes from shapes and numbers only; an implementation that builds its mask or
+# positions elsewhere (eager attention against SDPA) lacks such ops by design, and whatever
+# they make differently shows where their result is read (docs/COMPARE.md, "Departures")
+OP_CONSTANT = "constant"
 # a step with a loss scaler (torch.amp.GradScaler; npu_dumper/capture/loss_scale.py): the
 # scaler's own ops carry their role, OP_LOSS_SCALER: "state" (the scale, its inverse, the inf
 # flag, the growth tracker: not the model's values), "apply" (the multiplication of the loss,

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from accucmp.compare.op_policies import RANDOM_DRAWS
 from accucmp.compare.pipeline import compare_dumps
-from accucmp.compare.rows import _true
 from accucmp.compare.verdict import apply_verdict
 from accucmp.report.findings import first_failure
 from dumpfile import schema as S
+from dumpfile.departures import attr_is_true
 from dumpfile.read.reader import DumpFile
 
 from tests._compare_helpers import overwrite_op_attr
@@ -98,9 +98,9 @@ def test_a_random_op_fed_other_values_inherits_them(tmp_path):
 
 def test_a_damaged_mark_means_nothing(tmp_path):
     """A file is input from outside: only a true boolean marks a random op."""
-    assert _true(True) and _true(__import__("numpy").bool_(True))
+    assert attr_is_true(True) and attr_is_true(__import__("numpy").bool_(True))
     for v in ("yes", b"True", 1, [True], None, False):
-        assert not _true(v), v
+        assert not attr_is_true(v), v
     golden = _dump(tmp_path / "g.h5", seed=1)
     target = _dump(tmp_path / "t.h5", seed=2)
     overwrite_op_attr(target, S.OP_RANDOM, "yes")

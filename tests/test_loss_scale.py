@@ -247,7 +247,10 @@ def test_a_damaged_loss_scale_attribute_divides_nothing(tmp_path, golden, attr):
 
 
 def test_an_op_the_file_calls_a_scaler_with_an_unknown_role_is_judged_as_any_other(tmp_path, golden):
+    """The scaler's `full` (its scale, from a number: an op that reads no value of the run,
+    op attribute constant) is no departure of its own; its `mul` of the loss is where the
+    run departs."""
     target, _, _ = _step(tmp_path / "scaled.h5", scaler=True)
     overwrite_op_attr(target, S.OP_LOSS_SCALER, "trust me")
     first = first_failure(_judged(target, golden[0]))
-    assert first is not None and first["NPUDump"] == "aten.full.default", first
+    assert first is not None and first["NPUDump"] == "aten.mul.Tensor" and first["Origin"] == "departs", first

@@ -228,15 +228,116 @@ def structural_pairs(pairs) -> frozenset:
         if (p.target is None) == (p.golden is None):
             continue
         op = p.target if p.target is not None else p.golden
-        if D.is_by_design_op(op.op) or _recomputed(op) or loss_scaler_op(op):
+        if D.is_by_design_op(op.op) or _recomputed(op) or loss_scaler_op(op) or D.is_constant_op(getattr(op, "attrs", None)) \
+                or _restride_only(op):
             continue
         (t_only if p.target is not None else g_only).setdefault(D.op_packet(op.op), []).append(p)
+    inert = _inert(pairs, [p for ps in (*t_only.values(), *g_only.values()) for p in ps])
     out = set()
     for mine, other in ((t_only, g_only), (g_only, t_only)):
         for packet, ps in mine.items():
             if packet not in other:
-                out.update(id(p) for p in ps)
+                out.update(id(p) for p in ps if id(p) not in inert)
     return frozenset(out)
+
+
+def _inert(pairs, unpaired: list) -> set[int]:
+    """id() of the pairs in `unpaired` (one run's op with no partner) whose op changed no value
+    a paired op of its run reads: following the catalog's input links back from every paired
+    op and every unpaired in-place update (through unpaired ops, a cast or a view, that carry
+    a value on), none reaches it, though some op reads it; or its result is one of its inputs
+    bit for bit (a clamp that clamped nothing), and it carries on only that input. A float16
+    run's overflow guard: T5's `isinf(h).any()`, `where` and a `clamp` that clamped nothing,
+    Whisper's `clamp`; each kept every later row from passing as inherited, and T5's fp16 run
+    failed at `isinf` with its planted faults not named. Never an op no op reads (a gradient
+    the step ends with: step_result_departures judges those) nor an in-place update, nor in a
+    file without input links (it cannot say who reads what)."""
+    cands, sources = {}, {}
+    for p in unpaired:
+        op = p.target or p.golden
+        if getattr(op, "file", None) is None:
+            continue
+        if D.is_in_place_update(op.op):
+            sources.setdefault(id(op.file), set()).add((op.op, op.seqid))    # (a clipping's mul_)
+        else:
+            cands.setdefault(id(op.file), {})[(op.op, op.seqid)] = (p, op)
+    if not cands:
+        return set()
+    paired: dict[int, set] = {}            # file -> (op, seqid) of its paired ops
+    for p in pairs:
+        ops = ((p.target, p.golden) if p.target is not None and p.golden is not None else ()) \
+            + (tuple(p.region.target_ops) + tuple(p.region.golden_ops) if p.region is not None else ())
+        for op in ops:
+            paired.setdefault(id(getattr(op, "file", None)), set()).add((op.op, op.seqid))
+    out = set()
+    for key, mine in cands.items():
+        f = next(iter(mine.values()))[1].file
+        returned: dict = {}          # candidate -> the inputs it returns (None: it computes)
+        walked = _reached(f, paired.get(key, set()) | sources.get(key, set()), mine, returned)
+        if walked is not None:
+            reached, read = walked
+            # (an op that returns its input changed nothing, whoever reads it)
+            out.update(id(p) for k, (p, _) in mine.items()
+                       if (k not in reached and k in read) or returned.get(k) is not None)
+    return out
+
+
+def _reached(f: DumpFile, seeds: set, cands: dict, returned: dict) -> tuple[set, set] | None:
+    """((op, seqid) of the ops of `f` whose results an op of `seeds` reads, directly or through
+    unpaired ops that carry them on, walked back from the last op; those any op reads), or
+    None when the file has no input links or an op's cannot be read. `returned` gets, for
+    each reached candidate, the inputs it returns bit for bit (None: none), which alone it
+    carries on."""
+    if not f.attrs.get("dedup", False):
+        return None
+    try:
+        ops = f.ops()
+    except Exception:  # noqa: BLE001 - an unreadable index: says nothing
+        return None
+    first = min(seqid for _, seqid in cands)
+    reached: set = set()
+    read: set = set()
+    for op in reversed([o for o in ops if o.seqid >= first]):
+        k = (op.op, op.seqid)
+        entries = row_entries(f, op)
+        if entries is None:
+            return None
+        links = [(e.get("n"), linked_tensor(e)) for e in entries[0]]
+        read.update(linked[:2] for _, linked in links if linked is not None)
+        if k not in seeds and k not in reached:
+            continue
+        kept = None
+        if k in cands:
+            kept = returned[k] = _returned_inputs(cands[k][1])
+        reached.update(linked[:2] for name, linked in links
+                       if linked is not None and (kept is None or name in kept))
+    return reached, read
+
+
+def _returned_inputs(op) -> set | None:
+    """Names of the tensor inputs the op returns bit for bit (each of its results equal to one
+    of them, same shape and dtype: a clamp that clamped nothing); None when some result is
+    none of its inputs, or they cannot be read, or hold more than WRITE_CHECK_ELEMENTS."""
+    import numpy as np
+
+    from accucmp.compare.matching import tensor_leaves
+    try:
+        ins, outs = tensor_leaves(op.inputs()), tensor_leaves(op.outputs())
+        ins = {n: r for n, r in ins.items() if r.is_tensor}
+        outs = [r for r in outs.values() if r.is_tensor]
+        if not outs or sum(int(r.numel) for r in (*ins.values(), *outs)) > WRITE_CHECK_ELEMENTS:
+            return None
+        kept = set()
+        for rec in outs:
+            new_v = np.asarray(rec.read())
+            same = [n for n, r in ins.items() if r.dtype == rec.dtype and tuple(r.shape) == tuple(rec.shape)
+                    and np.array_equal(np.asarray(r.read()), new_v)]
+            if not same:
+                return None
+            kept.update(same)
+        return kept
+    except Exception:  # noqa: BLE001 - unreadable values: it may have changed them
+        return None
 
 
 def _read_from(f: DumpFile, ops: list, start: int) -> set | None:
@@ -361,6 +462,23 @@ def loss_scaler_op(op) -> bool:
     try:
         return bool(D.loss_scaler_role(op.attrs.get(S.OP_LOSS_SCALER)))
     except Exception:  # noqa: BLE001 - unreadable attributes: judged as any other op
+        return False
+
+
+def _restride_only(op) -> bool:
+    """An `as_strided(_)` that moves no element (dumpfile.departures.restride_moves_no_element),
+    judged from its input's and output's recorded shape, strides and offset."""
+    if D.op_packet(op.op) not in D.RESTRIDES:
+        return False
+    try:
+        ins = [v for v in op.inputs().values() if v.is_tensor]
+        outs = [v for v in op.outputs().values() if v.is_tensor]
+        if len(ins) != 1 or len(outs) != 1:
+            return False
+        a, b = ins[0], outs[0]
+        return D.restride_moves_no_element(op.op, a.shape, S.live_stride(a.attrs), b.shape, S.live_stride(b.attrs),
+                                           S.storage_offset(a.attrs, a.path), S.storage_offset(b.attrs, b.path))
+    except Exception:  # noqa: BLE001 - unreadable records: judged as any other op
         return False
 
 

@@ -211,7 +211,7 @@ def _setup(tf: DumpFile, gf: DumpFile, ff: DumpFile | None, algs, pattern, jobs,
     structural = frozenset() if m.replay or compiled else structural_pairs(matched)
     work = _Work(pairs, ff, metric_cols, m.replay, Comparer(algs, chunk_elements), m.ios, view=view,
                  golden_own=not m.replay and _compiled(gf) and not _compiled(tf),
-                 structure=() if m.replay or compiled else structure_before(pairs, matched),
+                 structure=() if m.replay or compiled else structure_before(pairs, matched, structural),
                  structural=structural, ends_step=step_result_departures(matched, structural)
                  if structural and _single_process(tf) and _single_process(gf) else frozenset())
     if jobs <= 0:
@@ -286,7 +286,7 @@ def _compiled(*files: DumpFile) -> bool:
     return any(f.attrs.get(S.ROOT_COMPILED) for f in files)
 
 
-def structure_before(pairs, matched) -> tuple[tuple[int, str], ...]:
+def structure_before(pairs, matched, structural: frozenset | None = None) -> tuple[tuple[int, str], ...]:
     """Independent runs: for each op either run has and the other lacks, dtype casts left out
     (autocast and a model cast add them by design: op_policies.BY_DESIGN_UNPAIRED), its place
     in `pairs` and what StructureDiffers says of the rows after it ('2 op(s) with no partner:
@@ -297,7 +297,8 @@ def structure_before(pairs, matched) -> tuple[tuple[int, str], ...]:
     only change what runs after it: GradScaler's `full` and `mul` after the loss no longer
     keep the forward's rounding differences from passing as inherited."""
     from accucmp.compare.op_policies import BY_DESIGN_UNPAIRED, packet
-    structural = structural_pairs(matched)
+    if structural is None:
+        structural = structural_pairs(matched)
     odd = [(i, p.target or p.golden, "target" if p.golden is None else "golden") for i, p in enumerate(pairs)
            if id(p) in structural]
     odd = [(i, op, side) for i, op, side in odd if packet(op.op) not in BY_DESIGN_UNPAIRED]

@@ -21,7 +21,7 @@ import pandas as pd
 
 from dumpfile import schema as S
 from dumpfile import jsontext
-from dumpfile.departures import argument_change_is_by_design, loss_scaler_role
+from dumpfile.departures import argument_change_is_by_design, attr_is_true, loss_scaler_role
 from dumpfile.errors import DumpFormatError
 from dumpfile.opclass import sum_terms
 from dumpfile.read import catalog
@@ -223,7 +223,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
-                          _true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)))
+                          attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -243,18 +243,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
-                          _true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))))
+                          attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
                        _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE, _B_RANDOM,
                        _B_LEAF_ROUNDED))
-
-
-def _true(v: Any) -> bool:
-    """A boolean op attribute: True only for a true bool (numpy's too); a file is input from
-    outside, and a string or array there means nothing."""
-    return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
 def _text(v: Any) -> str:

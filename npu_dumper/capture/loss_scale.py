@@ -40,11 +40,6 @@ ROLE_STATE, ROLE_APPLY, ROLE_UNSCALE = S.LOSS_SCALER_ROLES
 # (MulBackward0: grad * other)
 _APPLYING = frozenset({"aten.mul", "aten.mul_"})
 _WRAPPED = ("scale", "unscale_", "update")
-# ops whose result takes an input's shape and dtype, not its values: `ones_like(loss)` is the
-# backward's seed, 1 whatever scale the loss carries
-_VALUE_FREE = frozenset(f"aten.{n}" for n in (
-    "ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like",
-    "new_ones", "new_zeros", "new_full", "new_empty", "new_empty_strided", "empty_strided"))
 
 
 def _storage_key(t: torch.Tensor):
@@ -170,7 +165,9 @@ class LossScalePolicy(Policy):
             out = max(factors.values(), default=1.0) * scale
         elif role == ROLE_UNSCALE or state:
             out = 1.0          # the unscale, or an op that takes the scale to undo it (a fused step)
-        elif ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in _VALUE_FREE:
+        elif ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in D.VALUE_FREE:
+            # (not an op that takes only its input's shape: `ones_like(loss)` is the backward's
+            # seed, 1 whatever scale the loss carries)
             # the backward is linear in its seed: what it computes from a scaled tensor is
             # scaled alike. Not so an op after it (an optimizer, clipping): one that reads a
             # gradient the scaler has not unscaled computes something else (Adam's second

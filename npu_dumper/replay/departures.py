@@ -101,9 +101,12 @@ class DepartureLog:
             if counts_as_recorded:
                 self._run_live[ev.name] += 1             # its recorded call is not missing
             return
-        if D.is_by_design_op(ev.name):
+        if D.is_by_design_op(ev.name) or _restride_only(ev, live or {}) \
+                or (D.op_packet(ev.name) in D.VALUE_FREE and not op_info(ev.func).is_random):
             # a cast: its output is what its input was (a cast of a parameter is still a
-            # parameter, a cast of an activation an activation)
+            # parameter, a cast of an activation an activation); so is a restride that
+            # moves no element, and what `new_zeros` makes holds no value of the run (what is
+            # written into it is checked where a replayed op reads it)
             ev.notes["replay_made"] = self._made_of(live or {})
             return
         if not self.structure:
@@ -362,7 +365,8 @@ class DepartureLog:
             if live[name] > 0:          # the live call of it ran live (a DTensor op, a collective)
                 live[name] -= 1
                 return True
-            return D.is_by_design_op(name) or _holds_dtensor(entry) or _loss_scalers(entry)
+            return D.is_by_design_op(name) or _holds_dtensor(entry) or _loss_scalers(entry) \
+                or D.is_constant_op(entry.record.attrs)
 
         unused = [e for e in order if not e.used and not by_design(e)] if self.structure else []
         rows = []
@@ -400,6 +404,18 @@ class DepartureLog:
 
     def encode(self) -> str:
         return D.encode(self.rows, {k: v for k, v in self.counts.items() if v > 0}, self.source)
+
+
+def _restride_only(ev, live: dict) -> bool:
+    """A live `as_strided(_)` (before it runs) that moves no element of `self`."""
+    if D.op_packet(ev.name) not in D.RESTRIDES:
+        return False
+    t = live.get("self")
+    if not isinstance(t, torch.Tensor):
+        return False
+    offset = live.get("storage_offset")
+    return D.restride_moves_no_element(ev.name, t.shape, t.stride(), live.get("size", ()), live.get("stride", ()),
+                                       t.storage_offset(), t.storage_offset() if offset is None else offset)
 
 
 def _loss_scalers(entry) -> bool:

@@ -41,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+from dumpfile import departures as D
 from dumpfile import schema as S
 from dumpfile.opclass import is_cast, sum_outputs
 
@@ -605,6 +606,8 @@ class PlainOwnError(Policy):
         self._made = StorageMap()           # storages an op of the block wrote
         # leaves' casts back from a coarser dtype: storage -> the coarsest dtype it went through
         self._leaf_rounded = StorageMap()
+        # storages only constant ops wrote (op attribute constant): True
+        self._constant = StorageMap()
         self._collective = CollectiveWrites()     # storages a collective wrote last
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
@@ -620,6 +623,7 @@ class PlainOwnError(Policy):
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
         named = self._note_arguments(ev, info)
+        self._note_constant(ev, named)
         if not self._low:
             leaves = tree_flatten([v for _, _, v in named])[0]
             self._low = any(_coarser_than_fp32(v.dtype if isinstance(v, torch.Tensor) else v) for v in leaves)
@@ -673,6 +677,19 @@ class PlainOwnError(Policy):
             # numbers differ here, which is no kernel's error (compare, "Random ops")
             ev.group_attrs[S.OP_RANDOM] = True
         return named
+
+    def _note_constant(self, ev: OpEvent, named: list) -> None:
+        """An op that reads no value of the run (no tensor argument, or only tensors constant
+        ops made: `arange`, `zeros`, a mask built from them) is marked constant: it computes
+        from shapes and numbers. (A random op reads the generator's state: never constant.)"""
+        if ev.group_attrs.get(S.OP_RANDOM):
+            return
+        if D.op_packet(ev.name) in D.VALUE_FREE:       # (zeros_like reads its input's shape only)
+            ev.group_attrs[S.OP_CONSTANT] = True
+            return
+        leaves = tree_flatten([v for _, _, v in named])[0]
+        if all(self._constant.get(t) is True for t in leaves if isinstance(t, torch.Tensor)):
+            ev.group_attrs[S.OP_CONSTANT] = True
 
     def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
         if self._collective.copied_into(ev.name, info, named):
@@ -733,6 +750,11 @@ class PlainOwnError(Policy):
         written = [v for n, _, v in named if n in info.written]
         flat = tree_flatten((ev.outputs, written))[0]
         self._collective.note(ev.name, flat)
+        constant = bool(ev.group_attrs.get(S.OP_CONSTANT))
+        for t in flat:
+            # what a constant op makes is constant; what another op writes no longer is
+            if isinstance(t, torch.Tensor) and (constant or self._constant.get(t) is True):
+                self._constant.set(t, constant)
         if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and v in self._made for _, _, v in named):
             # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight); one back to a
             # finer dtype holds the values rounded to the coarsest dtype they went through
