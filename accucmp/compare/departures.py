@@ -244,22 +244,19 @@ def structural_pairs(pairs) -> frozenset:
 def _inert(pairs, unpaired: list) -> set[int]:
     """id() of the pairs in `unpaired` (one run's op with no partner) whose op changed no value
     a paired op of its run reads: following the catalog's input links back from every paired
-    op and every unpaired in-place update (through unpaired ops, a cast or a view, that carry
-    a value on), none reaches it, though some op reads it; or its result is one of its inputs
-    bit for bit (a clamp that clamped nothing), and it carries on only that input. A float16
-    run's overflow guard: T5's `isinf(h).any()`, `where` and a `clamp` that clamped nothing,
-    Whisper's `clamp`; each kept every later row from passing as inherited, and T5's fp16 run
-    failed at `isinf` with its planted faults not named. Never an op no op reads (a gradient
-    the step ends with: step_result_departures judges those) nor an in-place update, nor in a
-    file without input links (it cannot say who reads what)."""
-    cands, sources = {}, {}
+    op and every op no op reads (what the step ends with: a clipping's `mul_` of the
+    gradients), through unpaired ops, a cast or a view, that carry a value on, none reaches
+    it, though some op reads it; or its result is one of its inputs bit for bit (a clamp that
+    clamped nothing), and it carries on only that input. A float16 run's overflow guard: T5's
+    `isinf(h).any()`, `where` and a `clamp` that clamped nothing, Whisper's `clamp` and its
+    backward's mask (`ge`, `le`, `logical_and_`); each kept every later row from passing as
+    inherited, and T5's fp16 run failed at `isinf` with its planted faults not named. Never an
+    op no op reads (a gradient the step ends with: step_result_departures judges those), nor
+    in a file without input links (it cannot say who reads what)."""
+    cands = {}
     for p in unpaired:
         op = p.target or p.golden
-        if getattr(op, "file", None) is None:
-            continue
-        if D.is_in_place_update(op.op):
-            sources.setdefault(id(op.file), set()).add((op.op, op.seqid))    # (a clipping's mul_)
-        else:
+        if getattr(op, "file", None) is not None:
             cands.setdefault(id(op.file), {})[(op.op, op.seqid)] = (p, op)
     if not cands:
         return set()
@@ -273,7 +270,7 @@ def _inert(pairs, unpaired: list) -> set[int]:
     for key, mine in cands.items():
         f = next(iter(mine.values()))[1].file
         returned: dict = {}          # candidate -> the inputs it returns (None: it computes)
-        walked = _reached(f, paired.get(key, set()) | sources.get(key, set()), mine, returned)
+        walked = _reached(f, paired.get(key, set()), mine, returned)
         if walked is not None:
             reached, read = walked
             # (an op that returns its input changed nothing, whoever reads it)
@@ -283,11 +280,11 @@ def _inert(pairs, unpaired: list) -> set[int]:
 
 
 def _reached(f: DumpFile, seeds: set, cands: dict, returned: dict) -> tuple[set, set] | None:
-    """((op, seqid) of the ops of `f` whose results an op of `seeds` reads, directly or through
-    unpaired ops that carry them on, walked back from the last op; those any op reads), or
-    None when the file has no input links or an op's cannot be read. `returned` gets, for
-    each reached candidate, the inputs it returns bit for bit (None: none), which alone it
-    carries on."""
+    """((op, seqid) of the ops of `f` whose results an op of `seeds` or an op no op reads
+    reads, directly or through unpaired ops that carry them on, walked back from the last op;
+    those any op reads), or None when the file has no input links or an op's cannot be read.
+    `returned` gets, for each reached candidate, the inputs it returns bit for bit (None:
+    none), which alone it carries on."""
     if not f.attrs.get("dedup", False):
         return None
     try:
@@ -304,8 +301,8 @@ def _reached(f: DumpFile, seeds: set, cands: dict, returned: dict) -> tuple[set,
             return None
         links = [(e.get("n"), linked_tensor(e)) for e in entries[0]]
         read.update(linked[:2] for _, linked in links if linked is not None)
-        if k not in seeds and k not in reached:
-            continue
+        if k not in seeds and k not in reached and k in read:
+            continue                    # (walking back, every reader of k has been seen)
         kept = None
         if k in cands:
             kept = returned[k] = _returned_inputs(cands[k][1])
