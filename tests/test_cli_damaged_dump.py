@@ -151,3 +151,23 @@ def test_a_dump_still_being_written_is_not_called_corrupt(good, tmp_path):
         holder.wait()
     with DumpFile(good) as f:          # once the writer is gone, it reads
         assert len(f.ops()) > 0
+
+
+def test_compare_names_an_op_group_turned_into_a_dataset(good, tmp_path):
+    """Found by benchmarks/fuzz_files.py (kind swap): an op's group replaced by a dataset in
+    a file whose catalog does not describe the op made an internal error (exit 3,
+    'DatasetID' object has no attribute 'links')."""
+    bad = tmp_path / "bad.h5"
+    shutil.copy(good, bad)
+    with h5py.File(bad, "r+") as h:
+        for key in [k for k in h.attrs if "catalog" in k]:
+            del h.attrs[key]
+        if "_npu_dumper/catalog" in h:
+            del h["_npu_dumper/catalog"]
+        del h["/aten.relu.default/6"]
+        h.create_dataset("/aten.relu.default/6", data=[0.0, 1.0])
+    for mine, golden in ((good, bad), (bad, good)):
+        r = runner.invoke(app, ["compare", "-m", str(mine), "-g", str(golden), "-o", str(tmp_path / "cmp"), "-q"])
+        assert r.exit_code == 2, r.output
+        msg = r.output.strip()
+        assert len(msg.splitlines()) == 1 and "Traceback" not in msg and str(bad) in msg, msg

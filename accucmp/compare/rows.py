@@ -228,6 +228,10 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
         op_id = h5o.open(f.h5.id, path.encode("utf-8", "surrogateescape"))
+        if not isinstance(op_id, h5py.h5g.GroupID):
+            # (a damaged file: the op's entry in the index names a dataset)
+            raise DumpFormatError(f"{f.path}: {path} is a dataset where an op's group belongs; "
+                                  "the file is damaged")
         # the tensors' names, dtypes, shapes (and small tensors' bytes) from the catalog
         # where it describes the op: no attribute read per member (a third of the time)
         cat = catalog.op_values(f, op, eager, op_id)
