@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from accucmp.report.plot import plot_svg
-from accucmp.report.summary import describe_row, fmt_value, summarize
+from accucmp.report.summary import NOT_A_BOUND, describe_row, fmt_value, summarize
 
 MAX_TABLE_ROWS = 20000
 
@@ -295,7 +295,7 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
     parts.append(f"<p class='counts'><span>{s.total} tensors</span>{counts}</p>")
     if first is not None:
         parts.append(f"<p class='mono'>First failure (execution order): {html.escape(describe_row(first))}</p>")
-        if _text(first.get("DecidedBy")) in ("Departure", "ArgsDiffer", "RandomDraws"):
+        if _text(first.get("DecidedBy")) in NOT_A_BOUND:
             parts.append("<p>Decided by what the run does, not a bound: the target run departs from the golden "
                          "run here (docs/COMPARE.md, &ldquo;Departures&rdquo;).</p>")
         elif _text(first.get("DecidedBy")) and _text(first.get("DecidedBy")) != "CompareStatus":

@@ -20,6 +20,11 @@ from dumpfile.departures import is_by_design_op
 from accucmp.report.fit import middle_ellipsis, short_module, short_op, short_place, wrap_prose
 from accucmp.report.headline import as_float
 
+# DecidedBy values that are no threshold but what the run does (accucmp/compare/verdict.py: an op
+# inserted, missing or fed another input; other arguments; other random draws): the summary and
+# the HTML report say so instead of offering `-t NAME=VALUE`
+NOT_A_BOUND = frozenset({"Departure", "ArgsDiffer", "RandomDraws"})
+
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
 # The column that ranks failing ops, best first: the verdict's Severity, else (a table
@@ -373,7 +378,7 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
             if _text(ff, key) and not (key == "CompareFailReason" and (_text(ff, key) in _text(ff, "FailReason")
                                                                       or _text(ff, "Origin") == "departs")):
                 _say(console, f"  {label}: {_text(ff, key)}")
-        if _text(ff, "DecidedBy") in ("Departure", "ArgsDiffer", "RandomDraws"):
+        if _text(ff, "DecidedBy") in NOT_A_BOUND:
             _say(console, "  decided by: what the run does, not a bound: the target run departs from the golden "
                           "run here (docs/COMPARE.md, \"Departures\")")
         elif _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":

@@ -624,9 +624,9 @@ class PlainOwnError(Policy):
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
         named = self._note_arguments(ev, info)
-        self._note_constant(ev, named)
+        leaves = tree_flatten([v for _, _, v in named])[0]
+        self._note_constant(ev, leaves)
         if not self._low:
-            leaves = tree_flatten([v for _, _, v in named])[0]
             self._low = any(_coarser_than_fp32(v.dtype if isinstance(v, torch.Tensor) else v) for v in leaves)
         if ev.phase == S.PHASE_BACKWARD:
             self._after_backward = True
@@ -691,16 +691,16 @@ class PlainOwnError(Policy):
             ev.group_attrs[S.OP_RANDOM] = True
         return named
 
-    def _note_constant(self, ev: OpEvent, named: list) -> None:
+    def _note_constant(self, ev: OpEvent, leaves: list) -> None:
         """An op that reads no value of the run (no tensor argument, or only tensors constant
         ops made: `arange`, `zeros`, a mask built from them) is marked constant: it computes
-        from shapes and numbers. (A random op reads the generator's state: never constant.)"""
+        from shapes and numbers. (A random op reads the generator's state: never constant.)
+        `leaves`: its arguments, flattened."""
         if ev.group_attrs.get(S.OP_RANDOM):
             return
         if D.op_packet(ev.name) in D.VALUE_FREE:       # (zeros_like reads its input's shape only)
             ev.group_attrs[S.OP_CONSTANT] = True
             return
-        leaves = tree_flatten([v for _, _, v in named])[0]
         if all(self._constant.get(t) is True for t in leaves if isinstance(t, torch.Tensor)):
             ev.group_attrs[S.OP_CONSTANT] = True
 
