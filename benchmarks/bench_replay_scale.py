@@ -19,7 +19,12 @@ after the other, `--rounds` times interleaved, and the ratios are printed side b
     python benchmarks/bench_replay_scale.py [--rounds N] [--layers L | --double]
            [--embd E --heads H --vocab V --batch B --seq S] [--tmp DIR] [--compare]
            [--profile] [--old-code DIR] [--replay-option NAME=VALUE ...] [--kinds K1,K2]
+           [--probe-each]
 
+--probe-each: every replay probes the golden's metadata in a child process (docs/FORMAT.md,
+  "Reading untrusted files"); by default the run keeps its own record of probed files, so
+  the first replay probes and later rounds skip it, as a user's next replay of a golden does
+  (each round's line says which).
 --double: 24 layers (how the costs grow with the recording: goal memory flat, time linear).
 --embd/--heads/--vocab/--layers: a smaller model for quick runs (e.g. --layers 2 --embd 256
   --heads 4 --vocab 8192).
@@ -555,7 +560,7 @@ def _evict(path: str) -> None:
 
 
 def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pythonpath: str,
-               golden: str) -> dict:
+               golden: str, probe_record: str = "") -> dict:
     out = os.path.join(tmp, f"{kind}.h5")
     # (the file a dump kind writes goes before it starts: unlinking the last round's
     # gigabytes is the file system's work, not the dump's; PERFORMANCE.md, "How to measure")
@@ -563,7 +568,7 @@ def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pyt
         if os.path.exists(path):
             os.remove(path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, HERE]), HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", ACCUCMP_PROBE_RECORD=probe_record)
     spec = json.dumps({"kind": kind.removesuffix("-old"), "cfg": cfg, "golden": golden,
                        "out": out, "options": options, "profile": profile})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
@@ -573,6 +578,13 @@ def _run_child(kind: str, cfg: dict, tmp: str, options: dict, profile: bool, pyt
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     res["kind"] = kind
     return res
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
 
 
 def _compare(tmp: str, kind: str, golden: str) -> str:
@@ -602,6 +614,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--probe-each", action="store_true",
+                    help="every replay probes the golden's metadata in a child (no record of "
+                         "probed files: each replay as a user's first of that golden)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--old-code", default=None)
     ap.add_argument("--replay-option", action="append", default=[])
@@ -635,16 +650,25 @@ def main() -> None:
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     tmp = tempfile.mkdtemp(prefix="bench_replay_scale_", dir=a.tmp)
     golden = os.path.abspath(a.golden) if a.golden else os.path.join(tmp, "golden.h5")
+    # the record of probed files (dumpfile/read/probed_files.py): one of this run's own, so
+    # the first replay of the golden probes it and later rounds skip the probe as a user's
+    # next replay of it would; --probe-each: none, every replay probes
+    probe_record = "" if a.probe_each else os.path.join(tmp, "probed-files")
     try:
         for r in range(a.rounds):
             for kind in kinds:
                 path = a.old_code if kind.endswith("-old") else ROOT
                 if kind.startswith("replay") and not a.golden_cached:
                     _evict(golden)          # each replay reads the golden from the device
+                before = _size(probe_record)
                 res = _run_child(kind, cfg, tmp, options if kind.startswith("replay") else {}, a.profile, path,
-                                 os.path.join(tmp, "dump-old.h5") if kind == "dump-old" else golden)
+                                 os.path.join(tmp, "dump-old.h5") if kind == "dump-old" else golden,
+                                 probe_record)
                 runs[kind].append(res)
-                print(f"  round {r + 1} {kind:11s} {res['wall_s']:7.2f} s  {res['peak_kb'] / 1024:7.0f} MB",
+                probed = "" if not kind.startswith("replay") else (
+                    "  (golden probed)" if a.probe_each or _size(probe_record) != before else
+                    "  (golden's probe recorded by an earlier round: skipped)")
+                print(f"  round {r + 1} {kind:11s} {res['wall_s']:7.2f} s  {res['peak_kb'] / 1024:7.0f} MB{probed}",
                       flush=True)
             if a.compare:
                 for kind in kinds:

@@ -19,7 +19,7 @@ import h5py
 import pytest
 
 from dumpfile import schema as S
-from dumpfile.read import probe, safety
+from dumpfile.read import probe, probed_files, safety
 
 from ._cli_helpers import model_ops, write_dump
 
@@ -166,3 +166,112 @@ def test_early_writer_start_replaces_a_pooled_child_that_died(monkeypatch):
             child, remote._pooled = remote._pooled, None
         if child is not None:
             child.discard()
+
+
+# ---- the record of files probed, across processes (probed_files.py) -------------------
+def _forget(path: str) -> tuple:
+    """This process's memory of `path` dropped (what a new process starts with); its key."""
+    key = safety._file_key(os.stat(path), safety.max_dataset_bytes())
+    safety._CHECKED.discard(key)
+    probe._PROBED.difference_update({k for k in probe._PROBED if k[0] == key})
+    return key
+
+
+def _count_children(monkeypatch) -> list:
+    runs = []
+    real_run = subprocess.run
+
+    def counting(*a, **k):
+        runs.append(a)
+        return real_run(*a, **k)
+    monkeypatch.setattr(subprocess, "run", counting)
+    return runs
+
+
+def test_a_file_probed_by_one_process_is_not_probed_by_the_next_until_it_changes(dumps, tmp_path, monkeypatch):
+    good, _ = dumps
+    mine = str(tmp_path / "golden.h5")
+    shutil.copy(good, mine)
+    record = tmp_path / "record" / "probed-files"
+    monkeypatch.setenv(probed_files.RECORD_ENV, str(record))
+    monkeypatch.setenv("ACCUCMP_STALL_SECONDS", "300")
+    runs = _count_children(monkeypatch)
+    key = _forget(mine)
+    probe.probe(mine, probe.REPLAY)
+    assert len(runs) == 1 and record.exists()
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+
+    _forget(mine)                                   # a later process: the record answers
+    probe.probe(mine, probe.REPLAY)
+    probe.probe(mine, probe.LOAD)                   # (a replay's probe covers a load's)
+    assert len(runs) == 1
+    assert key in safety._CHECKED                   # nor is the check of its objects made again
+    import npu_dumper
+    with npu_dumper.load(mine) as df:
+        assert len(df.ops()) == len(model_ops(n_layers=8))
+    assert len(runs) == 1
+
+    monkeypatch.setenv(safety.MAX_BYTES_ENV, "64")      # a process whose limit its datasets exceed
+    _forget(mine)
+    probe.probe(mine, probe.REPLAY)
+    assert len(runs) == 2                           # probed (and refused there: nothing recorded)
+    monkeypatch.delenv(safety.MAX_BYTES_ENV)
+
+    os.utime(mine)                                  # changed (here only its times): probed again
+    _forget(mine)
+    probe.probe(mine, probe.REPLAY)
+    assert len(runs) == 3
+
+    lines = record.read_text().splitlines()        # (replay and load, twice)
+    assert len(lines) == 4 and all(line.startswith("v1 ") for line in lines)
+
+
+def test_a_damaged_file_is_never_recorded_and_a_forged_line_needs_the_files_identity(dumps, tmp_path, monkeypatch):
+    """The record holds identities, not names: a line naming a damaged file's path does
+    nothing; only its exact identity and change time would, which a probe that passed wrote."""
+    _, bad = dumps
+    mine = str(tmp_path / "looping.h5")
+    shutil.copy(bad, mine)
+    record = tmp_path / "probed-files"
+    record.write_text(f"v1 {mine} replay\nnot a line\n")
+    monkeypatch.setenv(probed_files.RECORD_ENV, str(record))
+    r = _run("import torch, npu_dumper\n"
+             "from npu_dumper.errors import DumperError\n"
+             f"try:\n    with torch.utils.dumper(use_load=True, load_file_path={mine!r}, "
+             f"dump_path={str(tmp_path / 'r.h5')!r}):\n        torch.ones(2).add(1)\n"
+             "except DumperError as e:\n    print(type(e).__name__, e)\n")
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and "stalled reading its metadata" in lines[0], (r.stdout, r.stderr[-2000:])
+    assert record.read_text() == f"v1 {mine} replay\nnot a line\n"      # nothing added
+
+
+def test_the_record_is_bounded_never_written_through_a_symlink_and_can_be_turned_off(tmp_path, monkeypatch):
+    ident = (1, 2, 3, 4, 5)
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched\n")
+    link = tmp_path / "probed-files"
+    link.symlink_to(target)
+    monkeypatch.setenv(probed_files.RECORD_ENV, str(link))
+    probed_files.add(ident, 100, (probe.LOAD,))
+    assert target.read_text() == "untouched\n"
+    assert not probed_files.known(ident, probe.LOAD, 1 << 30)
+
+    record = tmp_path / "record"
+    monkeypatch.setenv(probed_files.RECORD_ENV, str(record))
+    probed_files.add(ident, 100, (probe.LOAD,))
+    assert probed_files.known(ident, probe.LOAD, 100)
+    assert not probed_files.known(ident, probe.LOAD, 99)      # a dataset over this process's limit
+    assert not probed_files.known(ident, probe.REPLAY, 1 << 30)
+    assert not probed_files.known((1, 2, 3, 4, 6), probe.LOAD, 1 << 30)   # another change time
+
+    monkeypatch.setattr(probed_files, "RECORD_BYTES", 4096)
+    for i in range(400):
+        probed_files.add((i, 2, 3, 4, 5), 100, (probe.LOAD,))
+    assert record.stat().st_size <= 4096
+    assert probed_files.known((399, 2, 3, 4, 5), probe.LOAD, 100)       # the newest kept
+    assert not probed_files.known((0, 2, 3, 4, 5), probe.LOAD, 100)     # the oldest dropped
+
+    monkeypatch.setenv(probed_files.RECORD_ENV, "")
+    assert probed_files.record_path() is None
+    probed_files.add((7, 2, 3, 4, 5), 100, (probe.LOAD,))
+    assert not probed_files.known((7, 2, 3, 4, 5), probe.LOAD, 1 << 30)

@@ -29,6 +29,10 @@ preadv (no HDF5: nothing to loop in); a chunked (compressed) tensor's chunk inde
 read by the check (a deflated dataset's chunks are inflated there). `npu_dumper.load`'s
 values are read when the user asks for them, through h5py: not bounded.
 
+A probe that passed is written down for later processes (probed_files.py: the file's
+identity and change time, in `$ACCUCMP_PROBE_RECORD`, by default ~/.cache/accucmp/probed-files):
+the next replay of the same, unchanged golden skips the child and the check.
+
 Off where the watchdog already watches this process (the accucmp program, the
 fuzzer's children) and with $ACCUCMP_STALL_SECONDS=0. Each file is probed once a
 process (by identity and change time). Cost: one interpreter start with h5py and
@@ -48,7 +52,7 @@ import sys
 from dumpfile import watchdog
 from dumpfile.child_env import ROOT, bootstrap, child_environment
 from dumpfile.errors import DumpError, DumpFormatError
-from dumpfile.read import safety
+from dumpfile.read import probed_files, safety
 
 LOAD = "load"          # what npu_dumper.load's open and a listing read
 REPLAY = "replay"      # and every op's recorded inputs (load-replay's entry)
@@ -75,6 +79,12 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
     key = _key(path, limit)
     if key is None or (key, purpose) in _PROBED:
         return           # (a path that is no file: the entry's own open says so)
+    if probed_files.known(key[:5], purpose, limit):
+        # another process probed this very file (same identity and change time): passed
+        safety._CHECKED.add(key)
+        for p in _COVERS.get(purpose, (purpose,)):
+            _PROBED.add((key, p))
+        return
     env = child_environment(**{safety.MAX_BYTES_ENV: str(limit),     # the check the reader would make
                                safety.CHILD_WALK_ENV: str(1 << 62)})  # made in the child itself, watched
     try:
@@ -93,9 +103,12 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
     if r.returncode == 0:
         # the child's check of links and datasets holds for the file it checked: this one,
         # unchanged (the same identity and change time)
-        checked = tuple(int(v) for v in r.stdout.split()[:5]) + (limit,) if r.stdout.strip() else None
+        said = r.stdout.split()
+        checked = tuple(int(v) for v in said[:5]) + (limit,) if len(said) >= 5 else None
         if checked == key:
             safety._CHECKED.add(key)
+            if len(said) == 6:          # (the largest dataset it declares: its walk's)
+                probed_files.add(key[:5], int(said[5]), _COVERS.get(purpose, (purpose,)))
         for p in _COVERS.get(purpose, (purpose,)):
             _PROBED.add((key, p))
 
@@ -130,7 +143,9 @@ def _child_main(argv: list[str]) -> int:
         return 2
     except Exception:  # noqa: BLE001 - the entry meets it again, in its own terms
         return 1
-    print(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, flush=True)
+    largest = safety.LARGEST.get(safety._file_key(st, 0)[:5])
+    print(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+          *(() if largest is None else (largest,)), flush=True)
     return 0
 
 

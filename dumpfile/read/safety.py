@@ -190,9 +190,10 @@ def _declared_bytes(dsid) -> int:
     return int(n) * max(1, int(dsid.get_type().get_size()))
 
 
-def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> None:
+def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> int:
     """Refuse a dataset whose data lives outside this file, passes through a filter the
-    writers do not use, or whose declared size exceeds `limit` (max_dataset_bytes())."""
+    writers do not use, or whose declared size exceeds `limit` (max_dataset_bytes());
+    its declared size when it passes."""
     where = _name(where)
     dcpl = dsid.get_create_plist()
     layout = dcpl.get_layout()
@@ -225,6 +226,7 @@ def check_dataset(dsid, path: str, where: str, limit: int | None = None) -> None
         filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
         if h5z.FILTER_DEFLATE in filters:
             _check_deflated_chunks(dsid, filters, nbytes, path, where)
+    return declared
 
 
 def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, where: str) -> None:
@@ -264,6 +266,10 @@ def _check_deflated_chunks(dsid, filters: list[int], nominal: int, path: str, wh
 # files this process (or the parent it was forked from: compare's workers) already
 # checked, by identity and change time: a file is walked once however often it is opened
 _CHECKED: set[tuple] = set()
+# the largest declared dataset size of each file this process walked (by identity and
+# change time): the file passes the check under any limit at least as large, which is what
+# a record of it for other processes (whose limit is their own) must say (probed_files.py)
+LARGEST: dict[tuple, int] = {}
 
 
 def _file_key(st: os.stat_result, limit: int) -> tuple:
@@ -288,7 +294,9 @@ def check_file(h5, path: str, limit: int | None = None) -> None:
     if key is not None and key in _CHECKED:
         return
     if key is None or key[2] < child_walk_bytes() or not _walk_in_child(h5, path, limit, key):
-        _check_file(h5, path, limit)
+        largest = _check_file(h5, path, limit)
+        if key is not None:
+            LARGEST[key[:5]] = largest
     if key is not None:
         _CHECKED.add(key)
 
@@ -457,7 +465,7 @@ def check_listing(h5, path: str, limit: int | None = None) -> bool:
     return not soft[0]
 
 
-def _check_file(h5, path: str, limit: int) -> None:
+def _check_file(h5, path: str, limit: int) -> int:
     # the walk touches every object header once: HDF5's metadata cache grows to hold them
     # all (measured: +170 MB resident for 20,000 datasets, 8.5 KB each, 2.3x a compare's
     # peak). A small, fixed cache for the walk, the file's own configuration after it.
@@ -469,12 +477,12 @@ def _check_file(h5, path: str, limit: int) -> None:
     small.incr_mode = small.flash_incr_mode = 0          # H5C_incr__off, H5C_flash_incr__off
     fid.set_mdc_config(small)
     try:
-        _walk(fid, path, limit)
+        return _walk(fid, path, limit)
     finally:
         fid.set_mdc_config(saved)
 
 
-def _walk(fid, path: str, limit: int) -> None:
+def _walk(fid, path: str, limit: int) -> int:
     """One pass: each group's links listed with their types (no object opened for that),
     each object reached by a hard link opened once (one object-header load: the walk's
     cost is HDF5 reading every header, ~36 us each). It replaced a link visit, an object
@@ -490,6 +498,7 @@ def _walk(fid, path: str, limit: int) -> None:
     groups = {h5o.get_info(root).addr: b"/"}
     found: list[str] = []
     stack: list[tuple[bytes, object, list]] = []
+    largest = 0                         # (the largest declared dataset size)
 
     def push(prefix: bytes, gid) -> None:
         links: list[tuple[bytes, int]] = []
@@ -541,9 +550,10 @@ def _walk(fid, path: str, limit: int) -> None:
             groups[addr] = prefix + b"/" + name
             push(prefix + b"/" + name, obj)
         elif isinstance(obj, h5d.DatasetID):
-            check_dataset(obj, path, prefix + b"/" + name, limit)
+            largest = max(largest, check_dataset(obj, path, prefix + b"/" + name, limit))
         elif isinstance(obj, h5t.TypeID) and prefix.count(b"/") >= 2:
             # a committed (named) datatype inside an op's seqid group, where every object
             # is an argument (a group or a dataset): readers took it for a dataset
             raise DumpFormatError(f"{path}: {_name(prefix + b'/' + name)} is a named datatype where an "
                                   "op's value is expected; refused")
+    return largest
