@@ -499,6 +499,45 @@ def repair_incompatible(pairs: list[OpPair], signature, window: int = SHAPE_REPA
     return result, changed
 
 
+def split_unfit_islands(pairs: list[OpPair], signature) -> tuple[list[OpPair], int]:
+    """A name pair of computing ops whose tensors cannot be one op's (OpSignature.fits) and
+    that stands alone among unpaired ops (the nearest computing entries before and after it
+    in the pairing are one-sided) becomes two unpaired ops. There the name streams differ,
+    and one shared name is no evidence: a fused AdamW step (`_foreach_add_` on the step
+    counts, `_fused_adamw_`) against a foreach one paired its step-count `_foreach_add_.Scalar`
+    (0-dim tensors) with the foreach step's `_foreach_add_.Scalar` of eps to the square
+    roots (the parameters' shapes), and the verdict blamed that add ("size mismatch ...
+    caused here"). Unpaired, the two steps are aligned as one region (align.py). A pair
+    with paired neighbours keeps its partner: one call with a wrong shape among ops that
+    line up (a changed size) is the finding (repair_incompatible). Returns the pairs and
+    how many were split."""
+    def computing(p: OpPair) -> bool:
+        return not _by_design((p.target or p.golden).op)
+
+    def paired(p: OpPair) -> bool:
+        return p.target is not None and p.golden is not None
+
+    out: list[OpPair] = []
+    split = 0
+    for i, p in enumerate(pairs):
+        t, g = p.target, p.golden
+        if t is None or g is None or p.matched_by not in ("name", "map") or not computing(p):
+            out.append(p)
+            continue
+        before = next((q for q in reversed(pairs[:i]) if computing(q)), None)
+        after = next((q for q in pairs[i + 1:] if computing(q)), None)
+        if (before is not None and paired(before)) or (after is not None and paired(after)) \
+                or (before is None and after is None) or signature(t).fits(signature(g)):
+            out.append(p)
+            continue
+        why = ("No partner for {op} in {side} dump data: its same-named op there, among ops the two runs "
+               "do not share, holds tensors of other shapes (another computation under the same name).")
+        out.append(_target_only(t, why.format(op=t.op, side="golden")))
+        out.append(_golden_only(g, why.format(op=g.op, side="my")))
+        split += 1
+    return out, split
+
+
 def split_unfit_by_design(pairs: list[OpPair], signature) -> tuple[list[OpPair], int]:
     """Name pairs of by-design ops (casts, copies, views, allocations: what a device or
     precision change adds or drops on its own, dumpfile.departures.is_by_design_op) that

@@ -196,6 +196,7 @@ def match_ops(tf: DumpFile, gf: DumpFile, t_ops: list, g_ops: list, pattern=None
         if repair_shapes:
             pairs, repaired = matching.repair_incompatible(pairs, op_signature)
             pairs, _ = matching.split_unfit_by_design(pairs, op_signature)
+            pairs, _ = matching.split_unfit_islands(pairs, op_signature)
         pairs, regions = align.align_pairs(pairs, amap)
     # Only the io groups both dumps recorded: a load-replay dump holds outputs only (its
     # inputs are the golden's by construction), and dump_mode=input/output dumps hold one
