@@ -107,6 +107,23 @@ def test_leaf_input_that_differs_is_the_runs_own_and_made_input_is_inherited():
     assert t.loc["result", "Result"] == "pass"
 
 
+def test_an_output_over_its_own_bound_is_caused_here_in_so_many_words_whatever_its_inputs_carry():
+    """An output judged by its own error against float64 fails by what is left after its
+    inputs, the op's own: its reason does not also say "inherited" because its inputs carry
+    more than its difference from the golden (timm's rexnet under bf16: PyTorch's CPU batch
+    norm keeps a bf16 mean, one output element off by 32% of max|ref|)."""
+    import pandas as pd
+    rows = [_row(NPUDump="aten.native_batch_norm.default", SeqId=7, IO="input", TensorName="input", MadeBy="op",
+                 RelativeEuclideanDistance=50 * BF16_U, MaxAbsoluteError=0.3),
+            _row(NPUDump="aten.native_batch_norm.default", SeqId=7, IO="output", TensorName="result0",
+                 RelativeEuclideanDistance=6 * BF16_U, MaxAbsoluteError=0.3, OwnErrorVsFp64=5.9 * BF16_U,
+                 OwnMaxErrorVsFp64=0.32, OwnRefAbsMax=1.0)]
+    r = apply_verdict(pd.DataFrame(rows)).set_index("TensorName").loc["result0"]
+    assert r["Result"] == "fail" and r["Origin"] == "caused here", r["FailReason"]
+    assert r["FailReason"].startswith("own MaxAbsoluteError/max|ref| (vs fp64 on its own inputs)"), r["FailReason"]
+    assert "inherited" not in r["FailReason"], r["FailReason"]
+
+
 # ---- real runs: fp32 golden vs a bf16/fp16 run, plain dumps ---------------------------------
 
 class _ConvBN(nn.Module):
