@@ -124,6 +124,32 @@ def test_an_output_over_its_own_bound_is_caused_here_in_so_many_words_whatever_i
     assert "inherited" not in r["FailReason"], r["FailReason"]
 
 
+def test_nan_or_inf_from_an_input_that_holds_no_correct_digit_is_inherited_not_caused_here():
+    """An output NaN/Inf where the golden's is finite is caused here when the op's inputs
+    agree; when an input already holds no correct digit (NaN/Inf itself, or 100% off the
+    golden's), the non-finite values come with it (timm densenet121 under fp16 autocast: a
+    batch norm over 2 values a channel amplified fp16 rounding until a gradient 3.4e3 times
+    the golden's overflowed in the next batch norm backward, which was blamed)."""
+    import pandas as pd
+
+    def judged(grad_red, grad_nonfinite=0):
+        rows = [_row(NPUDump="aten.native_batch_norm_backward.default", SeqId=7, IO="input", TensorName="grad_out",
+                     MadeBy="op", DataType="float16", PrecisionDtype="float16",
+                     RelativeEuclideanDistance=grad_red, MaxAbsoluteError=grad_red, NonFiniteMismatch=grad_nonfinite),
+                _row(NPUDump="aten.native_batch_norm_backward.default", SeqId=7, IO="output", TensorName="result0",
+                     DataType="float16", PrecisionDtype="float16", CompareStatus="compared",
+                     RelativeEuclideanDistance=float("nan"), MaxAbsoluteError=float("nan"), NonFiniteMismatch=20,
+                     CompareFailReason="20 of 1216 elements NaN/Inf on one side only (target 20, golden 0 non-finite)")]
+        return apply_verdict(pd.DataFrame(rows)).set_index("TensorName").loc["result0"]
+
+    for red, nonfinite in ((3.4e3, 0), (float("nan"), 5)):
+        r = judged(red, nonfinite)
+        assert r["Result"] == "fail" and r["Origin"] == "inherited", (red, r["FailReason"])
+        assert "(no correct digit): the non-finite values come with it" in r["FailReason"], r["FailReason"]
+    r = judged(2 * FP16_U)                    # the inputs agree: the op made the NaN/Inf
+    assert r["Result"] == "fail" and r["Origin"] == "caused here", r["FailReason"]
+
+
 # ---- real runs: fp32 golden vs a bf16/fp16 run, plain dumps ---------------------------------
 
 class _ConvBN(nn.Module):

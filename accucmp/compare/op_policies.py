@@ -323,6 +323,18 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                                    "contribution differs; compare the ranks' folders to find where]")
         if own:
             tag = ORIGIN_CAUSED
+        lost = _input_without_a_correct_digit(table, in_rows) if tag == ORIGIN_CAUSED and out_fails and all(
+            _nonfinite_only(table, i) for i in out_fails) else None
+        if lost is not None:
+            # NaN/Inf this op returns where the golden's are finite, from an input that already
+            # holds no correct digit: whatever the op did, its inputs decided its values (timm's
+            # densenet121 under fp16 autocast: a batch norm over 2 values a channel, invstd 316,
+            # amplified fp16 rounding until a gradient 3.4e3 times the golden's overflowed in
+            # the next batch norm backward, which was blamed "caused here")
+            tag = ORIGIN_INHERITED
+            for i in out_fails:
+                reasons[i] += (f" [inherited: input {lost} (no correct digit): the non-finite values "
+                               "come with it, not from this op]")
         unpaired = [names[i] for i in in_rows if status[i] == STATUS_UNMATCHED]
         if tag == ORIGIN_CAUSED and unpaired:
             # an input the other run's ops do not read: the difference may come from it (an
@@ -360,6 +372,28 @@ def _leaf_departure(table: pd.DataFrame, i: int, reason: str) -> str:
     was measured (the verdict's own leaf wording, verdict.py, replaced by it)."""
     measured = reason.split("made it (a parameter, a buffer or the data fed in): ", 1)[-1]
     return with_measure(leaf_sentence(table.iloc[i]), measured)
+
+
+def _nonfinite_only(table: pd.DataFrame, i: int) -> bool:
+    """Row i fails for NaN/Inf on one side only (no metric could be taken)."""
+    if "NonFiniteMismatch" not in table.columns:
+        return False
+    v = pd.to_numeric(pd.Series([table["NonFiniteMismatch"].iat[i]]), errors="coerce").iat[0]
+    return not pd.isna(v) and v > 0
+
+
+def _input_without_a_correct_digit(table: pd.DataFrame, in_rows: list[int]) -> str | None:
+    """What the first input row that holds no correct digit is (NaN/Inf where the golden's
+    are finite, or a RelativeEuclideanDistance from the golden's of 1 or more), or None."""
+    for i in in_rows:
+        name = _s(table["TensorName"].iat[i]) if "TensorName" in table.columns else "?"
+        if _nonfinite_only(table, i):
+            return f"{name} already holds NaN/Inf where the golden's is finite"
+        if "RelativeEuclideanDistance" in table.columns:
+            red = pd.to_numeric(pd.Series([table["RelativeEuclideanDistance"].iat[i]]), errors="coerce").iat[0]
+            if not pd.isna(red) and math.isfinite(red) and red >= 1.0:
+                return f"{name} already differs from the golden's by RelativeEuclideanDistance {red:.3g}"
+    return None
 
 
 def _own_judged(table: pd.DataFrame, i: int) -> bool:
