@@ -150,6 +150,39 @@ def test_nan_or_inf_from_an_input_that_holds_no_correct_digit_is_inherited_not_c
     assert r["Result"] == "fail" and r["Origin"] == "caused here", r["FailReason"]
 
 
+def test_inf_where_the_golden_exceeds_the_dtypes_range_is_an_overflow_of_the_format():
+    """Inf where the golden's value is beyond float16's largest finite number: any kernel
+    returns it; the run departs there by the format's range (Origin overflow, named first as
+    a cause is), not by a kernel's error. Inf where the golden's value fits stays caused here."""
+    import pandas as pd
+
+    from accucmp.report.findings import first_failure as first
+
+    def judged(golden_there):
+        rows = [_row(NPUDump="aten.mul.Tensor", SeqId=3, IO="output", TensorName="result", DataType="float16",
+                     PrecisionDtype="float16", RelativeEuclideanDistance=2 * FP16_U, MaxAbsoluteError=1e-3),
+                _row(NPUDump="aten.mm.default", SeqId=4, IO="input", TensorName="self", MadeBy="op",
+                     DataType="float16", PrecisionDtype="float16", RelativeEuclideanDistance=2 * FP16_U,
+                     MaxAbsoluteError=1e-3),
+                _row(NPUDump="aten.mm.default", SeqId=4, IO="output", TensorName="result", DataType="float16",
+                     PrecisionDtype="float16", RelativeEuclideanDistance=float("nan"),
+                     MaxAbsoluteError=float("nan"), NonFiniteMismatch=3, TargetNonFinite=3,
+                     GoldenAbsMaxWhereTargetInf=golden_there,
+                     CompareFailReason="3 of 64 elements NaN/Inf on one side only (target 3, golden 0 non-finite)"),
+                _row(NPUDump="aten.add.Tensor", SeqId=9, IO="output", TensorName="result", DataType="float16",
+                     PrecisionDtype="float16", RelativeEuclideanDistance=0.5, MaxAbsoluteError=0.5)]
+        return apply_verdict(pd.DataFrame(rows))
+
+    t = judged(7.1e4)
+    mm = t[(t["SeqId"] == 4) & (t["IO"] == "output")].iloc[0]
+    assert mm["Result"] == "fail" and mm["Origin"] == "overflow", mm["FailReason"]
+    assert "beyond float16's largest finite 65504: the format's range, not the kernel" in mm["FailReason"]
+    assert first(t)["SeqId"] == 4                      # named before the later caused-here add
+    mm = judged(1.1e4)
+    mm = mm[(mm["SeqId"] == 4) & (mm["IO"] == "output")].iloc[0]
+    assert mm["Origin"] == "caused here", mm["FailReason"]
+
+
 # ---- real runs: fp32 golden vs a bf16/fp16 run, plain dumps ---------------------------------
 
 class _ConvBN(nn.Module):

@@ -191,6 +191,9 @@ class TensorComparison:
     nonfinite_mismatch: int = 0   # NaN/Inf on one side only (or different ones)
     target_nonfinite: int = 0
     golden_nonfinite: int = 0
+    # the largest |golden| where the target is +-Inf and the golden finite (NaN: none): a
+    # golden value beyond the target dtype's range is an overflow of that format, not of a kernel
+    golden_where_target_inf: float = math.nan
     # integer/bool on both sides: elements that differ, counted on the native values (float64
     # loses integers above 2**53, and a bool/int tensor whose golden is all zero has no
     # relative metric); -1 once a non-integer piece was seen
@@ -259,6 +262,11 @@ class TensorComparison:
         bad = ~both
         self.target_nonfinite += int((~fx).sum())
         self.golden_nonfinite += int((~fy).sum())
+        over = np.isinf(x) & fy
+        if over.any():
+            m = float(np.abs(y[over]).max())
+            self.golden_where_target_inf = m if math.isnan(self.golden_where_target_inf) \
+                else max(self.golden_where_target_inf, m)
         xb, yb = x[bad], y[bad]
         same = (xb == yb) | (np.isnan(xb) & np.isnan(yb))
         self.nonfinite_equal += int(same.sum())
@@ -419,6 +427,7 @@ class TensorComparison:
             "NonFiniteMismatch": self.nonfinite_mismatch,
             "TargetNonFinite": self.target_nonfinite,
             "GoldenNonFinite": self.golden_nonfinite,
+            "GoldenAbsMaxWhereTargetInf": self.golden_where_target_inf,
             "ExactMismatches": self.exact_mismatches if self.exact_mismatches >= 0 and self.elements else math.nan,
         }
 

@@ -42,6 +42,7 @@ from accucmp.compare.rows import STATUS_UNMATCHED
 ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
 ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
+ORIGIN_OVERFLOW = "overflow"        # inputs agree, output Inf where the golden's exceeds the dtype's range
 ORIGIN_DEPARTURE = "departs"        # the run itself departs here: an op inserted/missing, an argument, an input
 # FailReason of an output row that fails only because its op ran with other arguments than the
 # golden's (verdict._args_departure): not a size of error, so never explained by its inputs
@@ -335,6 +336,17 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             for i in out_fails:
                 reasons[i] += (f" [inherited: input {lost} (no correct digit): the non-finite values "
                                "come with it, not from this op]")
+        if tag == ORIGIN_CAUSED and out_fails and all(_overflows(table, i) for i in out_fails):
+            # Inf where the golden's value is beyond the dtype's largest finite number: any
+            # kernel returns Inf there (efficientnet_b0 replayed under fp16 autocast: a weight
+            # gradient of 2.8e5); where the run departs, by the format's range
+            tag = ORIGIN_OVERFLOW
+            for i in out_fails:
+                gmax = _num_at(table, "GoldenAbsMaxWhereTargetInf", i)
+                prec_i = _s(prec[i]) or _s(dtypes[i])
+                reasons[i] += (f" [overflow: the golden's values there reach {gmax:.4g}, beyond {prec_i}'s largest "
+                               f"finite {_LARGEST_FINITE[prec_i]:.6g}: the format's range, not the kernel; values "
+                               "this large need a wider format or scaling down]")
         unpaired = [names[i] for i in in_rows if status[i] == STATUS_UNMATCHED]
         if tag == ORIGIN_CAUSED and unpaired:
             # an input the other run's ops do not read: the difference may come from it (an
@@ -372,6 +384,28 @@ def _leaf_departure(table: pd.DataFrame, i: int, reason: str) -> str:
     was measured (the verdict's own leaf wording, verdict.py, replaced by it)."""
     measured = reason.split("made it (a parameter, a buffer or the data fed in): ", 1)[-1]
     return with_measure(leaf_sentence(table.iloc[i]), measured)
+
+
+_LARGEST_FINITE = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+
+
+def _num_at(table: pd.DataFrame, column: str, i: int) -> float:
+    if column not in table.columns:
+        return math.nan
+    v = pd.to_numeric(pd.Series([table[column].iat[i]]), errors="coerce").iat[0]
+    return math.nan if pd.isna(v) else float(v)
+
+
+def _overflows(table: pd.DataFrame, i: int) -> bool:
+    """Row i fails for Inf in the target where the golden's values exceed the largest finite
+    number of the row's dtype (PrecisionDtype): the format overflows there, whatever the kernel."""
+    if not _nonfinite_only(table, i):
+        return False
+    dtype = _s(table["PrecisionDtype"].iat[i]) if "PrecisionDtype" in table.columns else ""
+    dtype = dtype or (_s(table["DataType"].iat[i]) if "DataType" in table.columns else "")
+    largest = _LARGEST_FINITE.get(dtype)
+    gmax = _num_at(table, "GoldenAbsMaxWhereTargetInf", i)
+    return largest is not None and not math.isnan(gmax) and gmax > largest
 
 
 def _nonfinite_only(table: pd.DataFrame, i: int) -> bool:

@@ -36,7 +36,8 @@ TAIL_COLUMNS = [
     "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
     "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
     "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "ExactMismatches", "BitIdentical",
+    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "GoldenAbsMaxWhereTargetInf", "ExactMismatches",
+    "BitIdentical",
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
     "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",

@@ -14,7 +14,7 @@ from dumpfile.departures import is_by_design_op
 
 from accucmp.compare.departures import STATUS_UNPAIRED_OP
 
-from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_UNDERFLOW
+from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW, ORIGIN_UNDERFLOW
 from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
 
 
@@ -76,7 +76,9 @@ def _first_failure_of(failed: pd.DataFrame) -> pd.Series | None:
     if "Origin" in failed.columns:
         # the earliest op whose inputs still agree but whose output does not: later failures
         # (and earlier ones that only carry a difference in from outside) inherit from it
-        caused = failed[failed["Origin"].isin((ORIGIN_CAUSED, ORIGIN_DEPARTURE))]
+        # (an output whose golden values exceed its dtype's range overflows there: where the
+        # difference starts as well)
+        caused = failed[failed["Origin"].isin((ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW))]
         if not caused.empty:
             return _execution_order(caused).iloc[0]
         # none: an op whose inputs agree and whose output sits at its dtype's underflow edge
