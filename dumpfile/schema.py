@@ -131,6 +131,10 @@ OP_MADE_INPUTS = "made_inputs"
 # module computing in float32 copies with `weight.float()`: Gemma's RMSNorm, an MoE router).
 # They hold the golden's values rounded to that dtype by design; compare judges them there
 OP_LEAF_ROUNDED = "leaf_rounded"
+# load-replay: JSON {input: max |recorded value|} of the op's recorded inputs whose cast to the
+# live dtype overflowed (Inf where the recording is finite: an fp32 gradient of 7.1e4 handed
+# to a float16 op). Compare: the op's Inf is the format's range there, not its kernel's
+OP_INPUT_OVERFLOW = "input_overflow"
 # plain dumps (own_error=True, the default): JSON {argument: value} of the op's number, bool,
 # string and short number-list arguments (eps, scale, approximate, dims), so compare tells two
 # independent runs whose op got different arguments

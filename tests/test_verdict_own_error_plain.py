@@ -167,7 +167,7 @@ def test_inf_where_the_golden_exceeds_the_dtypes_range_is_an_overflow_of_the_for
                 _row(NPUDump="aten.mm.default", SeqId=4, IO="output", TensorName="result", DataType="float16",
                      PrecisionDtype="float16", RelativeEuclideanDistance=float("nan"),
                      MaxAbsoluteError=float("nan"), NonFiniteMismatch=3, TargetNonFinite=3,
-                     GoldenAbsMaxWhereTargetInf=golden_there,
+                     GoldenAbsMaxWhereTargetNonFinite=golden_there,
                      CompareFailReason="3 of 64 elements NaN/Inf on one side only (target 3, golden 0 non-finite)"),
                 _row(NPUDump="aten.add.Tensor", SeqId=9, IO="output", TensorName="result", DataType="float16",
                      PrecisionDtype="float16", RelativeEuclideanDistance=0.5, MaxAbsoluteError=0.5)]
@@ -446,3 +446,34 @@ def test_batch_norm_grad_input_over_two_values_a_channel_is_bounded_by_how_much_
                OwnMaxErrorVsFp64=0.0, OwnErrorVsFp64=12 * BF16_U)
     assert _judge(**row, OwnCancellation=31.0)[0] == "pass"
     assert _judge(**row)[0] == "fail"
+
+
+def test_an_input_that_overflows_float16_in_its_cast_is_named_as_an_overflow(tmp_path):
+    """An activation of 1e5 (fine in float32) meets a Linear under fp16 autocast: its cast to
+    float16 is Inf, and the addmm returns NaN/Inf. The addmm computed what it was given; the
+    run departs there by float16's range. Plain compare: the addmm's input row is Inf where
+    the golden's reaches 1e5. Load-replay: the replay's cast of the recorded input overflowed
+    (op attribute input_overflow). Both name the addmm with Origin overflow."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4)
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    x[0, 0] = 3.0                   # 3e5 after the multiply: Inf in float16
+
+    def step(path, amp, load=None):
+        kw = dict(use_load=True, load_file_path=str(load)) if load else dict(use_dump=True)
+        ctx = torch.autocast("cpu", dtype=torch.float16) if amp else contextlib.nullcontext()
+        with torch.utils.dumper(dump_path=str(path), **kw):
+            with ctx:
+                out = lin(x.mul(1e5))
+            out.float().sum().backward()
+        return path
+
+    golden = step(tmp_path / "g.h5", False)
+    for name, load in (("plain", None), ("replay", golden)):
+        t = _compare(step(tmp_path / f"{name}.h5", True, load), golden)
+        first = first_failure(t)
+        assert first is not None and first["NPUDump"] == "aten.addmm.default", (name, first)
+        assert first["Origin"] == "overflow", (name, first["Origin"], first["FailReason"])
+        assert "Inf" in first["FailReason"] and "the format's range" in first["FailReason"], first["FailReason"]
+        if load:
+            assert "(its largest recorded value) is Inf cast to float16" in first["FailReason"]

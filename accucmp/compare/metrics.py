@@ -39,10 +39,16 @@ _BLOCK = 1 << 16                               # elements per in-cache block (51
 # (plus the score it is added to), -inf where a replay rounds -3.4e38 to bfloat16/float16.
 # An element where one side is a float dtype's extreme finite value or inf and the other has
 # the same sign and is at least 2**15 (half float16's max) means the same thing on both
-# sides: counted equal. A real value is never exactly a dtype's extreme.
+# sides: counted equal. A real value is never exactly a dtype's extreme. Where the extreme is
+# the target's, the golden's value must itself be a mask's: within float16's top range (a
+# float16 golden's -65504 plus the score) or beyond 1e38 (bfloat16's and float32's extremes);
+# a value between, 7.1e4 or 3e5, is a real one that float16 cannot hold, and the target's Inf
+# there is an overflow, not a mask (it had been counted equal: an overflow that passed).
 _SENTINELS = np.array([float(np.finfo(np.float16).max), 3.3895313892515355e38,   # float16, bfloat16
                        float(np.finfo(np.float32).max), float(np.finfo(np.float64).max), np.inf])
 _SENTINEL_BIG = 2.0 ** 15
+_F16_TOP = 65520.0          # float16's max plus half its last spacing: rounds to max, not Inf
+_HUGE = 1e38
 _SQ_GATE = _SENTINEL_BIG ** 2                  # a block's sum of squares below this has no such element
 
 
@@ -50,7 +56,8 @@ def _same_sentinels(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
     """x with the elements that are the same masking sentinel as y's set to y's (a copy), or
     None when there are none."""
     ax, ay = np.abs(x), np.abs(y)
-    m = (np.isin(ay, _SENTINELS) & (ax >= _SENTINEL_BIG)) | (np.isin(ax, _SENTINELS) & (ay >= _SENTINEL_BIG))
+    m = (np.isin(ay, _SENTINELS) & (ax >= _SENTINEL_BIG)) | (
+        np.isin(ax, _SENTINELS) & (ay >= _SENTINEL_BIG) & ((ay <= _F16_TOP) | (ay >= _HUGE)))
     m &= np.sign(x) == np.sign(y)
     m &= x != y
     if not m.any():
@@ -191,9 +198,10 @@ class TensorComparison:
     nonfinite_mismatch: int = 0   # NaN/Inf on one side only (or different ones)
     target_nonfinite: int = 0
     golden_nonfinite: int = 0
-    # the largest |golden| where the target is +-Inf and the golden finite (NaN: none): a
-    # golden value beyond the target dtype's range is an overflow of that format, not of a kernel
-    golden_where_target_inf: float = math.nan
+    # the largest |golden| where the target is NaN or +-Inf and the golden finite (NaN: none):
+    # a golden value beyond the target dtype's range there is an overflow of that format (an
+    # Inf, or the NaN of Inf - Inf after one), not of a kernel
+    golden_where_target_nonfinite: float = math.nan
     # integer/bool on both sides: elements that differ, counted on the native values (float64
     # loses integers above 2**53, and a bool/int tensor whose golden is all zero has no
     # relative metric); -1 once a non-integer piece was seen
@@ -262,11 +270,11 @@ class TensorComparison:
         bad = ~both
         self.target_nonfinite += int((~fx).sum())
         self.golden_nonfinite += int((~fy).sum())
-        over = np.isinf(x) & fy
+        over = ~fx & fy
         if over.any():
             m = float(np.abs(y[over]).max())
-            self.golden_where_target_inf = m if math.isnan(self.golden_where_target_inf) \
-                else max(self.golden_where_target_inf, m)
+            self.golden_where_target_nonfinite = m if math.isnan(self.golden_where_target_nonfinite) \
+                else max(self.golden_where_target_nonfinite, m)
         xb, yb = x[bad], y[bad]
         same = (xb == yb) | (np.isnan(xb) & np.isnan(yb))
         self.nonfinite_equal += int(same.sum())
@@ -427,7 +435,7 @@ class TensorComparison:
             "NonFiniteMismatch": self.nonfinite_mismatch,
             "TargetNonFinite": self.target_nonfinite,
             "GoldenNonFinite": self.golden_nonfinite,
-            "GoldenAbsMaxWhereTargetInf": self.golden_where_target_inf,
+            "GoldenAbsMaxWhereTargetNonFinite": self.golden_where_target_nonfinite,
             "ExactMismatches": self.exact_mismatches if self.exact_mismatches >= 0 and self.elements else math.nan,
         }
 

@@ -42,7 +42,7 @@ from accucmp.compare.rows import STATUS_UNMATCHED
 ORIGIN_CAUSED = "caused here"
 ORIGIN_INHERITED = "inherited"
 ORIGIN_UNDERFLOW = "underflow"      # inputs agree, output at its dtype's underflow edge
-ORIGIN_OVERFLOW = "overflow"        # inputs agree, output Inf where the golden's exceeds the dtype's range
+ORIGIN_OVERFLOW = "overflow"        # output (or input) NaN/Inf where the golden's exceeds the dtype's range
 ORIGIN_DEPARTURE = "departs"        # the run itself departs here: an op inserted/missing, an argument, an input
 # FailReason of an output row that fails only because its op ran with other arguments than the
 # golden's (verdict._args_departure): not a size of error, so never explained by its inputs
@@ -324,8 +324,18 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                                    "contribution differs; compare the ranks' folders to find where]")
         if own:
             tag = ORIGIN_CAUSED
-        lost = _input_without_a_correct_digit(table, in_rows) if tag == ORIGIN_CAUSED and out_fails and all(
-            _nonfinite_only(table, i) for i in out_fails) else None
+        nonfinite_out = tag == ORIGIN_CAUSED and bool(out_fails) and all(_nonfinite_only(table, i) for i in out_fails)
+        overflowed = _input_overflow(table, in_rows, out_fails) if nonfinite_out else None
+        lost = _input_without_a_correct_digit(table, in_rows) if nonfinite_out and overflowed is None else None
+        if overflowed is not None:
+            # an input Inf where the golden's value is beyond the dtype's range (a load-replay's
+            # cast of a recorded fp32 gradient of 7.1e4 to float16 for efficientnet_b0's
+            # convolution_backward; a plain run's autocast cast): the op's Inf is that input's,
+            # where the run departs by the format's range
+            tag = ORIGIN_OVERFLOW
+            for i in out_fails:
+                reasons[i] += (f" [overflow: input {overflowed}, beyond the dtype's largest finite number: the "
+                               "format's range (the cast or op that made the input), not this op's kernel]")
         if lost is not None:
             # NaN/Inf this op returns where the golden's are finite, from an input that already
             # holds no correct digit: whatever the op did, its inputs decided its values (timm's
@@ -342,7 +352,7 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             # gradient of 2.8e5); where the run departs, by the format's range
             tag = ORIGIN_OVERFLOW
             for i in out_fails:
-                gmax = _num_at(table, "GoldenAbsMaxWhereTargetInf", i)
+                gmax = _num_at(table, "GoldenAbsMaxWhereTargetNonFinite", i)
                 prec_i = _s(prec[i]) or _s(dtypes[i])
                 reasons[i] += (f" [overflow: the golden's values there reach {gmax:.4g}, beyond {prec_i}'s largest "
                                f"finite {_LARGEST_FINITE[prec_i]:.6g}: the format's range, not the kernel; values "
@@ -397,14 +407,15 @@ def _num_at(table: pd.DataFrame, column: str, i: int) -> float:
 
 
 def _overflows(table: pd.DataFrame, i: int) -> bool:
-    """Row i fails for Inf in the target where the golden's values exceed the largest finite
-    number of the row's dtype (PrecisionDtype): the format overflows there, whatever the kernel."""
+    """Row i fails for NaN/Inf in the target where the golden's values exceed the largest
+    finite number of the row's dtype (PrecisionDtype): the format overflows there (Inf, or the
+    NaN of Inf - Inf after it), whatever the kernel."""
     if not _nonfinite_only(table, i):
         return False
     dtype = _s(table["PrecisionDtype"].iat[i]) if "PrecisionDtype" in table.columns else ""
     dtype = dtype or (_s(table["DataType"].iat[i]) if "DataType" in table.columns else "")
     largest = _LARGEST_FINITE.get(dtype)
-    gmax = _num_at(table, "GoldenAbsMaxWhereTargetInf", i)
+    gmax = _num_at(table, "GoldenAbsMaxWhereTargetNonFinite", i)
     return largest is not None and not math.isnan(gmax) and gmax > largest
 
 
@@ -414,6 +425,27 @@ def _nonfinite_only(table: pd.DataFrame, i: int) -> bool:
         return False
     v = pd.to_numeric(pd.Series([table["NonFiniteMismatch"].iat[i]]), errors="coerce").iat[0]
     return not pd.isna(v) and v > 0
+
+
+def _input_overflow(table: pd.DataFrame, in_rows: list[int], out_rows: list[int]) -> str | None:
+    """Which input of the op is Inf in the target where the golden's values exceed the input's
+    dtype range, as a clause ("grad_output is Inf where the golden's values reach 2.218e+05";
+    "grad_output 7.124e+04 (its largest recorded value) is Inf cast to float16"): an input
+    row that overflows (_overflows),
+    or a load-replay's recorded input whose cast overflowed (column InputOverflow of its
+    output rows); None when none is."""
+    for i in in_rows:
+        if _overflows(table, i):
+            name = _s(table["TensorName"].iat[i]) if "TensorName" in table.columns else "?"
+            return (f"{name} is NaN/Inf where the golden's values reach "
+                    f"{_num_at(table, 'GoldenAbsMaxWhereTargetNonFinite', i):.4g}")
+    if "InputOverflow" in table.columns:
+        for i in out_rows:
+            text = _s(table["InputOverflow"].iat[i])
+            if text:
+                return (f"{text} (its largest recorded value) is Inf cast to "
+                        f"{_s(table['DataType'].iat[i]) or 'the live dtype'}")
+    return None
 
 
 def _input_without_a_correct_digit(table: pd.DataFrame, in_rows: list[int]) -> str | None:

@@ -36,7 +36,7 @@ TAIL_COLUMNS = [
     "CompareFailReason", "SeqId", "Phase", "Module", "GoldenDataType", "GoldenShape", "GoldenSeqId",
     "GoldenOp", "IO", "TensorName", "PrecisionDtype", "ComputeDtype", "Uninitialized", "CompareStatus",
     "MatchedBy", "GoldenAbsMax", "TargetMean", "TargetStd", "GoldenMean", "GoldenStd",
-    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "GoldenAbsMaxWhereTargetInf", "ExactMismatches",
+    "NonFiniteMismatch", "TargetNonFinite", "GoldenNonFinite", "GoldenAbsMaxWhereTargetNonFinite", "ExactMismatches",
     "BitIdentical",
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
@@ -60,6 +60,9 @@ TAIL_COLUMNS = [
     # leaf_rounded: a bfloat16 model's weight copied to float32 by `weight.float()`): that
     # dtype; the verdict allows it the golden's value rounded there
     "LeafRoundedTo",
+    # load-replay: the op's recorded inputs whose cast to the live dtype overflowed, with the
+    # largest |recorded value| (op attribute input_overflow): "grad_output 7.124e+04"
+    "InputOverflow",
     # independent runs: the op's plain arguments (eps, scale, dims, ...) where the two runs
     # differ ("eps 0.1, golden 1e-05"; op attribute scalar_args), on its output rows
     "ArgsDiffer",
@@ -180,6 +183,7 @@ _B_LOSS_SCALER = S.OP_LOSS_SCALER.encode()
 _B_LOSS_SCALE = S.OP_LOSS_SCALE.encode()
 _B_RANDOM = S.OP_RANDOM.encode()
 _B_LEAF_ROUNDED = S.OP_LEAF_ROUNDED.encode()
+_B_INPUT_OVERFLOW = S.OP_INPUT_OVERFLOW.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
 EAGER_ELEMENTS = 1 << 14
@@ -201,6 +205,7 @@ class OpTensors:
     loss_scale: dict = field(default_factory=dict)  # (io, name) or io -> scale (op attribute loss_scale)
     random: bool = False                            # the op drew random numbers (op attribute random)
     leaf_rounded: dict | None = None                # leaf input -> coarser dtype it went through
+    input_overflow: dict | None = None              # input -> max |recorded| whose cast overflowed
 
     def is_scaler_state(self, name: str) -> bool:
         """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
@@ -224,7 +229,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
-                          attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)))
+                          attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)),
+                          _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -248,12 +254,24 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
-                          attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))))
+                          attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))),
+                          _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
                        _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE, _B_RANDOM,
-                       _B_LEAF_ROUNDED))
+                       _B_LEAF_ROUNDED, _B_INPUT_OVERFLOW))
+
+
+def _arg_numbers(text: Any) -> dict | None:
+    """{argument: number} from an op attribute's JSON (input_overflow); None when absent or
+    not that shape (a damaged or hostile file: nothing is trusted beyond finite numbers)."""
+    raw = _json_attr(text)
+    if not isinstance(raw, dict):
+        return None
+    out = {str(k)[:200]: float(v) for k, v in list(raw.items())[:64]
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return out or None
 
 
 def _text(v: Any) -> str:
@@ -533,6 +551,9 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["ArgsDiffer"] = changed
             if io == S.OUTPUT_GROUP and not replay and region is None and (t_ts.random or g_ts.random):
                 row["RandomOp"] = True
+            if io == S.OUTPUT_GROUP and t_ts.input_overflow:
+                # (load-replay: recorded inputs that overflowed in the cast to the live dtype)
+                row["InputOverflow"] = ", ".join(f"{k} {v:.4g}" for k, v in t_ts.input_overflow.items())
             made = t_ts.made_inputs if t_ts.made_inputs is not None or not golden_own else g_ts.made_inputs
             if io == S.INPUT_GROUP and t is not None and made is not None:
                 row["MadeBy"] = "op" if name in made else "leaf"

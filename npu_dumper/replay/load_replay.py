@@ -29,6 +29,7 @@ one) hold the rest.)
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import Counter, defaultdict
@@ -155,6 +156,7 @@ class ReplayPolicy(Policy):
         self._consumed = 0
         self._stop = False
         self._prefetcher: threading.Thread | None = None
+        self._overflows: dict[str, float] = {}   # the op being substituted: inputs whose cast overflowed
         self.departures = DepartureLog()     # how the live run departs from the recording
         self._measurer = MeasureWorker()     # (replaced in begin by one bound to the registry)
 
@@ -594,6 +596,7 @@ class ReplayPolicy(Policy):
         info = op_info(ev.func)
         written = info.written      # includes hidden writes (batch-norm stats)
         replaced: dict[str, Any] = {}
+        self._overflows = {}
         for name, value in live.items():
             if name in info.opaque_args:
                 # a backend's opaque buffer (the LSTM workspace mkldnn_rnn_layer hands its
@@ -633,6 +636,8 @@ class ReplayPolicy(Policy):
                 args[i] = value
             else:
                 kwargs[name] = value
+        if self._overflows:
+            ev.group_attrs[S.OP_INPUT_OVERFLOW] = json.dumps(self._overflows)
         return tuple(args), kwargs
 
     def _replace(self, live: Any, rec: ValueRecord, *, in_place: bool, arg: str) -> Any:
@@ -662,10 +667,12 @@ class ReplayPolicy(Policy):
                 # the replay's dump can link it to the output that made it.
                 return live
             cast = like_live(live, src, self.keep_live_strides)
-            if cast is not src and bitwise_equal(live, cast):
-                # the same after the cast (a bf16 model's weight: the rounded recorded one):
-                # the copy goes now instead of living on in a view the backward keeps
-                return live
+            if cast is not src:
+                self._note_overflow(arg, src, cast)
+                if bitwise_equal(live, cast):
+                    # the same after the cast (a bf16 model's weight: the rounded recorded one):
+                    # the copy goes now instead of living on in a view the backward keeps
+                    return live
             return cast
         if isinstance(live, (list, tuple)):
             if len(rec.children) != len(live):
@@ -676,6 +683,25 @@ class ReplayPolicy(Policy):
                    for i, (v, c) in enumerate(zip(live, rec.children))]
             return type(live)(out) if isinstance(live, tuple) else out
         return live
+
+    def _note_overflow(self, arg: str, src: torch.Tensor, cast: torch.Tensor) -> None:
+        """A recorded input cast to a dtype of smaller range (float32 -> float16) that became
+        Inf where the recording is finite: the op's own Inf is then the format's, and the op
+        attribute input_overflow says so (max |recorded|), for compare's verdict. One pass
+        over the cast (float16 only: bfloat16 holds float32's range), a second over the
+        recording only when the cast holds an Inf."""
+        if cast.dtype not in _NARROW_RANGE or not src.is_floating_point() \
+                or torch.finfo(src.dtype).max <= torch.finfo(cast.dtype).max:
+            return
+        with torch.no_grad(), _disable_current_modes():
+            if not bool(torch.isinf(cast).any()):
+                return
+            finite = src[torch.isfinite(src)]
+            if finite.numel() == 0:
+                return
+            biggest = float(finite.abs().max())
+        if biggest > torch.finfo(cast.dtype).max:
+            self._overflows[arg] = biggest
 
     def _note_cast(self, rec: ValueRecord, live: torch.Tensor, src_dtype: torch.dtype | None = None) -> None:
         """A recorded tensor handed to the op in the live dtype: counted in the summary, and
@@ -703,6 +729,9 @@ class _NoFit(Exception):
 # far behind and ahead of the last matched one, its result within this many units of its
 # dtype of theirs
 _STAND_IN_OPS = 8
+# floating dtypes whose range is smaller than float32's: a recorded input cast to one may
+# overflow (_note_overflow)
+_NARROW_RANGE = frozenset({torch.float16, torch.float8_e4m3fn, torch.float8_e5m2})
 _STAND_IN_BEHIND = 16
 _STAND_IN_AHEAD = 64
 STAND_IN_ULPS = 4.0
