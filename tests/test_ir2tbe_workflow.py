@@ -150,3 +150,24 @@ def test_ir2tbe_run_refuses_a_dump_without_inputs(extracted, monkeypatch):
     r = CliRunner().invoke(app, ["run", "replay.h5", "--acl-config", "acl.json"], terminal_width=200)
     assert r.exit_code == 2, r.output
     assert "replay.h5: holds no op inputs" in r.output and "Traceback" not in r.output
+
+
+def test_ir2tbe_map_of_an_op_that_cannot_run_on_its_recorded_inputs_is_one_line(extracted, monkeypatch):
+    """A file whose gelu input says complex32 (the fuzzer's seed 29: a dtype attribute
+    edited): gelu has no complex-half kernel, and `map` ended with an internal error (exit 3).
+    Now one line naming the file, the op and why, exit 2, as `run` reports such an op."""
+    import h5py
+
+    from dumpfile import schema as S
+    from ir2tbe.cli import app
+
+    shutil.copy("output.h5", "edited.h5")
+    with h5py.File("edited.h5", "r+") as h5:
+        seq = next(iter(h5["aten.gelu.default"]))
+        h5[f"aten.gelu.default/{seq}/input/self"].attrs[S.ATTR_DTYPE] = "complex32"
+    r = CliRunner().invoke(app, ["map", "gelu", "-i", "edited.h5"], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "edited.h5: aten.gelu.default" in lines[0] and "failed to run on cpu" in lines[0], \
+        r.output
+    assert "internal error" not in r.output and "Traceback" not in r.output
