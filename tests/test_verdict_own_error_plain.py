@@ -477,3 +477,14 @@ def test_an_input_that_overflows_float16_in_its_cast_is_named_as_an_overflow(tmp
         assert "Inf" in first["FailReason"] and "the format's range" in first["FailReason"], first["FailReason"]
         if load:
             assert "(its largest recorded value) is Inf cast to float16" in first["FailReason"]
+    # the terminal and the HTML report do not offer a threshold for NaN/Inf on one side
+    # (-t NonFiniteMismatch=VALUE is no threshold: compare refused it)
+    res = CliRunner(env={"COLUMNS": "100", "NO_COLOR": "1"}).invoke(
+        app, ["compare", "-m", str(tmp_path / "plain.h5"), "-g", str(golden), "-o", str(tmp_path / "out"),
+              "-f", "csv,html"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "decided by: NaN/Inf on one side only" in out, res.output
+    assert "-t NonFiniteMismatch" not in out, res.output
+    import glob
+    page = open(glob.glob(str(tmp_path / "out" / "*.html"))[0]).read()
+    assert "-t NonFiniteMismatch" not in page and "Decided by NaN/Inf on one side only" in page

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from accucmp.report.plot import plot_svg
-from accucmp.report.summary import NOT_A_BOUND, describe_row, fmt_value, summarize
+from accucmp.report.summary import NAN_INF_ONE_SIDE, NAN_INF_SENTENCE, NOT_A_BOUND, describe_row, fmt_value, summarize
 
 MAX_TABLE_ROWS = 20000
 
@@ -298,6 +298,8 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
         if _text(first.get("DecidedBy")) in NOT_A_BOUND:
             parts.append("<p>Decided by what the run does, not a bound: the target run departs from the golden "
                          "run here (docs/COMPARE.md, &ldquo;Departures&rdquo;).</p>")
+        elif _text(first.get("DecidedBy")) == NAN_INF_ONE_SIDE:
+            parts.append(f"<p>Decided by {html.escape(NAN_INF_SENTENCE)}.</p>")
         elif _text(first.get("DecidedBy")) and _text(first.get("DecidedBy")) != "CompareStatus":
             parts.append(f"<p>Decided by the threshold <span class='mono'>{html.escape(first['DecidedBy'])}</span>: "
                          f"change it with <span class='mono'>-t {html.escape(first['DecidedBy'])}=VALUE</span>, or "

@@ -24,6 +24,10 @@ from accucmp.report.headline import as_float
 # inserted, missing or fed another input; other arguments; other random draws): the summary and
 # the HTML report say so instead of offering `-t NAME=VALUE`
 NOT_A_BOUND = frozenset({"Departure", "ArgsDiffer", "RandomDraws"})
+# DecidedBy values that are a finding no threshold changes, said as such (not as a -t knob)
+NAN_INF_ONE_SIDE = "NonFiniteMismatch"
+NAN_INF_SENTENCE = ("NaN/Inf on one side only: a finite value against a NaN or Inf fails whatever the "
+                    "thresholds (its Origin says where it came from)")
 
 RESULTS = ("pass", "fail", "unmatched", "skipped")
 
@@ -381,6 +385,8 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         if _text(ff, "DecidedBy") in NOT_A_BOUND:
             _say(console, "  decided by: what the run does, not a bound: the target run departs from the golden "
                           "run here (docs/COMPARE.md, \"Departures\")")
+        elif _text(ff, "DecidedBy") == NAN_INF_ONE_SIDE:
+            _say(console, f"  decided by: {NAN_INF_SENTENCE}")
         elif _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":
             _say(console, f"  decided by: {_text(ff, 'DecidedBy')} (change it with -t {_text(ff, 'DecidedBy')}=VALUE, "
                           "or every dtype bound at once with --tolerance F)")
