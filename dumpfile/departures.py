@@ -166,7 +166,7 @@ def is_by_design_op(name: str) -> bool:
 
 # the largest finite value of each floating dtype: a model that fills a mask with
 # torch.finfo(dtype).min (Falcon, T5, ...) passes another number in another precision
-_DTYPE_MAX = (65504.0, 3.3895313892515355e38, 3.4028234663852886e38, 1.7976931348623157e308, 448.0, 57344.0)
+_DTYPE_MAX = frozenset(S.LARGEST_FINITE.values())
 
 
 def _dtype_extreme(v: Any) -> bool:

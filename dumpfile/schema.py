@@ -282,6 +282,15 @@ UNIT_ROUNDOFF = {
     "float8_e8m0fnu": 2.0 ** -1,
 }
 
+# The largest finite value of each floating dtype (torch.finfo(dtype).max): a mask filled with
+# finfo(dtype).min holds another number in each precision (dumpfile/departures.py), and a
+# golden value beyond it is one the dtype cannot hold (compare's Origin `overflow`)
+LARGEST_FINITE = {
+    "float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38, "float16": 65504.0,
+    "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0,
+}
+
 # ---- DeviceType codes -------------------------------------------------------
 # The original: CPU 0, CUDA 1, NPU 10. Other devices use c10::DeviceType's value.
 DEVICE_TYPE_CODES = {

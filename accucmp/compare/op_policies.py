@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.departures import is_collective_op
 from dumpfile.opclass import CASTS, sum_outputs
-from dumpfile.schema import UNIT_ROUNDOFF
+from dumpfile.schema import LARGEST_FINITE, UNIT_ROUNDOFF
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
@@ -324,39 +324,8 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
                                    "contribution differs; compare the ranks' folders to find where]")
         if own:
             tag = ORIGIN_CAUSED
-        nonfinite_out = tag == ORIGIN_CAUSED and bool(out_fails) and all(_nonfinite_only(table, i) for i in out_fails)
-        overflowed = _input_overflow(table, in_rows, out_fails) if nonfinite_out else None
-        lost = _input_without_a_correct_digit(table, in_rows) if nonfinite_out and overflowed is None else None
-        if overflowed is not None:
-            # an input Inf where the golden's value is beyond the dtype's range (a load-replay's
-            # cast of a recorded fp32 gradient of 7.1e4 to float16 for efficientnet_b0's
-            # convolution_backward; a plain run's autocast cast): the op's Inf is that input's,
-            # where the run departs by the format's range
-            tag = ORIGIN_OVERFLOW
-            for i in out_fails:
-                reasons[i] += (f" [overflow: input {overflowed}, beyond the dtype's largest finite number: the "
-                               "format's range (the cast or op that made the input), not this op's kernel]")
-        if lost is not None:
-            # NaN/Inf this op returns where the golden's are finite, from an input that already
-            # holds no correct digit: whatever the op did, its inputs decided its values (timm's
-            # densenet121 under fp16 autocast: a batch norm over 2 values a channel, invstd 316,
-            # amplified fp16 rounding until a gradient 3.4e3 times the golden's overflowed in
-            # the next batch norm backward, which was blamed "caused here")
-            tag = ORIGIN_INHERITED
-            for i in out_fails:
-                reasons[i] += (f" [inherited: input {lost} (no correct digit): the non-finite values "
-                               "come with it, not from this op]")
-        if tag == ORIGIN_CAUSED and out_fails and all(_overflows(table, i) for i in out_fails):
-            # Inf where the golden's value is beyond the dtype's largest finite number: any
-            # kernel returns Inf there (efficientnet_b0 replayed under fp16 autocast: a weight
-            # gradient of 2.8e5); where the run departs, by the format's range
-            tag = ORIGIN_OVERFLOW
-            for i in out_fails:
-                gmax = _num_at(table, "GoldenAbsMaxWhereTargetNonFinite", i)
-                prec_i = _s(prec[i]) or _s(dtypes[i])
-                reasons[i] += (f" [overflow: the golden's values there reach {gmax:.4g}, beyond {prec_i}'s largest "
-                               f"finite {_LARGEST_FINITE[prec_i]:.6g}: the format's range, not the kernel; values "
-                               "this large need a wider format or scaling down]")
+        if tag == ORIGIN_CAUSED and out_fails and all(_nonfinite_only(table, i) for i in out_fails):
+            tag = _nonfinite_origin(table, in_rows, out_fails, reasons)
         unpaired = [names[i] for i in in_rows if status[i] == STATUS_UNMATCHED]
         if tag == ORIGIN_CAUSED and unpaired:
             # an input the other run's ops do not read: the difference may come from it (an
@@ -396,35 +365,69 @@ def _leaf_departure(table: pd.DataFrame, i: int, reason: str) -> str:
     return with_measure(leaf_sentence(table.iloc[i]), measured)
 
 
-_LARGEST_FINITE = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-
-
 def _num_at(table: pd.DataFrame, column: str, i: int) -> float:
+    """Row i's number in `column`; NaN when the column is absent or holds no number."""
     if column not in table.columns:
         return math.nan
     v = pd.to_numeric(pd.Series([table[column].iat[i]]), errors="coerce").iat[0]
     return math.nan if pd.isna(v) else float(v)
 
 
+def _nonfinite_origin(table: pd.DataFrame, in_rows: list[int], out_fails: list[int], reasons: list[str]) -> str:
+    """Origin of an op whose inputs agree (so far: caused here) and whose failing outputs all
+    hold NaN/Inf where the golden's are finite; its reasons get what decided it."""
+    overflowed = _input_overflow(table, in_rows, out_fails)
+    if overflowed is not None:
+        # an input Inf where the golden's value is beyond the dtype's range (a load-replay's
+        # cast of a recorded fp32 gradient of 7.1e4 to float16 for efficientnet_b0's
+        # convolution_backward; a plain run's autocast cast): the op's Inf is that input's,
+        # where the run departs by the format's range
+        for i in out_fails:
+            reasons[i] += (f" [overflow: input {overflowed}, beyond the dtype's largest finite number: the "
+                           "format's range (the cast or op that made the input), not this op's kernel]")
+        return ORIGIN_OVERFLOW
+    lost = _input_without_a_correct_digit(table, in_rows)
+    if lost is not None:
+        # NaN/Inf from an input that already holds no correct digit: whatever the op did, its
+        # inputs decided its values (timm's densenet121 under fp16 autocast: a batch norm over
+        # 2 values a channel, invstd 316, amplified fp16 rounding until a gradient 3.4e3 times
+        # the golden's overflowed in the next batch norm backward, which was blamed "caused here")
+        for i in out_fails:
+            reasons[i] += (f" [inherited: input {lost} (no correct digit): the non-finite values "
+                           "come with it, not from this op]")
+        return ORIGIN_INHERITED
+    if all(_overflows(table, i) for i in out_fails):
+        # NaN/Inf where the golden's value is beyond the dtype's largest finite number: any
+        # kernel returns Inf there (efficientnet_b0 replayed under fp16 autocast: a weight
+        # gradient of 2.8e5); where the run departs, by the format's range
+        for i in out_fails:
+            dtype = _dtype_of(table, i)
+            reasons[i] += (f" [overflow: the golden's values there reach "
+                           f"{_num_at(table, 'GoldenAbsMaxWhereTargetNonFinite', i):.4g}, beyond {dtype}'s largest "
+                           f"finite {LARGEST_FINITE[dtype]:.6g}: the format's range, not the kernel; values "
+                           "this large need a wider format or scaling down]")
+        return ORIGIN_OVERFLOW
+    return ORIGIN_CAUSED
+
+
+def _dtype_of(table: pd.DataFrame, i: int) -> str:
+    """Row i's precision (PrecisionDtype, else DataType)."""
+    dtype = _s(table["PrecisionDtype"].iat[i]) if "PrecisionDtype" in table.columns else ""
+    return dtype or (_s(table["DataType"].iat[i]) if "DataType" in table.columns else "")
+
+
 def _overflows(table: pd.DataFrame, i: int) -> bool:
     """Row i fails for NaN/Inf in the target where the golden's values exceed the largest
     finite number of the row's dtype (PrecisionDtype): the format overflows there (Inf, or the
     NaN of Inf - Inf after it), whatever the kernel."""
-    if not _nonfinite_only(table, i):
-        return False
-    dtype = _s(table["PrecisionDtype"].iat[i]) if "PrecisionDtype" in table.columns else ""
-    dtype = dtype or (_s(table["DataType"].iat[i]) if "DataType" in table.columns else "")
-    largest = _LARGEST_FINITE.get(dtype)
+    largest = LARGEST_FINITE.get(_dtype_of(table, i))
     gmax = _num_at(table, "GoldenAbsMaxWhereTargetNonFinite", i)
-    return largest is not None and not math.isnan(gmax) and gmax > largest
+    return _nonfinite_only(table, i) and largest is not None and not math.isnan(gmax) and gmax > largest
 
 
 def _nonfinite_only(table: pd.DataFrame, i: int) -> bool:
     """Row i fails for NaN/Inf on one side only (no metric could be taken)."""
-    if "NonFiniteMismatch" not in table.columns:
-        return False
-    v = pd.to_numeric(pd.Series([table["NonFiniteMismatch"].iat[i]]), errors="coerce").iat[0]
-    return not pd.isna(v) and v > 0
+    return _num_at(table, "NonFiniteMismatch", i) > 0
 
 
 def _input_overflow(table: pd.DataFrame, in_rows: list[int], out_rows: list[int]) -> str | None:
@@ -455,17 +458,14 @@ def _input_without_a_correct_digit(table: pd.DataFrame, in_rows: list[int]) -> s
         name = _s(table["TensorName"].iat[i]) if "TensorName" in table.columns else "?"
         if _nonfinite_only(table, i):
             return f"{name} already holds NaN/Inf where the golden's is finite"
-        if "RelativeEuclideanDistance" in table.columns:
-            red = pd.to_numeric(pd.Series([table["RelativeEuclideanDistance"].iat[i]]), errors="coerce").iat[0]
-            if not pd.isna(red) and math.isfinite(red) and red >= 1.0:
-                return f"{name} already differs from the golden's by RelativeEuclideanDistance {red:.3g}"
+        red = _num_at(table, "RelativeEuclideanDistance", i)
+        if math.isfinite(red) and red >= 1.0:
+            return f"{name} already differs from the golden's by RelativeEuclideanDistance {red:.3g}"
     return None
 
 
 def _own_judged(table: pd.DataFrame, i: int) -> bool:
-    if "OwnErrorVsFp64" not in table.columns:
-        return False
-    return not pd.isna(pd.to_numeric(pd.Series([table["OwnErrorVsFp64"].iat[i]]), errors="coerce").iat[0])
+    return not math.isnan(_num_at(table, "OwnErrorVsFp64", i))
 
 
 def _carried(tag: str, in_rows: list[int], out_fails: list[int], ulps: list[float], reasons: list[str],
@@ -506,8 +506,7 @@ def _underflows(table: pd.DataFrame, i: int) -> bool:
     from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
     if "GoldenAbsMax" not in table.columns or "PrecisionDtype" not in table.columns:
         return False
-    if "OwnErrorVsFp64" in table.columns \
-            and not pd.isna(pd.to_numeric(pd.Series([table["OwnErrorVsFp64"].iat[i]]), errors="coerce").iat[0]):
+    if _own_judged(table, i):
         # judged by its own error: the float64 reference was rounded to this dtype, underflow
         # included, so whatever error is left is the op's (a load-replay fault on a gradient
         # at 8e-6 in float16 measured 7% own error, and is caused there)
