@@ -79,11 +79,11 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
     key = _key(path, limit)
     if key is None or (key, purpose) in _PROBED:
         return           # (a path that is no file: the entry's own open says so)
+    covers = _COVERS.get(purpose, (purpose,))
     if probed_files.known(key[:5], purpose, limit):
         # another process probed this very file (same identity and change time): passed
         safety._CHECKED.add(key)
-        for p in _COVERS.get(purpose, (purpose,)):
-            _PROBED.add((key, p))
+        _PROBED.update((key, p) for p in covers)
         return
     env = child_environment(**{safety.MAX_BYTES_ENV: str(limit),     # the check the reader would make
                                safety.CHILD_WALK_ENV: str(1 << 62)})  # made in the child itself, watched
@@ -108,9 +108,8 @@ def probe(path: str | os.PathLike, purpose: str = LOAD) -> None:
         if checked == key:
             safety._CHECKED.add(key)
             if len(said) == 6:          # (the largest dataset it declares: its walk's)
-                probed_files.add(key[:5], int(said[5]), _COVERS.get(purpose, (purpose,)))
-        for p in _COVERS.get(purpose, (purpose,)):
-            _PROBED.add((key, p))
+                probed_files.add(key[:5], int(said[5]), covers)
+        _PROBED.update((key, p) for p in covers)
 
 
 def _key(path: str, limit: int) -> tuple | None:

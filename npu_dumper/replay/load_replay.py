@@ -156,7 +156,6 @@ class ReplayPolicy(Policy):
         self._consumed = 0
         self._stop = False
         self._prefetcher: threading.Thread | None = None
-        self._overflows: dict[str, float] = {}   # the op being substituted: inputs whose cast overflowed
         self.departures = DepartureLog()     # how the live run departs from the recording
         self._measurer = MeasureWorker()     # (replaced in begin by one bound to the registry)
 
@@ -596,7 +595,7 @@ class ReplayPolicy(Policy):
         info = op_info(ev.func)
         written = info.written      # includes hidden writes (batch-norm stats)
         replaced: dict[str, Any] = {}
-        self._overflows = {}
+        overflows: dict[str, float] = {}      # inputs whose cast to the live dtype overflowed
         for name, value in live.items():
             if name in info.opaque_args:
                 # a backend's opaque buffer (the LSTM workspace mkldnn_rnn_layer hands its
@@ -622,7 +621,7 @@ class ReplayPolicy(Policy):
                 replaced[name] = value
                 continue
             try:
-                replaced[name] = got = self._replace(value, rec, in_place=in_place, arg=name)
+                replaced[name] = got = self._replace(value, rec, in_place=in_place, arg=name, overflows=overflows)
             except NotReplayable as e:
                 raise _NoFit(str(e)) from None
             if isinstance(got, torch.Tensor) and got is not value:
@@ -636,11 +635,13 @@ class ReplayPolicy(Policy):
                 args[i] = value
             else:
                 kwargs[name] = value
-        if self._overflows:
-            ev.group_attrs[S.OP_INPUT_OVERFLOW] = json.dumps(self._overflows)
+        if overflows:
+            ev.group_attrs[S.OP_INPUT_OVERFLOW] = json.dumps(overflows)
         return tuple(args), kwargs
 
-    def _replace(self, live: Any, rec: ValueRecord, *, in_place: bool, arg: str) -> Any:
+    def _replace(self, live: Any, rec: ValueRecord, *, in_place: bool, arg: str, overflows: dict) -> Any:
+        """The recorded value of input `arg` as the op gets it (`live`'s dtype and layout);
+        `overflows` gets the inputs whose cast to that dtype overflowed (_cast_overflow)."""
         if isinstance(live, torch.Tensor):
             if not rec.is_tensor:
                 raise NotReplayable(f"input '{arg}' is not a tensor in the recording")
@@ -668,7 +669,9 @@ class ReplayPolicy(Policy):
                 return live
             cast = like_live(live, src, self.keep_live_strides)
             if cast is not src:
-                self._note_overflow(arg, src, cast)
+                biggest = _cast_overflow(src, cast)
+                if biggest is not None:
+                    overflows[arg] = biggest
                 if bitwise_equal(live, cast):
                     # the same after the cast (a bf16 model's weight: the rounded recorded one):
                     # the copy goes now instead of living on in a view the backward keeps
@@ -678,30 +681,11 @@ class ReplayPolicy(Policy):
             if len(rec.children) != len(live):
                 raise NotReplayable(f"input '{arg}': recorded list has {len(rec.children)} items, "
                                     f"live {len(live)}")
-            out = [self._replace(v, c, in_place=in_place, arg=f"{arg}_{i}")
+            out = [self._replace(v, c, in_place=in_place, arg=f"{arg}_{i}", overflows=overflows)
                    if isinstance(v, torch.Tensor) else v
                    for i, (v, c) in enumerate(zip(live, rec.children))]
             return type(live)(out) if isinstance(live, tuple) else out
         return live
-
-    def _note_overflow(self, arg: str, src: torch.Tensor, cast: torch.Tensor) -> None:
-        """A recorded input cast to a dtype of smaller range (float32 -> float16) that became
-        Inf where the recording is finite: the op's own Inf is then the format's, and the op
-        attribute input_overflow says so (max |recorded|), for compare's verdict. One pass
-        over the cast (float16 only: bfloat16 holds float32's range), a second over the
-        recording only when the cast holds an Inf."""
-        if cast.dtype not in _NARROW_RANGE or not src.is_floating_point() \
-                or torch.finfo(src.dtype).max <= torch.finfo(cast.dtype).max:
-            return
-        with torch.no_grad(), _disable_current_modes():
-            if not bool(torch.isinf(cast).any()):
-                return
-            finite = src[torch.isfinite(src)]
-            if finite.numel() == 0:
-                return
-            biggest = float(finite.abs().max())
-        if biggest > torch.finfo(cast.dtype).max:
-            self._overflows[arg] = biggest
 
     def _note_cast(self, rec: ValueRecord, live: torch.Tensor, src_dtype: torch.dtype | None = None) -> None:
         """A recorded tensor handed to the op in the live dtype: counted in the summary, and
@@ -728,9 +712,28 @@ class _NoFit(Exception):
 # (ReplayPolicy._stood_in_for): at most this many of them, found among the recorded ops this
 # far behind and ahead of the last matched one, its result within this many units of its
 # dtype of theirs
+def _cast_overflow(src: torch.Tensor, cast: torch.Tensor) -> float | None:
+    """The largest |recorded value| when a recorded input cast to a dtype of smaller range
+    (float32 -> float16) became Inf where the recording is finite, else None: the op's own
+    Inf is then the format's, and the op attribute input_overflow says so, for compare's
+    verdict. One pass over the cast (float16 and float8 only: bfloat16 holds float32's range
+    but for its last spacing), a second over the recording only when the cast holds an Inf."""
+    if cast.dtype not in _NARROW_RANGE or not src.is_floating_point() \
+            or torch.finfo(src.dtype).max <= torch.finfo(cast.dtype).max:
+        return None
+    with torch.no_grad(), _disable_current_modes():
+        if not bool(torch.isinf(cast).any()):
+            return None
+        finite = src[torch.isfinite(src)]
+        if finite.numel() == 0:
+            return None
+        biggest = float(finite.abs().max())
+    return biggest if biggest > torch.finfo(cast.dtype).max else None
+
+
 _STAND_IN_OPS = 8
 # floating dtypes whose range is smaller than float32's: a recorded input cast to one may
-# overflow (_note_overflow)
+# overflow (_cast_overflow)
 _NARROW_RANGE = frozenset({torch.float16, torch.float8_e4m3fn, torch.float8_e5m2})
 _STAND_IN_BEHIND = 16
 _STAND_IN_AHEAD = 64
