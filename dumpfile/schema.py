@@ -15,6 +15,8 @@ Layout (compatible with the Ascend PyTorch 1.5 dumper)::
 
 from __future__ import annotations
 
+import math
+
 FORMAT_NAME = "npu_dumper.h5"
 # 1.1: statistics-only dumps are tables (STATS_TABLE_PATH), no per-op groups.
 # 1.2: /_npu_dumper/catalog (CATALOG_PATH), an accelerator next to the index.
@@ -290,6 +292,9 @@ LARGEST_FINITE = {
     "bfloat16": 3.3895313892515355e38, "float16": 65504.0,
     "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0,
 }
+# The smallest magnitude that rounds beyond it (to Inf, or float8_e4m3fn's NaN): the largest
+# finite value plus half its last spacing (float16: 65520; 65510 rounds to 65504)
+OVERFLOW_THRESHOLD = {d: m + math.ldexp(UNIT_ROUNDOFF[d], math.frexp(m)[1] - 1) for d, m in LARGEST_FINITE.items()}
 
 # ---- DeviceType codes -------------------------------------------------------
 # The original: CPU 0, CUDA 1, NPU 10. Other devices use c10::DeviceType's value.

@@ -178,9 +178,10 @@ def test_inf_where_the_golden_exceeds_the_dtypes_range_is_an_overflow_of_the_for
     assert mm["Result"] == "fail" and mm["Origin"] == "overflow", mm["FailReason"]
     assert "beyond float16's largest finite 65504: the format's range, not the kernel" in mm["FailReason"]
     assert first(t)["SeqId"] == 4                      # named before the later caused-here add
-    mm = judged(1.1e4)
-    mm = mm[(mm["SeqId"] == 4) & (mm["IO"] == "output")].iloc[0]
-    assert mm["Origin"] == "caused here", mm["FailReason"]
+    for fits in (1.1e4, 65510.0):             # (65510 rounds to float16's 65504, not to Inf)
+        mm = judged(fits)
+        mm = mm[(mm["SeqId"] == 4) & (mm["IO"] == "output")].iloc[0]
+        assert mm["Origin"] == "caused here", (fits, mm["FailReason"])
 
 
 # ---- real runs: fp32 golden vs a bf16/fp16 run, plain dumps ---------------------------------

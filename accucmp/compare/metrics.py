@@ -31,6 +31,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from dumpfile.schema import OVERFLOW_THRESHOLD
+
 EPS = float(np.finfo(np.float64).eps)          # "~0" for norms and |y|, as the reference
 F32_EPS = float(np.finfo(np.float32).eps)      # KL floor, as the reference
 _BLOCK = 1 << 16                               # elements per in-cache block (512 KiB float64)
@@ -47,7 +49,7 @@ _BLOCK = 1 << 16                               # elements per in-cache block (51
 _SENTINELS = np.array([float(np.finfo(np.float16).max), 3.3895313892515355e38,   # float16, bfloat16
                        float(np.finfo(np.float32).max), float(np.finfo(np.float64).max), np.inf])
 _SENTINEL_BIG = 2.0 ** 15
-_F16_TOP = 65520.0          # float16's max plus half its last spacing: rounds to max, not Inf
+_F16_TOP = OVERFLOW_THRESHOLD["float16"]     # 65520: float16's max plus half its last spacing
 _HUGE = 1e38
 _SQ_GATE = _SENTINEL_BIG ** 2                  # a block's sum of squares below this has no such element
 

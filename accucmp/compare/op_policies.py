@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.departures import is_collective_op
 from dumpfile.opclass import CASTS, sum_outputs
-from dumpfile.schema import LARGEST_FINITE, UNIT_ROUNDOFF
+from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD, UNIT_ROUNDOFF
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
@@ -417,12 +417,13 @@ def _dtype_of(table: pd.DataFrame, i: int) -> str:
 
 
 def _overflows(table: pd.DataFrame, i: int) -> bool:
-    """Row i fails for NaN/Inf in the target where the golden's values exceed the largest
-    finite number of the row's dtype (PrecisionDtype): the format overflows there (Inf, or the
-    NaN of Inf - Inf after it), whatever the kernel."""
-    largest = LARGEST_FINITE.get(_dtype_of(table, i))
+    """Row i fails for NaN/Inf in the target where the golden's values round beyond the
+    largest finite number of the row's dtype (PrecisionDtype; OVERFLOW_THRESHOLD: float16's
+    65510 rounds to 65504, 65520 to Inf): the format overflows there (Inf, or the NaN of
+    Inf - Inf after it), whatever the kernel."""
+    threshold = OVERFLOW_THRESHOLD.get(_dtype_of(table, i))
     gmax = _num_at(table, "GoldenAbsMaxWhereTargetNonFinite", i)
-    return _nonfinite_only(table, i) and largest is not None and not math.isnan(gmax) and gmax > largest
+    return _nonfinite_only(table, i) and threshold is not None and not math.isnan(gmax) and gmax >= threshold
 
 
 def _nonfinite_only(table: pd.DataFrame, i: int) -> bool:
