@@ -221,7 +221,8 @@ def encode(rows: list[dict[str, Any]], counts: dict[str, int], source: dict | No
                        "omitted": len(rows) - len(kept), "rows": kept}, separators=(",", ":"), default=str)
 
 
-_STR_FIELDS = ("kind", "op", "module", "phase", "argument", "live", "golden", "dtype", "made_by", "reason")
+_STR_FIELDS = ("kind", "op", "module", "phase", "argument", "live", "golden", "dtype", "made_by", "reason",
+               "detail")
 _NUM_FIELDS = ("seqid", "at", "golden_seqid", "rel_err", "max_abs_err", "golden_abs_max")
 
 

@@ -39,7 +39,8 @@ def sentence(row: dict[str, Any]) -> str:
     kind, op, where = row["kind"], row.get("op", "?"), _where(row)
     phase = " (backward)" if row.get("phase") == "backward" else ""
     if kind == D.INSERTED:
-        return f"{where} runs {op}{phase}, which the golden run does not have"
+        why = f": {row['detail']}" if row.get("detail") else ""
+        return f"{where} runs {op}{phase}, which the golden run does not have{why}"
     if kind == D.MISSING:
         if row.get("reason"):
             return f"{where} does not run {op}{phase}: {row['reason']}"

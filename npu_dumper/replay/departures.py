@@ -23,7 +23,7 @@ The rows go to the replay dump's root attribute `replay_departures` (dumpfile/de
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -66,6 +66,7 @@ class DepartureLog:
         self._at = 0.0                           # the last replayed op's recorded seqid
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
+        self.skipped_copies = 0                   # missing ops whose recorded result is an input
         self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
         self._collective = CollectiveWrites()     # storages a collective wrote last
         self.source: dict[str, Any] = {}          # the recording's identity (dumpfile.departures.source_of)
@@ -353,10 +354,15 @@ class DepartureLog:
                 self.unread_inserted += 1
         self.rows = kept
 
-    def missing(self, order: list) -> None:
+    def missing(self, order: list, load: Callable[[Any], torch.Tensor] | None = None) -> None:
         """Recorded ops the live run never called, at their place in the recording. Those after
         the last recorded op the live run did call are one row: the live run ended there (a
-        shorter step, or a recording of more steps than were replayed), not one row an op."""
+        shorter step, or a recording of more steps than were replayed), not one row an op.
+        A recorded op whose recorded result is one of its recorded inputs bit for bit (`load`
+        reads them) computed nothing the live run lacks, as an inserted op that returns its
+        input (outputs_made): no row. GPT-2's key/value cache appends the keys to an empty
+        past (`cat([empty, k])`, a copy of k the attention then reads); a run with
+        activation checkpointing keeps no cache, and its clean replay failed there."""
         last = max((e.index for e in order if e.used), default=-1)
         live = Counter(self._run_live)
 
@@ -373,6 +379,9 @@ class DepartureLog:
         tail = [e for e in unused if e.index > last]
         for entry in unused:
             if entry.index > last:
+                continue
+            if load is not None and _recorded_identity(entry, load):
+                self.skipped_copies += 1
                 continue
             rec = entry.record
             rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
@@ -452,6 +461,28 @@ def _returns_an_input(out: Any, inputs: list) -> torch.Tensor | None:
                 except RuntimeError:
                     continue
     return None
+
+
+def _recorded_identity(entry, load: Callable[[Any], torch.Tensor]) -> bool:
+    """Whether a recorded op's one tensor result is one of its recorded tensor inputs bit for
+    bit (the same shape and dtype; values compared as _returns_an_input does). An unreadable
+    record says no: the op stays a departure."""
+    try:
+        outs = [r for r in entry.record.outputs().values() if r.is_tensor]
+        if len(outs) != 1:
+            return False
+        out = outs[0]
+        leaves = [leaf for rec in entry.inputs.values()
+                  for leaf in (rec.children if rec.is_list else (rec,)) if leaf.is_tensor]
+        same = [r for r in leaves
+                if tuple(r.shape) == tuple(out.shape) and str(r.dtype) == str(out.dtype)]
+        if not same:
+            return False
+        o = load(out)
+        with torch.no_grad(), _disable_current_modes():
+            return any(not o.is_complex() and bool(torch.equal(load(r), o)) for r in same)
+    except Exception:  # noqa: BLE001 - unreadable: no proof it computed nothing
+        return False
 
 
 def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:

@@ -59,6 +59,7 @@ from .layout import bitwise_equal, like_live, usable_as_is
 from .matching import Candidate, find_input, mismatch, op_packet
 from .departures import DepartureLog
 from .source import DEFAULT_BUDGET, RecordedTensors
+from .stand_in import STAND_IN_ULPS, agrees, function_gap
 from . import own_error
 from .measure_worker import MeasureWorker
 
@@ -85,6 +86,7 @@ class ReplaySummary:
     departures: Counter = field(default_factory=Counter)         # kind -> count (departures.py)
     first_departure: str = ""                # the first one, as the verdict will name it
     regrouped: list[str] = field(default_factory=list)           # live ops standing in for recorded ones
+    skipped_copies: int = 0                  # recorded ops not called that returned an input unchanged
 
     def __str__(self) -> str:
         line = (f"load-replay: matched {self.matched} of {self.live_ops} live ops "
@@ -106,6 +108,9 @@ class ReplaySummary:
         if self.regrouped:
             line += (f"; {len(self.regrouped)} live op(s) no recorded call fits computed what recorded "
                      f"ops of their module did (within {STAND_IN_ULPS:g} u; first: {self.regrouped[0]})")
+        if self.skipped_copies:
+            line += (f"; {self.skipped_copies} recorded op(s) the live run did not call returned one of "
+                     "their inputs unchanged (no departure)")
         if any(self.departures.values()):
             line += ("; the live run departs from the recording: "
                      + ", ".join(f"{v} {k}" for k, v in self.departures.items() if v)
@@ -400,7 +405,9 @@ class ReplayPolicy(Policy):
         made = ev.notes.get("replay_made")
         if isinstance(made, tuple) and made[0] == "inserted" and made[1].get("seqid") == ev.seqid \
                 and not ev.notes.get("replay_matched"):
-            stood_for = self._stood_in_for(ev)
+            stood_for, other_function = self._stood_in_for(ev)
+            if other_function:
+                made[1]["detail"] = other_function
             if stood_for:
                 for entry in stood_for:
                     entry.used = True
@@ -411,7 +418,7 @@ class ReplayPolicy(Policy):
                 self.summary.regrouped.append(f"{ev.module or '(no module)'}: live {ev.name} for recorded {ops}")
         self.departures.outputs_made(ev)
 
-    def _stood_in_for(self, ev: OpEvent) -> list[Candidate]:
+    def _stood_in_for(self, ev: OpEvent) -> tuple[list[Candidate], str]:
         """The recorded ops a live op no recorded call fits computes instead (one op for
         several: `F.linear` is one `addmm` on a contiguous input and `mm` + `add` on a strided
         one, and autocast's cast makes the input contiguous, so an fp32 recording and its
@@ -420,14 +427,15 @@ class ReplayPolicy(Policy):
         [4, 1, 512]). The unused recorded ops of its module and phase around the last matched
         one, in a run no matched op of that module splits, up to the last computing op whose
         result the live result equals within STAND_IN_ULPS units of the live dtype (plus
-        float32 summation noise). None found: [] (the op stays an inserted op). Checked by
-        value, not by name: an op that computes something else (a changed bias, an extra
-        scale) is no stand-in."""
+        float32 summation noise), and which computes their function (stand_in.function_gap).
+        None found: [] (the op stays an inserted op; the text says why when it agreed in value
+        but not in function). Checked by value, not by name: an op that computes something
+        else (a changed bias, an extra scale, another approximation) is no stand-in."""
         outs = [t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)]
         module = D.unwrapped_module(ev.module)
         if len(outs) != 1 or not module or not outs[0].is_floating_point() or outs[0].numel() == 0 \
                 or outs[0].layout != torch.strided or outs[0].is_complex():
-            return []
+            return [], ""
         out = outs[0]
         here = self._consumed
         best: list[Candidate] = []
@@ -452,9 +460,18 @@ class ReplayPolicy(Policy):
                 golden = self._load(recorded[0])
             except Exception:  # noqa: BLE001 - an unreadable output: no stand-in through it
                 continue
-            if _agrees(out, golden):
+            if agrees(out, golden):
                 best = list(run)
-        return best
+        if not best:
+            return [], ""
+        checked = function_gap(ev.func, ev.args, ev.kwargs, [e.record for e in best], self._load)
+        if checked is not None and checked[0] > checked[1]:
+            gap, allowed = checked
+            ops = "+".join(e.record.op for e in best)
+            return [], (f"it agrees with the recorded {ops} within {_dtype_name(out.dtype)}'s rounding, but "
+                        f"computes another function: both run in float64 on the recorded inputs differ by "
+                        f"{gap:.3g} of the result (allowed {allowed:.2g})")
+        return best, ""
 
     def _check_stand_in_inputs(self, ev: OpEvent, stood_for: list[Candidate]) -> None:
         """A stand-in's tensor inputs that no replayed op made (its weight and bias, autocast's
@@ -487,7 +504,8 @@ class ReplayPolicy(Policy):
         self.summary.never_used = [f"{e.record.op}/{e.record.seqid}"
                                    for lst in self._by_name.values() for e in lst if not e.used]
         self.summary.never_used.sort(key=lambda s: int(s.rsplit("/", 1)[1]))
-        self.departures.missing(self._order)
+        self.departures.missing(self._order, self._load)
+        self.summary.skipped_copies = self.departures.skipped_copies
         self.summary.departures = Counter(self.departures.counts)
         self.summary.first_departure = self.departures.first_text()
         if self._prefetcher is not None:
@@ -708,10 +726,6 @@ class _NoFit(Exception):
     pass
 
 
-# A live op no recorded call fits may stand in for the recorded ops of its module just ahead
-# (ReplayPolicy._stood_in_for): at most this many of them, found among the recorded ops this
-# far behind and ahead of the last matched one, its result within this many units of its
-# dtype of theirs
 def _cast_overflow(src: torch.Tensor, cast: torch.Tensor) -> float | None:
     """The largest |recorded value| when a recorded input cast to a dtype of smaller range
     (float32 -> float16) became Inf where the recording is finite, else None: the op's own
@@ -731,14 +745,16 @@ def _cast_overflow(src: torch.Tensor, cast: torch.Tensor) -> float | None:
     return biggest if biggest > torch.finfo(cast.dtype).max else None
 
 
-_STAND_IN_OPS = 8
 # floating dtypes whose range is smaller than float32's: a recorded input cast to one may
 # overflow (_cast_overflow)
 _NARROW_RANGE = frozenset({torch.float16, torch.float8_e4m3fn, torch.float8_e5m2})
+# A live op no recorded call fits may stand in for the recorded ops of its module just ahead
+# (ReplayPolicy._stood_in_for): at most this many of them (a pointwise chain's backward is
+# longer than its forward: gelu_new's eight ops have eleven), found among the recorded ops
+# this far behind and ahead of the last matched one
+_STAND_IN_OPS = 16
 _STAND_IN_BEHIND = 16
 _STAND_IN_AHEAD = 64
-STAND_IN_ULPS = 4.0
-_FP32_NOISE = 64 * 2.0 ** -24     # another summation order of a float32 product's terms
 
 
 def _is_view_op(name: str) -> bool:
@@ -746,17 +762,8 @@ def _is_view_op(name: str) -> bool:
     return bool(getattr(func, "is_view", False))
 
 
-def _agrees(live: torch.Tensor, golden: torch.Tensor) -> bool:
-    """`live` holds `golden`'s values within STAND_IN_ULPS of live's dtype (norm-wise)."""
-    with torch.no_grad(), _disable_current_modes():      # (the comparison is no op of the step)
-        a = live.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
-        b = golden.reshape(-1).to(dtype=torch.float64)
-        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
-            return False
-        ref = float(torch.linalg.vector_norm(b))
-        err = float(torch.linalg.vector_norm(a - b))
-    u = torch.finfo(live.dtype).eps / 2
-    return err <= (STAND_IN_ULPS * u + _FP32_NOISE) * ref
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _has_dtensor(live: dict[str, Any]) -> bool:
