@@ -33,9 +33,11 @@ class Net(nn.Module):
         return self.fc2(F.gelu(self.norm(self.fc1(x))))
 
 
-def _step(path, *, scaler: bool, unscale: bool = True, mode=None, weight_bump: float = 0.0):
+def _step(path, *, scaler: bool, unscale: bool = True, mode=None, weight_bump: float = 0.0,
+          clip: str = ""):
     """One SGD step of Net on fixed data in float32 (a power-of-two scale is exact there, so a
-    correct scaled step equals the golden's after division, bit for bit)."""
+    correct scaled step equals the golden's after division, bit for bit). `clip`: "after" the
+    unscale (right), "before" it (the porting mistake: the norm of scaled gradients)."""
     model = Net()
     if weight_bump:
         with torch.no_grad():
@@ -49,9 +51,15 @@ def _step(path, *, scaler: bool, unscale: bool = True, mode=None, weight_bump: f
         loss = F.cross_entropy(model(x), y)
         if sc is None:
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
             opt.step()
         else:
             sc.scale(loss).backward()
+            if clip == "after":
+                sc.unscale_(opt)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
             if unscale:
                 sc.step(opt)
                 sc.update()
@@ -149,6 +157,38 @@ def test_load_replay_runs_the_scaler_live_and_takes_the_step(tmp_path, golden):
     for p, q in zip(model.parameters(), g_model.parameters()):
         torch.testing.assert_close(p, q)
     assert dump.summary["lossscale"]["scaler_ops"] > 0
+
+
+def test_load_replay_names_an_optimizer_step_on_gradients_not_unscaled(tmp_path, golden):
+    """The replay hands each matched op the recording's unscaled gradients, so the values of
+    `opt.step()` on scaled gradients were right and the replay passed. The live run's order
+    is the user's: the first op after the backward that reads gradients still carrying the
+    scale (had no value been substituted) is named, as the plain compare names it."""
+    g_path = golden[0]
+    target, _, _ = _step(tmp_path / "replay.h5", scaler=True, unscale=False,
+                         mode=dict(use_load=True, load_file_path=g_path))
+    first = first_failure(_judged(target, g_path))
+    assert first is not None and first["CompareStatus"] == "departure", first
+    assert first["NPUDump"].startswith("aten.add_") and "x65536 (gradients that carry the loss scale" \
+        in first["FailReason"], first["FailReason"]
+
+
+@pytest.fixture(scope="module")
+def golden_clipped(tmp_path_factory):
+    return _step(tmp_path_factory.mktemp("ls") / "golden_clipped.h5", scaler=False, clip="after")[0]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_clipping_before_the_unscale_is_named_at_the_norm_in_both_modes(tmp_path, golden_clipped, replay):
+    """torch.amp's documented mistake: clip_grad_norm_ before scaler.unscale_ clips by the norm
+    of scaled gradients. Clipping after it passes; before it, the norm is named."""
+    mode = dict(use_load=True, load_file_path=golden_clipped) if replay else None
+    right, _, _ = _step(tmp_path / "after.h5", scaler=True, clip="after", mode=mode)
+    assert first_failure(_judged(right, golden_clipped)) is None
+    wrong, _, _ = _step(tmp_path / "before.h5", scaler=True, clip="before", mode=mode)
+    first = first_failure(_judged(wrong, golden_clipped))
+    assert first is not None and first["NPUDump"].startswith("aten._foreach_norm"), first
+    assert "loss scale" in first["FailReason"], first["FailReason"]
 
 
 def _scaled_step(path, init_scale, *, mode=None, fp16=False):

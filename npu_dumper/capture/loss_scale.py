@@ -86,6 +86,7 @@ class LossScalePolicy(Policy):
     def __init__(self):
         self._state = _ByStorage()        # storages of the scaler's state tensors
         self._factor = _ByStorage()       # storage -> the scale its values carry (absent: 1)
+        self._carried = _ByStorage()      # the same, had load-replay substituted no value
         self._region: list[str] = []      # the scaler methods running, innermost last
         self._thread = threading.get_ident()
         self._originals: dict[tuple, Any] = {}
@@ -157,24 +158,17 @@ class LossScalePolicy(Policy):
             elif region == "unscale_":
                 role = ROLE_UNSCALE
         factors = {label: f for label, t in data if (f := self._factor.get(t, 1.0)) != 1.0}
-        if role == ROLE_STATE:
-            out = None
-        elif role == ROLE_APPLY:
-            scale = _value(state[0][1])
+        scale = _value(state[0][1]) if role == ROLE_APPLY else 1.0
+        if role == ROLE_APPLY:
             self.scales.append(scale)
-            out = max(factors.values(), default=1.0) * scale
-        elif role == ROLE_UNSCALE or state:
-            out = 1.0          # the unscale, or an op that takes the scale to undo it (a fused step)
-        elif ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in D.VALUE_FREE:
-            # (not an op that takes only its input's shape: `ones_like(loss)` is the backward's
-            # seed, 1 whatever scale the loss carries)
-            # the backward is linear in its seed: what it computes from a scaled tensor is
-            # scaled alike. Not so an op after it (an optimizer, clipping): one that reads a
-            # gradient the scaler has not unscaled computes something else (Adam's second
-            # moment: scale squared), and its result is compared as it is
-            out = max(factors.values(), default=1.0)
-        else:
-            out = 1.0
+        out = _carried_out(ev, role, bool(state), factors, scale)
+        # what the op's tensors would carry had no value been substituted (load-replay hands a
+        # matched op the recording's unscaled values, so `factors` ends at the first of them;
+        # the live run's order of scaling and unscaling is still the user's, and a clipping
+        # or an optimizer step that reads gradients before the unscale is a departure there)
+        carried = {label: f for label, t in data if (f := self._carried.get(t, 1.0)) != 1.0}
+        ev.notes["loss_scale_carried"] = carried
+        ev.notes["loss_scale_carried_out"] = _carried_out(ev, role, bool(state), carried, scale)
         if role is not None:
             ev.group_attrs[S.OP_LOSS_SCALER] = role
             self.ops += 1
@@ -193,6 +187,7 @@ class LossScalePolicy(Policy):
         if not self.active or "loss_scale_out" not in ev.notes:
             return
         out = ev.notes.pop("loss_scale_out")
+        carried = ev.notes.pop("loss_scale_carried_out", out)
         if ev.notes.get("replay_matched"):
             # a replayed op computed on the recording's inputs: its results carry the
             # recording's scale, which the golden's own records already have
@@ -206,10 +201,11 @@ class LossScalePolicy(Policy):
         for t in made:
             if out is None:
                 self._state.put(t, True)
-            elif out != 1.0 and (t.is_floating_point() or t.is_complex()):
-                self._factor.put(t, out)
-            else:
-                self._factor.drop(t)
+            for value, by in ((out, self._factor), (carried, self._carried)):
+                if value is not None and value != 1.0 and (t.is_floating_point() or t.is_complex()):
+                    by.put(t, value)
+                else:
+                    by.drop(t)
 
     @property
     def summary(self) -> dict[str, Any] | None:
@@ -217,6 +213,27 @@ class LossScalePolicy(Policy):
         if not self.active:
             return None
         return {"scaler_ops": self.ops, "scales": sorted(set(self.scales))}
+
+
+def _carried_out(ev: OpEvent, role: str | None, takes_state: bool, factors: dict[str, float],
+                 scale: float) -> float | None:
+    """The scale an op's results carry (None: they are the scaler's state) from the role the
+    op plays and the scales its inputs carry."""
+    if role == ROLE_STATE:
+        return None
+    if role == ROLE_APPLY:
+        return max(factors.values(), default=1.0) * scale
+    if role == ROLE_UNSCALE or takes_state:
+        return 1.0          # the unscale, or an op that takes the scale to undo it (a fused step)
+    if ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in D.VALUE_FREE:
+        # (not an op that takes only its input's shape: `ones_like(loss)` is the backward's
+        # seed, 1 whatever scale the loss carries)
+        # the backward is linear in its seed: what it computes from a scaled tensor is
+        # scaled alike. Not so an op after it (an optimizer, clipping): one that reads a
+        # gradient the scaler has not unscaled computes something else (Adam's second
+        # moment: scale squared), and its result is compared as it is
+        return max(factors.values(), default=1.0)
+    return 1.0
 
 
 def _value(t: torch.Tensor) -> float:

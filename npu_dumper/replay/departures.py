@@ -266,6 +266,17 @@ class DepartureLog:
             self._add(ev, D.ARGUMENT, argument=name, live=live_t, golden=golden_t,
                       golden_seqid=entry.record.seqid, at=float(entry.record.seqid))
 
+    def reads_scaled(self, ev, carried: dict[str, float], at: int) -> None:
+        """A matched op after the backward (clipping, an optimizer step) that reads gradients
+        still carrying the loss scale in the live run (capture/loss_scale.py: what they would
+        carry had replay substituted no value): it runs before the scaler's unscale, which the
+        replayed values hide (the op gets the recording's unscaled ones). One row, the first
+        such input."""
+        name, factor = next(iter(carried.items()))
+        self._add(ev, D.ARGUMENT, argument=name, live=f"x{factor:g} (gradients that carry the loss scale: "
+                  "read before the loss scaler unscales them, scaler.unscale_)", golden="x1 (unscaled)",
+                  golden_seqid=at, at=float(at))
+
     def check_input(self, ev, name: str, value: torch.Tensor, rec: ValueRecord, load, at: int) -> bool:
         """A tensor input no replayed op made: compare its live value with the recorded one.
         True when it was compared now and holds the recorded values cast to its dtype, bit for

@@ -357,6 +357,10 @@ class ReplayPolicy(Policy):
         # its tensors are the recording's: they carry the recording's loss scale, not the live one
         ev.group_attrs.pop(S.OP_LOSS_SCALE, None)
         self.departures.matched(entry.record.seqid)
+        carried = ev.notes.get("loss_scale_carried")
+        if carried and ev.phase != S.PHASE_BACKWARD and self.departures.structure \
+                and D.op_packet(ev.name) not in D.VALUE_FREE:      # (`ones_like(loss)`: the seed)
+            self.departures.reads_scaled(ev, carried, entry.record.seqid)
         self.summary.matched += 1
         if entry.record.op != ev.name:
             self.summary.by_map += 1
