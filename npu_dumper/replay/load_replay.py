@@ -570,6 +570,12 @@ class ReplayPolicy(Policy):
             for entry in self._by_packet.get(other, ()):
                 if not entry.used and _same_phase(entry, phase) and not mismatch(entry, live, renames):
                     return entry, ""
+        # the in-place variant (or the op it varies) in the same module: an inserted `add`
+        # elsewhere must not take an optimizer's recorded `add_`
+        for entry in self._by_packet.get(_in_place_partner(name), ()):
+            if not entry.used and _same_phase(entry, phase) and D.unwrapped_module(entry.record.module) == module \
+                    and not mismatch(entry, live, renames):
+                return entry, ""
         # Every tensor agrees but a value argument does not (eps, scale, approximate): the
         # same call with a changed argument. It is matched (so the op still runs on the
         # recorded inputs and its outputs are compared) and the change is a departure
@@ -580,7 +586,8 @@ class ReplayPolicy(Policy):
             if not entry.used and D.unwrapped_module(entry.record.module) == module and _same_phase(entry, phase) \
                     and not mismatch(entry, live, {}, tensors_only=True):
                 return entry, ""
-        if not same and not any(self._by_packet.get(o) for o in self.op_map.equivalents(name)):
+        if not same and not any(self._by_packet.get(o) for o in (*self.op_map.equivalents(name),
+                                                                  _in_place_partner(name))):
             return None, "not in the recording"
         if not any(not e.used for e in same):
             return None, "more live calls than recorded ones"
@@ -759,6 +766,21 @@ _NARROW_RANGE = frozenset({torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
 _STAND_IN_OPS = 16
 _STAND_IN_BEHIND = 16
 _STAND_IN_AHEAD = 64
+
+
+def _in_place_partner(name: str) -> str:
+    """The packet of an op's in-place variant, or of the out-of-place op an in-place one
+    varies (ATen names in-place variants with a trailing underscore: relu_ / relu,
+    _foreach_add_ / _foreach_add). The two compute the same from the same inputs, so a live
+    `F.relu(x, inplace=True)` takes a recorded `relu` (torchvision's ResNet against a port
+    that writes `F.relu(x)`); the replay copies the recorded input into the tensor an
+    in-place op writes, as for any in-place op. Before, such a clean replay failed on `runs
+    aten.relu_.default, which the golden run does not have`."""
+    packet = op_packet(name)
+    ns, _, base = packet.partition(".")
+    if not base:
+        return ""
+    return f"{ns}.{base[:-1]}" if base.endswith("_") and not base.endswith("__") else f"{packet}_"
 
 
 def _is_view_op(name: str) -> bool:
