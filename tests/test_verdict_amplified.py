@@ -88,3 +88,13 @@ def test_rope_angles_in_bf16_are_named_at_cos_as_amplified_rounding(golden, tmp_
 def test_rope_angles_in_float32_pass(golden, tmp_path, replay):
     target = _step(tmp_path / "t.h5", target=True, angles_in_bf16=False, load=golden if replay else None)
     assert first_failure(apply_verdict(compare_dumps(target, golden).table)) is None
+
+
+def test_the_html_report_explains_amplified_rounding(golden, tmp_path):
+    from accucmp.report.html import explanations
+    from accucmp.report.summary import summarize
+
+    target = _step(tmp_path / "t.h5", target=True, angles_in_bf16=True)
+    table = apply_verdict(compare_dumps(target, golden).table)
+    titles = dict(explanations(table, summarize(table)))
+    assert "Amplified rounding" in titles and "float32" in titles["Amplified rounding"]

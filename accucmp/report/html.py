@@ -84,8 +84,8 @@ def _text(v: Any) -> str:
 
 # ---- what a failure means, and what to try next ----------------------------------------
 def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
-    """(title, text) for each kind of finding present: underflow, overflow / NaN-Inf,
-    cancellation, ill-conditioned results, and failures inherited from an earlier op."""
+    """(title, text) for each kind of finding present: underflow, overflow / NaN-Inf, amplified
+    rounding, cancellation, ill-conditioned results, and failures inherited from an earlier op."""
     out: list[tuple[str, str]] = []
     if "Result" not in table.columns or not s.counts.get("fail"):
         return out
@@ -107,6 +107,14 @@ def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
                     "smaller loss scale (or a dynamic scaler that backs off on Inf), bfloat16, or float32 for "
                     "the op that first overflows (the first failure below); check its inputs' max |x| in the "
                     "csv (GoldenAbsMax)."))
+    n_amp = int(reasons.str.startswith("amplified rounding").sum())
+    if n_amp:
+        out.append(("Amplified rounding", f"{n_amp} failing tensor(s) come from an op that computed right on its "
+                    "inputs, which agree with the golden's to their rounding, but whose result moves far more "
+                    "than its inputs do (cos/sin of large arguments such as rotary angles at long positions, log "
+                    "near 1, the difference of near-equal values): the precision cannot carry this computation. "
+                    "Try next: compute that op and the values it reads in float32 (Llama computes its rotary "
+                    "angles in float32 for this reason)."))
     n_cancel = int(reasons.str.contains("error >= 100%", regex=False).sum())
     if n_cancel:
         out.append(("Cancellation", f"{n_cancel} failing tensor(s) have an error of 100% or more against a more "
