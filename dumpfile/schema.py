@@ -133,6 +133,12 @@ OP_MADE_INPUTS = "made_inputs"
 # module computing in float32 copies with `weight.float()`: Gemma's RMSNorm, an MoE router).
 # They hold the golden's values rounded to that dtype by design; compare judges them there
 OP_LEAF_ROUNDED = "leaf_rounded"
+# plain dumps of a reduced-precision run: JSON {input: dtype} of the op's tensor inputs that an
+# earlier op made and that reach it through a cast to that coarser floating dtype (and back):
+# an activation the run rounds by a cast (`h.to(bfloat16).float()`). Where the op itself
+# computes in a finer dtype, the rounding is not the op's precision but a departure of the run
+# (compare: the input row is judged at the op's precision, Origin `departs`)
+OP_CAST_ROUNDED = "cast_rounded"
 # load-replay: JSON {input: max |recorded value|} of the op's recorded inputs whose cast to the
 # live dtype overflowed (Inf where the recording is finite: an fp32 gradient of 7.1e4 handed
 # to a float16 op). Compare: the op's Inf is the format's range there, not its kernel's

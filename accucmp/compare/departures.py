@@ -50,6 +50,8 @@ def sentence(row: dict[str, Any]) -> str:
     if kind == D.ARGUMENT:
         return f"{where} {op}{phase}: argument {row.get('argument', '?')} {row.get('live', '?')}, " \
                f"golden {row.get('golden', '?')}"
+    if row.get("detail"):
+        return f"input {row.get('argument', '?')} of {op} in {where}{phase}{MEASURE}: {row['detail']}"
     made = row.get("made_by")
     via = f", read through {made}" if made else ""
     return (f"input {row.get('argument', '?')} of {op} in {where}{phase}{MEASURE}: "

@@ -54,7 +54,11 @@ def _judged_on_own_terms(table: pd.DataFrame) -> list[bool]:
     own = (pd.to_numeric(table["OwnErrorVsFp64"], errors="coerce").notna().tolist()
            if "OwnErrorVsFp64" in table else [False] * n)
     leaf = (table["MadeBy"].astype(str).eq("leaf").tolist() if "MadeBy" in table else [False] * n)
-    return [a or b for a, b in zip(own, leaf)]
+    # an input the target rounds by a cast the op does not compute in (CastRoundedTo): judged
+    # at the op's own precision, where that rounding shows (verdict.judge_row)
+    cast = (table["CastRoundedTo"].fillna("").astype(str).ne("").tolist() if "CastRoundedTo" in table
+            else [False] * n)
+    return [a or b or c for a, b, c in zip(own, leaf, cast)]
 
 
 class PrecisionCarry:

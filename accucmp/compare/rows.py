@@ -60,6 +60,10 @@ TAIL_COLUMNS = [
     # leaf_rounded: a bfloat16 model's weight copied to float32 by `weight.float()`): that
     # dtype; the verdict allows it the golden's value rounded there
     "LeafRoundedTo",
+    # an input an earlier op made (MadeBy "op") that reaches the op through a cast to a coarser
+    # dtype (op attribute cast_rounded: `h.to(bfloat16).float()`): that dtype; where the op
+    # computes in a finer one, the rounding is a departure of the run
+    "CastRoundedTo",
     # load-replay: the op's recorded inputs whose cast to the live dtype overflowed, with the
     # largest |recorded value| (op attribute input_overflow): "grad_output 7.124e+04"
     "InputOverflow",
@@ -183,6 +187,7 @@ _B_LOSS_SCALER = S.OP_LOSS_SCALER.encode()
 _B_LOSS_SCALE = S.OP_LOSS_SCALE.encode()
 _B_RANDOM = S.OP_RANDOM.encode()
 _B_LEAF_ROUNDED = S.OP_LEAF_ROUNDED.encode()
+_B_CAST_ROUNDED = S.OP_CAST_ROUNDED.encode()
 _B_INPUT_OVERFLOW = S.OP_INPUT_OVERFLOW.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -206,6 +211,7 @@ class OpTensors:
     random: bool = False                            # the op drew random numbers (op attribute random)
     leaf_rounded: dict | None = None                # leaf input -> coarser dtype it went through
     input_overflow: dict | None = None              # input -> max |recorded| whose cast overflowed
+    cast_rounded: dict | None = None                # made input -> coarser dtype a cast rounded it to
 
     def is_scaler_state(self, name: str) -> bool:
         """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
@@ -230,7 +236,7 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
                           attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)),
-                          _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)))
+                          _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)), _arg_dtypes(a.get(S.OP_CAST_ROUNDED)))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -255,12 +261,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
                           attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))),
-                          _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))))
+                          _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))), _arg_dtypes(_text(a.get(_B_CAST_ROUNDED))))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
                        _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE, _B_RANDOM,
-                       _B_LEAF_ROUNDED, _B_INPUT_OVERFLOW))
+                       _B_LEAF_ROUNDED, _B_INPUT_OVERFLOW, _B_CAST_ROUNDED))
 
 
 def _arg_numbers(text: Any) -> dict | None:
@@ -582,6 +588,9 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 via = (t_ts.leaf_rounded or {}).get(name) if row["MadeBy"] == "leaf" else None
                 if via in S.UNIT_ROUNDOFF:
                     row["LeafRoundedTo"] = via
+                via = (t_ts.cast_rounded or {}).get(name) if row["MadeBy"] == "op" else None
+                if via in S.UNIT_ROUNDOFF:
+                    row["CastRoundedTo"] = via
             fp = None
             if ff is not None and g is not None:
                 with h5_errors(ff.path):     # damage in the fp64 file stops the compare

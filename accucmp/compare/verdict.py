@@ -275,6 +275,14 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
         return (RESULT_FAIL, f"{res[1]} [{structure}]") + res[2:]
     made_by = _str(row.get("MadeBy"))
     if res[0] == RESULT_FAIL and _str(row.get("IO")) == "input" and res[4] != "CompareStatus":
+        via = _str(row.get("CastRoundedTo"))
+        if made_by == "op" and S.UNIT_ROUNDOFF.get(via, 0.0) > S.UNIT_ROUNDOFF.get(_str(row.get("DataType")), 1.0):
+            # an earlier op's result that the target rounds by a cast (h.to(bfloat16).float()) to
+            # a coarser dtype than the op computes in: no op's precision, a step the golden run
+            # does not take (and no row judges the casts: they are unpaired by design)
+            return (RESULT_FAIL, f"input {_str(row.get('TensorName'))} went through {via}: the target rounds an "
+                    f"earlier op's result by a cast the golden run does not make, and this op computes in "
+                    f"{_str(row.get('DataType'))}: {res[1]}") + res[2:]
         if made_by == "op" and not structure:
             return (RESULT_PASS, f"{INHERITED_NOTE}: an earlier op of the step made this input, its row "
                     f"judges it; the golden differs by {res[1]}", res[2], res[3]) + _NO_DECISION

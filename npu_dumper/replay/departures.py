@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 from dumpfile import departures as D
 from dumpfile import schema as S
+from dumpfile.opclass import is_cast
 from dumpfile.read.reader import ValueRecord
 
 from ..capture.opschema import named_args, op_info
@@ -40,6 +41,8 @@ from .matching import live_key
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
 _REPLAYED, _INSERTED = "replayed", "inserted"   # (a storage no op made is a leaf: not in the map)
+# what a cast that rounds a replayed op's result makes: (ROUNDED, the cast, the coarsest dtype)
+ROUNDED = "rounded"
 _UNSET = object()
 
 
@@ -67,6 +70,7 @@ class DepartureLog:
         self._pending: dict[int, list[dict]] = {}   # live seqid -> rows of an op not yet matched for good
         self.unread_inserted = 0                  # inserted ops whose result no replayed op read
         self.skipped_copies = 0                   # missing ops whose recorded result is an input
+        self._computed_coarse = False             # an op other than a cast computed below float32
         self._run_live: Counter = Counter()       # op -> calls run live by design (collectives, DTensor ops)
         self._collective = CollectiveWrites()     # storages a collective wrote last
         self.source: dict[str, Any] = {}          # the recording's identity (dumpfile.departures.source_of)
@@ -217,7 +221,22 @@ class DepartureLog:
         if isinstance(made, tuple) and made[0] == "leaf":   # a cast of a leaf: checked where it is read
             out = next((t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)), None)
             made = ("leaf", made[1] or ev.name, _coarser(made[2], out.dtype) if out is not None else made[2])
+        elif is_cast(ev.name) and not ev.notes.get("replay_matched") and not self._computed_coarse:
+            # a cast that rounds an op's result to a coarser dtype (h.to(bfloat16)), and the casts
+            # that carry it on: checked where an op computing in a finer dtype reads it
+            out = next((t for t in tree_flatten(ev.outputs)[0] if isinstance(t, torch.Tensor)), None)
+            src = next((t for t in tree_flatten((ev.args, ev.kwargs))[0] if isinstance(t, torch.Tensor)), None)
+            if isinstance(made, tuple) and made[0] == ROUNDED and out is not None:
+                made = (ROUNDED, made[1], _coarser(made[2], out.dtype))
+            elif made is _REPLAYED and out is not None and src is not None and out.is_floating_point() \
+                    and src.is_floating_point() and _coarser(out.dtype, src.dtype) == out.dtype != src.dtype:
+                made = (ROUNDED, ev.name, out.dtype)
         flat, _ = tree_flatten(ev.outputs)
+        if not is_cast(ev.name) and any(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                        and _coarser(t.dtype, torch.float32) != torch.float32 for t in flat):
+            # an op computed in a dtype coarser than float32: the run's precision, whose
+            # casts round by design from here on (ROUNDED is for a float32 run's round trip)
+            self._computed_coarse = True
         written = op_info(ev.func).written     # in-place and hidden writes (batch norm's running stats)
         if written:
             flat += [v for name, _, v in named_args(op_info(ev.func), ev.args, ev.kwargs) if name in written]
@@ -302,7 +321,18 @@ class DepartureLog:
             return False
         if made is not None and not isinstance(made, tuple):
             return False                # made by a replayed op
-        via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
+        detail = ""
+        if isinstance(made, tuple) and made[0] == ROUNDED:
+            # a replayed op's result a cast rounded: the run's precision where the op computes in
+            # that dtype (autocast's bf16 copy for a product); else a rounding the golden run
+            # does not make, measured against the recording in the op's own dtype
+            if _coarser(made[2], value.dtype) == value.dtype:
+                return False
+            via, coarsest = made[1], value.dtype
+            detail = (f"an earlier op's result that the target rounds to {_dtype_name(made[2])} by a cast the "
+                      f"golden run does not make ({made[1]}), read by an op that computes in {_dtype_name(value.dtype)}")
+        else:
+            via, coarsest = (made[1], _coarser(made[2], value.dtype)) if made is not None else ("", value.dtype)
         key = (value._version, value.dtype, tuple(value.shape), tuple(value.stride()),
                value.storage_offset(), rec.path)
         measured = self._measured.get(value)
@@ -338,7 +368,7 @@ class DepartureLog:
                 else:
                     self._add(ev, D.INPUT, argument=name, rel_err=float("nan"), dtype=_dtype_name(coarsest),
                               made_by=via, golden_seqid=at, at=float(at),
-                              reason="NaN/Inf where the recording has none")
+                              reason="NaN/Inf where the recording has none", **({"detail": detail} if detail else {}))
                     return False
             d = a - b
             err = float(torch.linalg.vector_norm(d)) if d.numel() else 0.0
@@ -350,7 +380,7 @@ class DepartureLog:
         rel = err / ref if ref > 0 else float("nan")
         self._add(ev, D.INPUT, argument=name, rel_err=rel, max_abs_err=max_abs, golden_abs_max=abs_max,
                   dtype=_dtype_name(coarsest), golden=str(rec.dtype), made_by=via,
-                  golden_seqid=at, at=float(at))
+                  golden_seqid=at, at=float(at), **({"detail": detail} if detail else {}))
         return False
 
     # ---- block exit ---------------------------------------------------------------------

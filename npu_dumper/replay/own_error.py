@@ -630,6 +630,25 @@ def _plain_value(v: Any) -> bool:
     return False
 
 
+def _cast_rounding(named: list, outputs: list, rounded: StorageMap) -> torch.dtype | None:
+    """The dtype a cast's result went through when the cast rounds an op's result (its output
+    dtype is coarser than its floating input's) or carries on such a rounding (`rounded` holds
+    the input's): the coarser of the two; None for a cast that rounds nothing (autocast's
+    float32 copy of a bfloat16 product: the product's own precision)."""
+    ins = [v for _, _, v in named if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not ins or not outs:
+        return None
+    src, dst = ins[0], outs[0]
+    carried = rounded.get(src)
+    down = dst.dtype if torch.finfo(dst.dtype).eps > torch.finfo(src.dtype).eps else None
+    if carried is None:
+        return down
+    if down is None:
+        return carried
+    return down if torch.finfo(down).eps > torch.finfo(carried).eps else carried
+
+
 class PlainOwnError(Policy):
     """Plain dump (`use_dump=True`) of a run that computes in reduced precision: every op from
     the first one that touches a floating dtype coarser than float32 (a bf16/fp16 model, an
@@ -649,6 +668,11 @@ class PlainOwnError(Policy):
         self._made = StorageMap()           # storages an op of the block wrote
         # leaves' casts back from a coarser dtype: storage -> the coarsest dtype it went through
         self._leaf_rounded = StorageMap()
+        # the same for what an op made and casts carried on (schema.OP_CAST_ROUNDED), while no
+        # op but a cast has computed in a dtype coarser than float32 (a float32 run: a bf16
+        # model or an autocast region computes in bf16 by design, its round trips too)
+        self._cast_rounded = StorageMap()
+        self._computed_coarse = False
         # storages only constant ops wrote (op attribute constant): True
         self._constant = StorageMap()
         self._collective = CollectiveWrites()     # storages a collective wrote last
@@ -753,7 +777,7 @@ class PlainOwnError(Policy):
             ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(
                 [name for name, _, v in named if isinstance(v, torch.Tensor) and name not in info.not_data])
             return
-        made, rounded = [], {}
+        made, rounded, cast_rounded = [], {}, {}
         for name, _, v in named:
             if name in info.not_data:
                 continue
@@ -763,11 +787,17 @@ class PlainOwnError(Policy):
             for key, t in items:
                 if t in self._made:
                     made.append(key)
+                    via = self._cast_rounded.get(t)
+                    if via is not None and t.is_floating_point() \
+                            and torch.finfo(via).eps > torch.finfo(t.dtype).eps:
+                        cast_rounded[key] = str(via).replace("torch.", "")
                 elif (via := self._leaf_rounded.get(t)) is not None:
                     rounded[key] = str(via).replace("torch.", "")
         ev.group_attrs[S.OP_MADE_INPUTS] = json.dumps(made)
         if rounded:
             ev.group_attrs[S.OP_LEAF_ROUNDED] = json.dumps(rounded)
+        if cast_rounded and not is_cast(ev.name):
+            ev.group_attrs[S.OP_CAST_ROUNDED] = json.dumps(cast_rounded)
 
     def _note_leaf_rounding(self, named: list, outputs: list) -> None:
         """The outputs of a leaf's cast to a finer dtype than one its values went through (a
@@ -815,6 +845,16 @@ class PlainOwnError(Policy):
             # finer dtype holds the values rounded to the coarsest dtype they went through
             self._note_leaf_rounding(named, flat)
             return
+        # an op's result that a cast rounds (to a coarser floating dtype than its own) carries
+        # that dtype on through later casts; what a computing op makes is its own precision
+        if not is_cast(ev.name) and any(isinstance(t, torch.Tensor) and _coarser_than_fp32(t.dtype) for t in flat):
+            self._computed_coarse = True
+        via = _cast_rounding(named, flat, self._cast_rounded) \
+            if is_cast(ev.name) and not self._computed_coarse else None
         for t in flat:
             if isinstance(t, torch.Tensor):
                 self._made.set(t, True)
+                if via is not None and t.is_floating_point():
+                    self._cast_rounded.set(t, via)
+                else:
+                    self._cast_rounded.discard(t)

@@ -1,0 +1,71 @@
+"""A float32 port that rounds an activation through a coarser dtype (`h.to(bfloat16).float()`:
+memory saving, a half-precision communication hook) departs from its float32 golden there.
+
+Before, both modes passed: the plain compare judges every row after the first bfloat16 tensor
+at bfloat16 precision (a tensor carries the rounding of the least precise dtype before it, by
+design for a bf16 run), the input row of the op that read the rounded value passed as made by
+an earlier op, and the casts, unpaired by design, are judged nowhere; the load-replay handed
+that op the recorded, unrounded value. Now the dumper marks an earlier op's result a cast
+rounds, while the run has computed nothing below float32 (op attribute cast_rounded), and an
+op computing in float32 that reads it is named: plain, its input row judged at float32; replay,
+its live input measured against the recording. A bf16 model's own round trips (its float32
+islands) and autocast's casts are the run's precision: tests/test_real_models.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
+from accucmp.compare.pipeline import compare_dumps
+from accucmp.compare.verdict import apply_verdict
+from accucmp.report.findings import first_failure
+
+
+class Net(nn.Module):
+    def __init__(self, round_through: torch.dtype | None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.round_through = round_through
+
+    def forward(self, x):
+        h = F.gelu(self.a(x))
+        if self.round_through is not None:
+            h = h.to(self.round_through).float()
+        return self.c(F.gelu(self.b(h)))
+
+
+def _step(path, round_through=None, load=None) -> str:
+    net = Net(round_through)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    mode = dict(use_load=True, load_file_path=str(load)) if load else dict(use_dump=True)
+    with torch.utils.dumper(dump_path=str(path), **mode):
+        net(x).square().mean().backward()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return _step(tmp_path_factory.mktemp("round_trip") / "golden.h5")
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_round_trip_through_a_coarser_dtype_is_named_where_float32_reads_it(golden, tmp_path, replay, dtype):
+    target = _step(tmp_path / "t.h5", dtype, load=golden if replay else None)
+    first = first_failure(apply_verdict(compare_dumps(target, golden).table))
+    assert first is not None and first["Module"] == "b" and first["NPUDump"] == "aten.addmm.default", first
+    assert first["Origin"] == "departs"
+    name = str(dtype).replace("torch.", "")
+    said = first["FailReason"]
+    assert (f"went through {name}" in said) if not replay else (f"rounds to {name} by a cast" in said), said
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_the_same_float32_port_without_the_round_trip_passes(golden, tmp_path, replay):
+    target = _step(tmp_path / "t.h5", None, load=golden if replay else None)
+    assert first_failure(apply_verdict(compare_dumps(target, golden).table)) is None
