@@ -62,6 +62,9 @@ MODELS = {
     "poolformer_s12": ({}, 32),
     "eva02_tiny_patch14_224": (dict(img_size=28), 28),
     "nfnet_l0": ({}, 32),
+    # a Linear on a strided class token: one live addmm stands in for a recorded mm + add
+    # (docs/REPLAY.md, "One live op for several recorded ones")
+    "xcit_nano_12_p16_224": (dict(img_size=32, depth=2), 32),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FAULT_OPS = ("aten.convolution.default", "aten.addmm.default", "aten.mm.default", "aten.native_layer_norm.default")
