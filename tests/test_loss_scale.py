@@ -191,6 +191,46 @@ def test_clipping_before_the_unscale_is_named_at_the_norm_in_both_modes(tmp_path
     assert "loss scale" in first["FailReason"], first["FailReason"]
 
 
+def _adamw_step(path, *, scaler: bool, fused: bool, mode=None, mistake: bool = False) -> str:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=fused)
+    sc = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaler else None
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+    with torch.utils.dumper(dump_path=str(path), **(mode or dict(use_dump=True))):
+        loss = F.cross_entropy(net(x), y)
+        if sc is None:
+            loss.backward()
+            opt.step()
+        else:
+            sc.scale(loss).backward()
+            if mistake:
+                opt.step()          # the step on gradients the scaler has not unscaled
+            else:
+                sc.step(opt)
+                sc.update()
+    return str(path)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_fused_adamw_step_under_a_scaler_passes_and_one_on_scaled_gradients_fails(tmp_path, replay):
+    """GradScaler hands a fused optimizer step the scale to divide out (grad_scale, found_inf)
+    instead of unscaling first; `step` checks the gradients with a dummy inverse scale of 1.
+    Before, that check was taken for the unscale (every gradient compared 1024x off the
+    golden's: a clean plain compare failed), the load-replay handed the fused step the
+    recording's unscaled gradients with the live grad_scale (divided twice: AdamW's moments
+    1024x off), and the two arguments the golden's call lacks failed as changed arguments."""
+    golden = _adamw_step(tmp_path / "golden.h5", scaler=False, fused=True)
+    mode = dict(use_load=True, load_file_path=golden) if replay else None
+    clean = _adamw_step(tmp_path / "clean.h5", scaler=True, fused=True, mode=mode)
+    assert first_failure(_judged(clean, golden)) is None
+    wrong = _adamw_step(tmp_path / "wrong.h5", scaler=True, fused=True, mode=mode, mistake=True)
+    first = first_failure(_judged(wrong, golden))
+    assert first is not None and first["NPUDump"].startswith("aten._fused_adamw_"), first
+    assert "loss scale" in first["FailReason"], first["FailReason"]
+
+
 def _scaled_step(path, init_scale, *, mode=None, fp16=False):
     """Net's step with a GradScaler of `init_scale`, in float32 or under float16 autocast."""
     model = Net()

@@ -56,7 +56,7 @@ def _judged_on_own_terms(table: pd.DataFrame) -> list[bool]:
     leaf = (table["MadeBy"].astype(str).eq("leaf").tolist() if "MadeBy" in table else [False] * n)
     # an input the target rounds by a cast the op does not compute in (CastRoundedTo): judged
     # at the op's own precision, where that rounding shows (verdict.judge_row)
-    cast = (table["CastRoundedTo"].fillna("").astype(str).ne("").tolist() if "CastRoundedTo" in table
+    cast = ([isinstance(v, str) and v != "" for v in table["CastRoundedTo"].tolist()] if "CastRoundedTo" in table
             else [False] * n)
     return [a or b or c for a, b, c in zip(own, leaf, cast)]
 

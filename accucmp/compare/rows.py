@@ -396,18 +396,20 @@ def args_differ(t: dict | None, g: dict | None) -> str:
     return ", ".join(out)
 
 
-def tensors_only_one_passes(t: dict[str, ValueRecord], g: dict[str, ValueRecord]) -> str:
+def tensors_only_one_passes(t: dict[str, ValueRecord], g: dict[str, ValueRecord],
+                            scaler_state=lambda name: False) -> str:
     """'bias a tensor, golden None' for the tensor arguments of one op that one run passes and
     the other does not (the dumper records no None argument): a convolution given a bias the
     golden's lacks computed with another input, which its own error on its inputs cannot show;
     the verdict had passed its output as inherited from earlier ops whose outputs agreed. ''
     when either run recorded no input (an outputs-only dump), and for list items (a list of
-    other length is another call, judged by its rows)."""
+    other length is another call, judged by its rows), and for the loss scaler's own tensors
+    (`scaler_state`: a fused optimizer step given grad_scale and found_inf by GradScaler)."""
     if not t or not g:
         return ""
     out = []
     for name, tv, gv in matching.pair_tensors(t, g):
-        if "/" in name or (tv is None) == (gv is None):
+        if "/" in name or (tv is None) == (gv is None) or scaler_state(name):
             continue
         present = tv if tv is not None else gv
         if not present.is_tensor:
@@ -498,7 +500,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     precision = least_precise(op_dtypes(t_ts) + op_dtypes(g_ts))
     changed = args_differ(t_ts.scalar_args, g_ts.scalar_args) if not replay and region is None else ""
     if not replay and region is None and t_op is not None and g_op is not None and t_op.op == g_op.op:
-        changed = ", ".join(c for c in (changed, tensors_only_one_passes(t_ts.inputs, g_ts.inputs)) if c)
+        changed = ", ".join(c for c in (changed, tensors_only_one_passes(
+            t_ts.inputs, g_ts.inputs, lambda n: t_ts.is_scaler_state(n) or g_ts.is_scaler_state(n))) if c)
     compute = t_ts.compute_dtype or g_ts.compute_dtype
     tasks = []
     for io in ios:

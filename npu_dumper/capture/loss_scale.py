@@ -39,7 +39,13 @@ ROLE_STATE, ROLE_APPLY, ROLE_UNSCALE = S.LOSS_SCALER_ROLES
 # the ops that apply a scale: GradScaler's `outputs * scale`, and autograd's backward of it
 # (MulBackward0: grad * other)
 _APPLYING = frozenset({"aten.mul", "aten.mul_"})
-_WRAPPED = ("scale", "unscale_", "update")
+# the op that multiplies gradients by the scaler's inverse scale (and checks them for Inf/NaN):
+# in `unscale_` by 1/scale; in `step`'s check before a fused optimizer step by a dummy 1, which
+# leaves the scale on the gradients for the fused step to divide out (its grad_scale)
+_UNSCALING = frozenset({"aten._amp_foreach_non_finite_check_and_unscale_"})
+# the GradScaler methods whose ops are the scaler's: `step` makes the inf flag and the dummy
+# inverse scale a fused optimizer step reads
+_WRAPPED = ("scale", "unscale_", "update", "step")
 
 
 def _storage_key(t: torch.Tensor):
@@ -155,19 +161,25 @@ class LossScalePolicy(Policy):
                 role = ROLE_STATE
             elif state and D.op_packet(ev.name) in _APPLYING:
                 role = ROLE_APPLY
-            elif region == "unscale_":
+            elif region == "unscale_" or (state and D.op_packet(ev.name) in _UNSCALING):
                 role = ROLE_UNSCALE
         factors = {label: f for label, t in data if (f := self._factor.get(t, 1.0)) != 1.0}
         scale = _value(state[0][1]) if role == ROLE_APPLY else 1.0
         if role == ROLE_APPLY:
             self.scales.append(scale)
+        elif role == ROLE_UNSCALE:
+            # what it multiplies by (None: not read, the whole scale taken off as before)
+            scale = next((_value(t) for label, t in state if label == "inv_scale"), None)
+        ev.notes["loss_scaler_state_args"] = [label for label, _ in state]
         out = _carried_out(ev, role, bool(state), factors, scale)
         # what the op's tensors would carry had no value been substituted (load-replay hands a
         # matched op the recording's unscaled values, so `factors` ends at the first of them;
         # the live run's order of scaling and unscaling is still the user's, and a clipping
         # or an optimizer step that reads gradients before the unscale is a departure there)
         carried = {label: f for label, t in data if (f := self._carried.get(t, 1.0)) != 1.0}
-        ev.notes["loss_scale_carried"] = carried
+        # (an op that takes the scaler's state undoes the scale itself: a fused optimizer step
+        # given grad_scale; the scaler's own ops are the scaler's)
+        ev.notes["loss_scale_carried"] = carried if not state and role is None else {}
         ev.notes["loss_scale_carried_out"] = _carried_out(ev, role, bool(state), carried, scale)
         if role is not None:
             ev.group_attrs[S.OP_LOSS_SCALER] = role
@@ -216,13 +228,17 @@ class LossScalePolicy(Policy):
 
 
 def _carried_out(ev: OpEvent, role: str | None, takes_state: bool, factors: dict[str, float],
-                 scale: float) -> float | None:
+                 scale: float | None) -> float | None:
     """The scale an op's results carry (None: they are the scaler's state) from the role the
-    op plays and the scales its inputs carry."""
+    op plays, the scales its inputs carry and `scale`: what an applying op multiplies by, what
+    an unscaling op multiplies by (None: the whole scale)."""
     if role == ROLE_STATE:
         return None
     if role == ROLE_APPLY:
         return max(factors.values(), default=1.0) * scale
+    if role == ROLE_UNSCALE and scale is not None:
+        left = max(factors.values(), default=1.0) * scale
+        return 1.0 if abs(left - 1.0) <= 1e-6 else left     # (1/1000 in float32: 0.99999994)
     if role == ROLE_UNSCALE or takes_state:
         return 1.0          # the unscale, or an op that takes the scale to undo it (a fused step)
     if ev.phase == S.PHASE_BACKWARD and D.op_packet(ev.name) not in D.VALUE_FREE:

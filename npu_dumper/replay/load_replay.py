@@ -633,6 +633,13 @@ class ReplayPolicy(Policy):
                 # is what the live forward (replayed on the recorded inputs) wrote.
                 continue
             rec = find_input(entry.inputs, name, renames)
+            if rec is None and name in ev.notes.get("loss_scaler_state_args", ()):
+                # the loss scaler's own tensor the recorded call did not take (GradScaler hands a
+                # fused optimizer step grad_scale and found_inf; a golden without a scaler passes
+                # neither): the op gets the recording's unscaled gradients, and would divide
+                # them by the live scale again (AdamW's moments 1024x off). None, as recorded.
+                replaced[name] = None
+                continue
             if rec is None or not _has_tensor(value):
                 continue
             holds_recorded = False
