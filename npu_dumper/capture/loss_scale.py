@@ -6,7 +6,7 @@ the gradients' unscale and the inf check, the scale's update), and every gradien
 loss back to the unscale is the golden's times the scale. Without knowing that, a compare
 stops at the scaler's first op and every backward op differs by 65536x.
 
-While a dump block runs, GradScaler's `scale`, `unscale_` and `update` are wrapped so that
+While a dump block runs, GradScaler's `scale`, `unscale_`, `update` and `step` are wrapped so that
 the ops they dispatch are known as the scaler's, and its state tensors (the scale, the
 growth tracker, the inverse scale, the inf flags) are known by their storage. Each op then
 gets a role (schema.OP_LOSS_SCALER: "state", "apply", "unscale") where it is the scaler's,
