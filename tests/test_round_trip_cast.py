@@ -69,3 +69,21 @@ def test_a_round_trip_through_a_coarser_dtype_is_named_where_float32_reads_it(go
 def test_the_same_float32_port_without_the_round_trip_passes(golden, tmp_path, replay):
     target = _step(tmp_path / "t.h5", None, load=golden if replay else None)
     assert first_failure(apply_verdict(compare_dumps(target, golden).table)) is None
+
+
+@pytest.mark.parametrize("attr", ['{"mat1": "float64"}', '{"mat1": 3}', '{"mat1": "bfloat16", "zzz": "x"}', "[1, 2]",
+                                  "{", "null", '{"mat1": "' + "b" * 100000 + '"}'])
+def test_a_damaged_cast_rounded_attribute_names_only_what_it_can_back(golden, tmp_path, attr):
+    """A file is input from outside: an attribute that is no {input: coarser floating dtype}
+    names nothing (the round trip then passes as the bf16 precision carried forward, as
+    before), never a traceback; a valid entry beside junk still names its input."""
+    from dumpfile import schema as S
+    from tests._compare_helpers import overwrite_op_attr
+
+    target = _step(tmp_path / "t.h5", torch.bfloat16)
+    overwrite_op_attr(target, S.OP_CAST_ROUNDED, attr)
+    first = first_failure(apply_verdict(compare_dumps(target, golden).table))
+    if '"mat1": "bfloat16"' in attr:
+        assert first is not None and "went through bfloat16" in first["FailReason"], first
+    else:
+        assert first is None, first
