@@ -98,3 +98,18 @@ def test_the_html_report_explains_amplified_rounding(golden, tmp_path):
     table = apply_verdict(compare_dumps(target, golden).table)
     titles = dict(explanations(table, summarize(table)))
     assert "Amplified rounding" in titles and "float32" in titles["Amplified rounding"]
+
+
+def test_an_outputs_only_plain_dump_claims_no_amplified_rounding(golden, tmp_path):
+    """Without input rows a plain compare cannot tell rounding amplified from what the inputs
+    carried in from earlier ops: the rule is for a load-replay's rows there (their ops got
+    the golden's inputs, cast), not a plain dump written with dump_mode="output"."""
+    net = Net(angles_in_bf16=True)
+    x = torch.randn(1, POSITIONS, 16, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "outputs.h5"
+    with torch.utils.dumper(use_dump=True, dump_path=str(path), dump_mode="output"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = net(x)
+        y.float().square().mean().backward()
+    table = apply_verdict(compare_dumps(str(path), golden).table)
+    assert not (table["Origin"] == ORIGIN_AMPLIFIED).any()

@@ -598,7 +598,10 @@ def _amplified(table: pd.DataFrame, op: str, i: int, in_rows: list[int], results
             # subnormal there, 27 u off): not rounding amplified, but what that input carries
             return
         given, what = max(ins), "its inputs differ from the golden's by at most"
-    elif not math.isnan(_num_at(table, "OwnErrorVsFp64", i)) and prec in _FULL_RANGE:
+    elif not math.isnan(_num_at(table, "OwnErrorVsFp64", i)) and prec in _FULL_RANGE \
+            and "MatchedBy" in table.columns and _s(table["MatchedBy"].iat[i]) == "seqid":
+        # (a load-replay's row: its op got the golden's inputs, cast; a plain dump written
+        # without inputs says nothing of what its inputs carried from earlier ops)
         # (float16: a recorded value below its normal range is rounded by more than a unit,
         # and a replay's file holds no inputs to tell: GPT-2's gelu_new backward multiplies
         # gradients of 1e-6, 56 u off after the cast alone)
