@@ -208,3 +208,25 @@ def test_export_says_what_the_legacy_layout_could_not_carry(tmp_path):
     lines = r.output.splitlines()
     assert lines[0].startswith(f"wrote {leg} (legacy): ")
     assert any(ln.startswith("  not carried: ") and "non-tensor values" in ln for ln in lines[1:]), r.output
+
+
+def test_legacy_export_of_a_file_with_attribute_names_that_are_not_utf8(tmp_path):
+    """A damaged file's attribute name that is no UTF-8 (h5py hands it as bytes) was an
+    internal error of `export --layout legacy` (json.dumps refuses bytes keys; found by
+    benchmarks/fuzz_files.py --seed 41): it is carried in the bookkeeping with the bad bytes
+    replaced."""
+    src, leg = tmp_path / "d.h5", tmp_path / "legacy.h5"
+    _dump(src)
+    with h5py.File(src, "r+") as f:
+        op = next(f[k] for k in f if isinstance(f[k], h5py.Group) and not k.startswith("_"))
+        group = next(g for g in op.values() if isinstance(g, h5py.Group))
+        for obj in (f, group):
+            space = h5py.h5s.create(h5py.h5s.SCALAR)
+            attr = h5py.h5a.create(obj.id, b"bad\xffname", h5py.h5t.NATIVE_INT32, space)
+            attr.write(np.array(7, dtype=np.int32))
+    r = CliRunner().invoke(app, ["export", "-i", str(src), "-o", str(leg), "--layout", "legacy"])
+    assert r.exit_code == 0, r.output
+    with h5py.File(leg, "r") as f:
+        book = json.loads(f.attrs["npu_dumper"])
+    assert book["root"].get("bad\ufffdname") == 7
+    assert any(extra.get("bad\ufffdname") == 7 for extra in book["op_extra"].values())
