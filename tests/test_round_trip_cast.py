@@ -87,3 +87,35 @@ def test_a_damaged_cast_rounded_attribute_names_only_what_it_can_back(golden, tm
         assert first is not None and "went through bfloat16" in first["FailReason"], first
     else:
         assert first is None, first
+
+
+def _load_step(path, *, load_state: bool, scale: float = 1.0, target: bool, load=None) -> str:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    state["2.weight"] = state["2.weight"] * scale
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    mode = dict(use_load=True, load_file_path=str(load)) if load else dict(use_dump=True)
+    with torch.utils.dumper(dump_path=str(path), **mode):
+        if load_state:
+            net.load_state_dict(state)          # copy_ of each tensor into the parameters
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=target):
+            y = net(x)
+        y.float().square().mean().backward()
+    return str(path)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_weight_overwritten_in_the_step_from_another_tensor_is_named_where_it_is_read(tmp_path, replay):
+    """The same class of hole in the plain compare: `load_state_dict` inside the dump block
+    (the golden's step has none) copies a 5% different weight in. The copy is unpaired by
+    design and was judged nowhere, and the weight it made passed as made by an earlier op
+    (inherited). A copy of a tensor no op made is now that tensor, a leaf, judged where read."""
+    golden = _load_step(tmp_path / "golden.h5", load_state=False, target=False)
+    mode = golden if replay else None
+    clean = _load_step(tmp_path / "clean.h5", load_state=True, target=True, load=mode)
+    assert first_failure(apply_verdict(compare_dumps(clean, golden).table)) is None
+    bad = _load_step(tmp_path / "bad.h5", load_state=True, scale=1.05, target=True, load=mode)
+    first = first_failure(apply_verdict(compare_dumps(bad, golden).table))
+    assert first is not None and first["Module"] == "2" and first["NPUDump"] == "aten.addmm.default", first
+    assert first["Origin"] == "departs" and "input mat2" in first["FailReason"], first["FailReason"]

@@ -630,6 +630,19 @@ def _plain_value(v: Any) -> bool:
     return False
 
 
+# ops that copy values from their source arguments into their results (or the tensors they
+# write): their results are what the sources were (PlainOwnError.after_op)
+_COPIES = frozenset({"aten.copy_", "aten.clone", "aten._foreach_copy_"})
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """Whether `t` covers every byte of its storage."""
+    try:
+        return t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.is_contiguous()
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def _cast_rounding(named: list, outputs: list, rounded: StorageMap) -> torch.dtype | None:
     """The dtype a cast's result went through when the cast rounds an op's result (its output
     dtype is coarser than its floating input's) or carries on such a rounding (`rounded` holds
@@ -840,9 +853,21 @@ class PlainOwnError(Policy):
             # what a constant op makes is constant; what another op writes no longer is
             if isinstance(t, torch.Tensor) and (constant or self._constant.get(t) is True):
                 self._constant.set(t, constant)
-        if is_cast(ev.name) and not any(isinstance(v, torch.Tensor) and v in self._made for _, _, v in named):
+        copies = D.op_packet(ev.name) in _COPIES
+        if (is_cast(ev.name) or copies) and not any(
+                isinstance(v, torch.Tensor) and v in self._made
+                for n, _, v in (named if not copies else [a for a in named if a[0] not in info.written])):
             # a cast of a leaf stays a leaf (autocast's bf16 copy of a weight); one back to a
-            # finer dtype holds the values rounded to the coarsest dtype they went through
+            # finer dtype holds the values rounded to the coarsest dtype they went through. So
+            # does a copy of one, whatever its destination held: a weight overwritten in the
+            # step from a tensor no op made (load_state_dict's copy_) is that tensor, a leaf,
+            # judged where it is read (before: made by an op, passed as inherited, while the
+            # copy, unpaired by design, was judged nowhere)
+            if copies:
+                for t in tree_flatten(flat)[0]:
+                    if isinstance(t, torch.Tensor) and _whole_storage(t):
+                        # (a copy into part of a buffer leaves what ops made in the rest)
+                        self._made.discard(t)
             self._note_leaf_rounding(named, flat)
             return
         # an op's result that a cast rounds (to a coarser floating dtype than its own) carries
