@@ -119,3 +119,47 @@ def test_a_weight_overwritten_in_the_step_from_another_tensor_is_named_where_it_
     first = first_failure(apply_verdict(compare_dumps(bad, golden).table))
     assert first is not None and first["Module"] == "2" and first["NPUDump"] == "aten.addmm.default", first
     assert first["Origin"] == "departs" and "input mat2" in first["FailReason"], first["FailReason"]
+
+
+class _Table(nn.Module):
+    """Adds a table to a hidden state; the port copies the table into a buffer first."""
+
+    def __init__(self, copy_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.copy_first = copy_first
+
+    def forward(self, x, table):
+        h = F.gelu(self.a(x))
+        if self.copy_first:
+            buf = torch.empty_like(h)
+            buf.copy_(table)
+            table = buf
+        return self.b(h + table)
+
+
+def _table_step(path, *, copy_first: bool, scale: float, load=None) -> str:
+    net = _Table(copy_first)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    table = torch.randn(6, 16, generator=torch.Generator().manual_seed(5)) * scale
+    mode = dict(use_load=True, load_file_path=str(load)) if load else dict(use_dump=True)
+    with torch.utils.dumper(dump_path=str(path), **mode):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=load is not None):
+            y = net(x, table)
+        y.float().square().mean().backward()
+    return str(path)
+
+
+def test_load_replay_follows_a_copy_to_its_source_not_its_destination(tmp_path):
+    """A live `copy_` the recording lacks (by design: a copy) of a tensor no op made into a
+    buffer an op made: what the buffer then holds is the source's, a leaf, checked where a
+    replayed op reads it. Before, the replay took the destination's provenance (made by a
+    replayed op), handed the reading op the recorded table, and a 5% different table passed."""
+    golden = _table_step(tmp_path / "golden.h5", copy_first=False, scale=1.0)
+    clean = _table_step(tmp_path / "clean.h5", copy_first=True, scale=1.0, load=golden)
+    assert first_failure(apply_verdict(compare_dumps(clean, golden).table)) is None
+    bad = _table_step(tmp_path / "bad.h5", copy_first=True, scale=1.05, load=golden)
+    first = first_failure(apply_verdict(compare_dumps(bad, golden).table))
+    assert first is not None and first["NPUDump"] == "aten.add.Tensor" and first["Origin"] == "departs", first
+    assert "read through aten.copy_" in first["FailReason"], first["FailReason"]

@@ -112,7 +112,9 @@ class DepartureLog:
             # parameter, a cast of an activation an activation); so is a restride that
             # moves no element, and what `new_zeros` makes holds no value of the run (what is
             # written into it is checked where a replayed op reads it)
-            ev.notes["replay_made"] = self._made_of(live or {})
+            # (what `copy_` writes is what its source was, not what its destination held)
+            written = op_info(ev.func).written
+            ev.notes["replay_made"] = self._made_of({k: v for k, v in (live or {}).items() if k not in written})
             return
         if not self.structure:
             ev.notes["replay_made"] = _REPLAYED
