@@ -204,3 +204,43 @@ def test_the_function_check_measures_the_gap_between_the_two_forms():
     assert same[0] < 1e-12 < same[1]
     want = float((tanh64 - erf64).norm() / erf64.norm())
     assert other[0] == pytest.approx(want, rel=1e-6) and other[0] > other[1]
+
+
+def test_the_function_check_runs_no_op_that_a_file_could_size():
+    """The recorded ops are the file's: a factory op or one sized by an argument (repeat,
+    new_zeros) is not run, and nothing runs on a tensor larger than the run's records hold."""
+    from npu_dumper.replay.stand_in import _recompute, _sized_by_inputs
+
+    assert _sized_by_inputs(torch.ops.aten.mul.Tensor) and _sized_by_inputs(torch.ops.aten.mm.default)
+    assert not _sized_by_inputs(torch.ops.aten.repeat.default)
+    assert not _sized_by_inputs(torch.ops.aten.new_zeros.default)
+    assert not _sized_by_inputs(torch.ops.aten.full.default)
+
+    class Value:
+        def __init__(self, t=None, v=None):
+            self.t, self.v, self.is_tensor, self.is_list, self.children = t, v, t is not None, False, []
+            self.type = "int_list" if t is None else "tensor"
+
+        def read(self):
+            return self.v
+
+    class Rec:
+        def __init__(self, op, inputs, out):
+            self.op, self._inputs, self._out = op, inputs, out
+
+        def inputs(self):
+            return self._inputs
+
+        def outputs(self):
+            return {"result": self._out}
+
+    x = torch.randn(4, 4)
+    # a view to a size the file declares, then an op on it: refused before anything is computed
+    huge = [Rec("aten.expand.default", {"self": Value(x), "size": Value(v=[1 << 20, 4, 4])}, Value(x)),
+            Rec("aten.mul.Tensor", {"self": Value(x), "other": Value(x)}, Value(x * x))]
+    assert _recompute(huge, lambda r: r.t)[0] is None      # (mul would get the expanded view)
+    out, _, _ = _recompute([Rec("aten.repeat.default", {"self": Value(x), "repeats": Value(v=[1 << 20, 1])},
+                                Value(x))], lambda r: r.t)
+    assert out is None
+    same = [Rec("aten.mul.Tensor", {"self": Value(x), "other": Value(x)}, Value(x * x))]
+    assert _recompute(same, lambda r: r.t)[0] is not None

@@ -22,7 +22,10 @@ much), and 1/64 of a unit of the live dtype (what matters at the live precision;
 6e-5 relative). The check is made only where it can be: each floating input of the live op
 paired with a recorded input of those ops that it agrees with (check 1's rule), no random
 draw, no write to an argument, one floating result, a float64 kernel; otherwise the live op
-stands in on check 1, as before.
+stands in on check 1, as before. The recorded ops are the file's: only those whose results
+are sized by their tensor inputs are recomputed (elementwise ops, views, products,
+reductions, copies: no factory op, no size argument of the file's choosing), and none on a
+tensor larger than the largest the records hold.
 """
 
 from __future__ import annotations
@@ -126,6 +129,15 @@ def _recompute(run: list[Any], load: Callable[[Any], torch.Tensor]) -> tuple[Any
     made: list[tuple[torch.Tensor, torch.Tensor]] = []       # (recorded result, float64 result)
     external: list[torch.Tensor] = []
     last, rec_dtype = None, torch.float64
+    # the file is input from outside: only ops whose results are sized by their tensor inputs
+    # run (no factory op, no size or repeat argument of the file's choosing), and none on
+    # tensors larger than the largest the run's records hold (an `expand` to a size the file
+    # declares stays a view until an op computes on it)
+    try:
+        bound = max((load(r).numel() for record in run
+                     for r in (*_leaves(record.inputs()), *_leaves(record.outputs()))), default=0)
+    except Exception:  # noqa: BLE001 - an unreadable record: no recomputation
+        return None, [], rec_dtype
 
     def convert(rec: Any) -> Any:
         if rec.is_list:
@@ -143,10 +155,11 @@ def _recompute(run: list[Any], load: Callable[[Any], torch.Tensor]) -> tuple[Any
 
     for record in run:
         f = resolve_op(record.op)
-        if f is None or op_info(f).written:
+        if f is None or op_info(f).written or not _sized_by_inputs(f):
             return None, [], rec_dtype
         a, k, named = _place(f, record.inputs(), {}, convert)
-        if draws_random(f, named):
+        if draws_random(f, named) or any(isinstance(t, torch.Tensor) and t.numel() > bound
+                                         for t in tree_flatten((a, k))[0]):
             return None, [], rec_dtype
         a = tuple(_retarget(v, torch.float64) for v in a)
         k = {n: _retarget(v, torch.float64) for n, v in k.items()}
@@ -161,6 +174,25 @@ def _recompute(run: list[Any], load: Callable[[Any], torch.Tensor]) -> tuple[Any
     if last is None or not rec_dtype.is_floating_point or last.dtype != torch.float64:
         return None, [], rec_dtype
     return last, external, rec_dtype
+
+
+# ops whose results are sized by their tensor inputs alone, besides elementwise ops and views
+_PRODUCTS_AND_REDUCTIONS = frozenset(f"aten.{n}" for n in (
+    "mm", "bmm", "addmm", "addmv", "mv", "dot", "matmul", "linear", "sum", "mean", "_softmax", "softmax",
+    "_log_softmax", "log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    "_unsafe_view", "clone", "_to_copy"))
+
+
+def _sized_by_inputs(f: Any) -> bool:
+    """Whether op `f`'s results are no larger than its tensor inputs say: an elementwise op
+    (torch.Tag.pointwise), a view, a product, a reduction or a copy."""
+    packet = ".".join(str(f).split(".")[:2])
+    return torch.Tag.pointwise in getattr(f, "tags", ()) or bool(getattr(f, "is_view", False)) \
+        or packet in _PRODUCTS_AND_REDUCTIONS
+
+
+def _leaves(values: dict) -> list:
+    return [leaf for rec in values.values() for leaf in (rec.children if rec.is_list else (rec,)) if leaf.is_tensor]
 
 
 def _one_tensor(out: Any) -> torch.Tensor | None:
