@@ -79,6 +79,7 @@ def test_rope_angles_in_bf16_are_named_at_cos_as_amplified_rounding(golden, tmp_
     assert first is not None and first["NPUDump"] == "aten.cos.default" and first["Module"] == "rope", first
     assert first["Origin"] == ORIGIN_AMPLIFIED
     assert first["FailReason"].startswith("amplified rounding:") and "bfloat16 cannot carry" in first["FailReason"]
+    assert "earlier ops made" not in first["FailReason"]        # (the attribution it replaces)
     # what follows carries the difference on: inherited, not failing again
     failing = table[table["Result"] == "fail"]
     assert set(failing["NPUDump"]) == {"aten.cos.default", "aten.sin.default"}, failing[["NPUDump", "FailReason"]]

@@ -614,10 +614,13 @@ def _amplified(table: pd.DataFrame, op: str, i: int, in_rows: list[int], results
     origin[i] = ORIGIN_AMPLIFIED
     severity[i] = red / (AMPLIFIED_MIN_ULPS * u)
     ratio = f"{red / given:.3g}x" if given > 0 else "from exact inputs"
+    # (the row's own text said its difference was inherited "which earlier ops made": the
+    # measured part stays, the attribution this rule replaces goes)
+    measured = reasons[i].replace("inherited: ", "", 1).replace(", which earlier ops made", "")
     reasons[i] = (f"amplified rounding: {what} {given / u:.2g} u of {prec}, and this op, computing right on "
                   f"them, turns that into {red:.3g} ({red / u:.3g} u; {ratio}): {prec} cannot carry this "
                   f"computation here (cos/sin of large arguments, log near 1, the difference of near-equal "
-                  f"values); compute it in a wider dtype" + (f" [{reasons[i]}]" if reasons[i] else ""))
+                  f"values); compute it in a wider dtype" + (f" [{measured}]" if measured else ""))
 
 
 def _explained(table: pd.DataFrame, op: str, i: int, outs: dict[str, int], in_rows: list[int],
