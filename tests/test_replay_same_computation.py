@@ -157,35 +157,38 @@ def test_the_erf_gelu_for_the_recorded_tanh_form_is_named_at_the_forward_op(gold
     assert not [r for r in summary.regrouped if r.startswith("act:")]
 
 
+class Rec:
+    """A recorded op as the replay holds it (what stand_in reads of an OpRecord)."""
+
+    def __init__(self, op, inputs, out):
+        self.op, self._inputs, self._out = op, inputs, out
+
+    def inputs(self):
+        return self._inputs
+
+    def outputs(self):
+        return {"result": self._out}
+
+
+class Value:
+    """A recorded value (what stand_in reads of a ValueRecord): a tensor, or a plain value."""
+
+    def __init__(self, t=None, v=None):
+        self.t, self.v, self.name = t, v, ""
+        self.is_tensor, self.is_list, self.children = t is not None, False, []
+        self.type = "value" if t is None else "tensor"
+        self.shape = None if t is None else tuple(t.shape)
+
+    def read(self):
+        return self.v
+
+
 def test_the_function_check_measures_the_gap_between_the_two_forms():
     """function_gap against an independent float64 computation of the two forms."""
     from npu_dumper.replay.stand_in import function_gap
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 32, generator=g) * 2
-
-    class Rec:
-        """A recorded op as the replay holds it (the attributes function_gap reads)."""
-
-        def __init__(self, op, inputs, out):
-            self.op, self._inputs, self._out = op, inputs, out
-
-        def inputs(self):
-            return self._inputs
-
-        def outputs(self):
-            return {"result": self._out}
-
-    class Value:
-        def __init__(self, t=None, v=None, name=""):
-            self.t, self.v, self.name = t, v, name
-            self.is_tensor, self.is_list, self.children = t is not None, False, []
-            self.type = "float" if t is None else "tensor"
-            self.shape = None if t is None else tuple(t.shape)
-
-        def read(self):
-            return self.v
-
     a = x * 0.5
     b = torch.erf(x * (1 / math.sqrt(2.0)))
     run = [Rec("aten.mul.Tensor", {"self": Value(x), "other": Value(v=0.5)}, Value(a)),
@@ -215,24 +218,6 @@ def test_the_function_check_runs_no_op_that_a_file_could_size():
     assert not _sized_by_inputs(torch.ops.aten.repeat.default)
     assert not _sized_by_inputs(torch.ops.aten.new_zeros.default)
     assert not _sized_by_inputs(torch.ops.aten.full.default)
-
-    class Value:
-        def __init__(self, t=None, v=None):
-            self.t, self.v, self.is_tensor, self.is_list, self.children = t, v, t is not None, False, []
-            self.type = "int_list" if t is None else "tensor"
-
-        def read(self):
-            return self.v
-
-    class Rec:
-        def __init__(self, op, inputs, out):
-            self.op, self._inputs, self._out = op, inputs, out
-
-        def inputs(self):
-            return self._inputs
-
-        def outputs(self):
-            return {"result": self._out}
 
     x = torch.randn(4, 4)
     # a view to a size the file declares, then an op on it: refused before anything is computed
