@@ -671,7 +671,10 @@ class PlainOwnError(Policy):
     what it added to what it was given: the rest of its distance from the golden is inherited
     (docs/COMPARE.md, "Caused here vs inherited"). Each op also says which of its tensor
     inputs an earlier op of the block wrote (`made_inputs`): the others are leaves
-    (parameters, buffers, the batch), whose difference from the golden is the run's own.
+    (parameters, buffers, the batch), whose difference from the golden is the run's own; a
+    cast or a copy of a leaf is that leaf. And which made inputs a cast rounded to a coarser
+    dtype while the run computed nothing below float32 (`cast_rounded`: a float32 run's
+    `h.to(bfloat16).float()`).
     A float32 run pays nothing (nothing is measured before a reduced-precision op). A compiled
     dump (op_computed) measures every node, float32 included."""
 
