@@ -31,7 +31,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from dumpfile.schema import OVERFLOW_THRESHOLD
+from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD
 
 EPS = float(np.finfo(np.float64).eps)          # "~0" for norms and |y|, as the reference
 F32_EPS = float(np.finfo(np.float32).eps)      # KL floor, as the reference
@@ -46,8 +46,7 @@ _BLOCK = 1 << 16                               # elements per in-cache block (51
 # float16 golden's -65504 plus the score) or beyond 1e38 (bfloat16's and float32's extremes);
 # a value between, 7.1e4 or 3e5, is a real one that float16 cannot hold, and the target's Inf
 # there is an overflow, not a mask (it had been counted equal: an overflow that passed).
-_SENTINELS = np.array([float(np.finfo(np.float16).max), 3.3895313892515355e38,   # float16, bfloat16
-                       float(np.finfo(np.float32).max), float(np.finfo(np.float64).max), np.inf])
+_SENTINELS = np.array([LARGEST_FINITE[d] for d in ("float16", "bfloat16", "float32", "float64")] + [np.inf])
 _SENTINEL_BIG = 2.0 ** 15
 _F16_TOP = OVERFLOW_THRESHOLD["float16"]     # 65520: float16's max plus half its last spacing
 _HUGE = 1e38

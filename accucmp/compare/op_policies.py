@@ -296,7 +296,6 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         failing = [i for i in rows if results[i] == "fail" and origin[i] != ORIGIN_AMPLIFIED]
         if not failing:
             continue
-        in_rows = [i for i in rows if io[i] == "input"]
         inputs_fail = any(results[i] == "fail" for i in in_rows)
         out_fails = [i for i in failing if io[i] == "output" and ARGS_DEPARTURE not in reasons[i]]
         drew = [i for i in out_fails if random_op[i]]
@@ -364,12 +363,19 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
             if io[i] == "input" and made_by[i] == "leaf" and origin[i] != ORIGIN_DEPARTURE:
                 origin[i] = ORIGIN_DEPARTURE
                 reasons[i] = _leaf_departure(table, i, reasons[i])
-            if io[i] == "input" and made_by[i] == "op" and reasons[i].startswith("input ") \
-                    and _s(table["CastRoundedTo"].iat[i] if "CastRoundedTo" in table.columns else "") \
-                    and " went through " in reasons[i]:
+            if io[i] == "input" and made_by[i] == "op" and status[i] not in ("size_mismatch", "corrupt") \
+                    and rounded_by_cast(_s(table["CastRoundedTo"].iat[i]) if "CastRoundedTo" in table.columns
+                                        else "", _s(dtypes[i])):
                 origin[i] = ORIGIN_DEPARTURE          # (verdict.judge_row: a cast the golden lacks)
             origin[i] = origin[i] or ORIGIN_INHERITED
     return origin
+
+
+def rounded_by_cast(via: str, dtype: str) -> bool:
+    """Whether an input an earlier op made, of dtype `dtype`, went through a cast to the
+    coarser dtype `via` (column CastRoundedTo): a rounding the golden run does not make where
+    the op computes in `dtype` (verdict.judge_row fails the row; its Origin is `departs`)."""
+    return UNIT_ROUNDOFF.get(via, 0.0) > UNIT_ROUNDOFF.get(dtype, 1.0)
 
 
 def _passed_by_one_run(table: pd.DataFrame, outs: list[int], name: str) -> bool:
@@ -533,12 +539,13 @@ def _carried(tag: str, in_rows: list[int], out_fails: list[int], ulps: list[floa
     return tag
 
 
-def _near_underflow(table: pd.DataFrame, i: int, prec: str) -> bool:
-    """Whether row i's golden values are within 16x of `prec`'s smallest normal number."""
+def _near_underflow(table: pd.DataFrame, i: int, prec: str, within: float = 16.0) -> bool:
+    """Whether row i's golden values are within `within` x of `prec`'s smallest normal number
+    (max |golden| above 0 and below it; no number: no)."""
     from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
     tiny = _SMALLEST_NORMAL.get(prec)
     gmax = _num_at(table, "GoldenAbsMax", i)
-    return bool(tiny and not math.isnan(gmax) and gmax < 16 * tiny)
+    return bool(tiny and not math.isnan(gmax) and gmax < within * tiny)
 
 
 def _underflows(table: pd.DataFrame, i: int) -> bool:
@@ -546,7 +553,6 @@ def _underflows(table: pd.DataFrame, i: int) -> bool:
     within 4x of the smallest normal number: float16 gradients below 6.1e-5 lose relative
     precision in any run; what loss scaling is for), so its failure is the format's range,
     not something this op added."""
-    from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
     if "GoldenAbsMax" not in table.columns or "PrecisionDtype" not in table.columns:
         return False
     if _own_judged(table, i):
@@ -554,9 +560,7 @@ def _underflows(table: pd.DataFrame, i: int) -> bool:
         # included, so whatever error is left is the op's (a load-replay fault on a gradient
         # at 8e-6 in float16 measured 7% own error, and is caused there)
         return False
-    tiny = _SMALLEST_NORMAL.get(_s(table["PrecisionDtype"].iat[i]))
-    gmax = pd.to_numeric(pd.Series([table["GoldenAbsMax"].iat[i]]), errors="coerce").iat[0]
-    return bool(tiny and 0 < gmax < 4 * tiny)
+    return _num_at(table, "GoldenAbsMax", i) > 0 and _near_underflow(table, i, _s(table["PrecisionDtype"].iat[i]), 4.0)
 
 
 def _numel(shape: Any) -> int:

@@ -67,7 +67,7 @@ from dumpfile.errors import DumpError
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import (ARGS_DEPARTURE, CLASS_POINTWISE, CLASS_SUM, RANDOM_DRAWS,
-                                          apply_op_policies, bound_class)
+                                          apply_op_policies, bound_class, rounded_by_cast)
 from accucmp.compare.rows import NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     made_by = _str(row.get("MadeBy"))
     if res[0] == RESULT_FAIL and _str(row.get("IO")) == "input" and res[4] != "CompareStatus":
         via = _str(row.get("CastRoundedTo"))
-        if made_by == "op" and S.UNIT_ROUNDOFF.get(via, 0.0) > S.UNIT_ROUNDOFF.get(_str(row.get("DataType")), 1.0):
+        if made_by == "op" and rounded_by_cast(via, _str(row.get("DataType"))):
             # an earlier op's result that the target rounds by a cast (h.to(bfloat16).float()) to
             # a coarser dtype than the op computes in: no op's precision, a step the golden run
             # does not take (and no row judges the casts: they are unpaired by design)

@@ -38,6 +38,7 @@ from ..capture.opschema import named_args, op_info
 from . import heap
 from .layout import CollectiveWrites, StorageMap, bitwise_equal, storage_key
 from .matching import live_key
+from .own_error import computes_coarse
 
 # what made a live tensor's storage, as far as the replay saw (the latest op that wrote it)
 _REPLAYED, _INSERTED = "replayed", "inserted"   # (a storage no op made is a leaf: not in the map)
@@ -234,10 +235,9 @@ class DepartureLog:
                     and src.is_floating_point() and _coarser(out.dtype, src.dtype) == out.dtype != src.dtype:
                 made = (ROUNDED, ev.name, out.dtype)
         flat, _ = tree_flatten(ev.outputs)
-        if not is_cast(ev.name) and any(isinstance(t, torch.Tensor) and t.is_floating_point()
-                                        and _coarser(t.dtype, torch.float32) != torch.float32 for t in flat):
-            # an op computed in a dtype coarser than float32: the run's precision, whose
-            # casts round by design from here on (ROUNDED is for a float32 run's round trip)
+        if computes_coarse(ev.name, flat):
+            # the run's precision, whose casts round by design from here on (ROUNDED is for a
+            # float32 run's round trip)
             self._computed_coarse = True
         written = op_info(ev.func).written     # in-place and hidden writes (batch norm's running stats)
         if written:

@@ -572,7 +572,8 @@ class ReplayPolicy(Policy):
                     return entry, ""
         # the in-place variant (or the op it varies) in the same module: an inserted `add`
         # elsewhere must not take an optimizer's recorded `add_`
-        for entry in self._by_packet.get(_in_place_partner(name), ()):
+        partner = _in_place_partner(name)
+        for entry in self._by_packet.get(partner, ()):
             if not entry.used and _same_phase(entry, phase) and D.unwrapped_module(entry.record.module) == module \
                     and not mismatch(entry, live, renames):
                 return entry, ""
@@ -586,8 +587,7 @@ class ReplayPolicy(Policy):
             if not entry.used and D.unwrapped_module(entry.record.module) == module and _same_phase(entry, phase) \
                     and not mismatch(entry, live, {}, tensors_only=True):
                 return entry, ""
-        if not same and not any(self._by_packet.get(o) for o in (*self.op_map.equivalents(name),
-                                                                  _in_place_partner(name))):
+        if not same and not any(self._by_packet.get(o) for o in (*self.op_map.equivalents(name), partner)):
             return None, "not in the recording"
         if not any(not e.used for e in same):
             return None, "more live calls than recorded ones"

@@ -613,6 +613,14 @@ def _coarser_than_fp32(d: Any) -> bool:
 _FP32_EPS = torch.finfo(torch.float32).eps
 
 
+def computes_coarse(name: str, outputs: list) -> bool:
+    """Whether op `name`, not a cast, made a tensor of a dtype coarser than float32: the run
+    computes in that precision from here on, and its casts round by design (a bf16 model, an
+    autocast region), unlike a float32 run's round trip (`cast_rounded`; load-replay's
+    departures.ROUNDED)."""
+    return not is_cast(name) and any(isinstance(t, torch.Tensor) and _coarser_than_fp32(t.dtype) for t in outputs)
+
+
 # the longest list of numbers kept in scalar_args: an optimizer's foreach op takes one step
 # size per parameter (`_foreach_addcdiv_.ScalarList`, 40 for GPT-2 small's 148 tensors in
 # groups); at 16 a doubled learning rate went unrecorded and its parameter updates passed as
@@ -875,7 +883,7 @@ class PlainOwnError(Policy):
             return
         # an op's result that a cast rounds (to a coarser floating dtype than its own) carries
         # that dtype on through later casts; what a computing op makes is its own precision
-        if not is_cast(ev.name) and any(isinstance(t, torch.Tensor) and _coarser_than_fp32(t.dtype) for t in flat):
+        if computes_coarse(ev.name, flat):
             self._computed_coarse = True
         via = _cast_rounding(named, flat, self._cast_rounded) \
             if is_cast(ev.name) and not self._computed_coarse else None
