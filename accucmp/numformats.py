@@ -85,15 +85,26 @@ def round_to(x: np.ndarray, fmt: Format) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     a = np.abs(x)
+    q = spacing(a, fmt)
     with np.errstate(invalid="ignore", over="ignore"):
-        _, k = np.frexp(a)
-        e = np.maximum(k.astype(np.int64) - 1, fmt.emin)
-        q = np.ldexp(1.0, e - fmt.man_bits)
         r = np.round(a / q) * q
         big = r > fmt.max_finite           # inf input: a/q = inf, also > max_finite
         r = np.where(big, fmt.max_finite if fmt.saturates else np.inf, r)
         r = np.where(np.isnan(a), np.nan, r)
     return np.copysign(r, x)
+
+
+def spacing(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """The distance between consecutive `fmt` values at each |x| (float64): 2^(max(e, emin) -
+    man_bits), e the exponent of |x| (the subnormal spacing at 0), as round_to's quantum.
+    (At a power of two it is the spacing above; the one below is half of it.)"""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, k = np.frexp(a)
+        # (frexp gives 0 an exponent of 0: its spacing is the subnormal one, as any value's
+        # below the smallest normal)
+        e = np.where(a > 0, np.maximum(k.astype(np.int64) - 1, fmt.emin), fmt.emin)
+        return np.ldexp(1.0, e - fmt.man_bits)
 
 
 def mx_scale_exponents(blocks: np.ndarray) -> np.ndarray:

@@ -9,7 +9,9 @@ gpt2: a tiny Hugging Face GPT-2 built from its config (2 layers, 32 wide) with A
   upsampling, SGD with momentum. The target runs under autocast (bf16, fp16), in fp32, or
   cast with `model.to(bfloat16)` (model-bf16), with one mistake. Prints one line per mistake
   and mode: PASS (with the number of failing rows) or the first failure, its module, Origin and
-  reason. The clean run must pass and every mistake must be named where the run departs.
+  reason. The clean run must pass and every mistake must be named where the run departs;
+under model-bf16 the clean run fails at AdamW's decay, which bfloat16 rounds away (Origin
+`absorbed`), and a mistake in the optimizer after it is named behind it.
 Measured results and what they found: docs/COMPARE.md, "Porting mistakes in a training step".
 """
 

@@ -139,6 +139,12 @@ OP_LEAF_ROUNDED = "leaf_rounded"
 # computes in a finer dtype, the rounding is not the op's precision but a departure of the run
 # (compare: the input row is judged at the op's precision, Origin `departs`)
 OP_CAST_ROUNDED = "cast_rounded"
+# plain dumps: JSON list of the tensors (compare's TensorName: `self`, `self/self_3`) an in-place
+# update (`mul_`, `_foreach_addcdiv_`) writes that no op of the dumped block allocated:
+# parameters, optimizer state, buffers, which the next step starts from. Compare: where the
+# target's dtype is coarser than the golden's, the share of the golden's changed elements that
+# the target's rounding left unchanged (column UpdateAbsorbed)
+OP_PERSISTENT_WRITES = "persistent_writes"
 # load-replay: JSON {input: max |recorded value|} of the op's recorded inputs whose cast to the
 # live dtype overflowed (Inf where the recording is finite: an fp32 gradient of 7.1e4 handed
 # to a float16 op). Compare: the op's Inf is the format's range there, not its kernel's

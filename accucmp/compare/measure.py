@@ -21,6 +21,7 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
 
+from accucmp.compare.absorption import absorbed_update, format_of
 from accucmp.compare.cancellation import rounded_sum_cancellation
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned
 from accucmp.compare.stats_metrics import compare_stats, stats_of
@@ -142,9 +143,24 @@ class Comparer:
             terms, rule, args = task.sum_terms
             row["RoundedInputCancellation"] = rounded_sum_cancellation(terms, rule, g_shape, args,
                                                                        limit=4 * self.chunk, golden=g)
+        if task.update_base is not None:
+            self._absorbed(task, row, t, g, t_n)
         if fp:
             row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
             row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value
+
+    def _absorbed(self, task: Task, row, t, g, n: int) -> None:
+        """UpdateAbsorbed / UpdateChanged of an in-place update of state (absorption.py), from
+        the two records of the tensor before the update; left NaN where those do not hold n
+        elements or hold statistics only."""
+        t_in, g_in, dtype = task.update_base
+        fmt = format_of(dtype)
+        bases = [r for r in (t_in, g_in) if r is not None]
+        if fmt is None or any(r.is_stats or r.uninitialized or check_record(r)[1] != n for r in bases):
+            return
+        streams = [self._chunks(t, n), self._chunks(g, n), None if t_in is None else self._chunks(t_in, n),
+                   self._chunks(g_in, n)]
+        row["UpdateAbsorbed"], row["UpdateChanged"] = absorbed_update(*streams, fmt)
 
     def _put(self, row, results: dict[str, MetricResult], extras: dict[str, float]) -> None:
         reasons = [row["CompareFailReason"]] if row.get("CompareFailReason") else []

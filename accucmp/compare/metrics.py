@@ -459,28 +459,30 @@ def aligned(a: Iterable[np.ndarray], b: Iterable[np.ndarray]) -> Iterator[tuple[
 
     Raises ValueError when one stream ends before the other.
     """
-    ia, ib = iter(a), iter(b)
-    ca = cb = np.empty(0)
-    pa = pb = 0
+    return aligned_many(a, b)
+
+
+def aligned_many(*streams: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, ...]]:
+    """aligned() for any number of streams: tuples of equal-length pieces, one per stream."""
+    its = [iter(s) for s in streams]
+    cur: list = [np.empty(0)] * len(its)
+    pos = [0] * len(its)
     while True:
-        while pa >= ca.size:
-            ca = next(ia, None)
-            if ca is None:
-                break
-            ca, pa = np.asarray(ca).reshape(-1), 0
-        while pb >= cb.size:
-            cb = next(ib, None)
-            if cb is None:
-                break
-            cb, pb = np.asarray(cb).reshape(-1), 0
-        if ca is None or cb is None:
-            if ca is None and cb is None:
-                return
+        ended = 0
+        for k, it in enumerate(its):
+            while pos[k] >= cur[k].size:
+                c = next(it, None)
+                if c is None:
+                    ended += 1
+                    break
+                cur[k], pos[k] = np.asarray(c).reshape(-1), 0
+        if ended == len(its):
+            return
+        if ended:
             raise ValueError("one tensor has more elements than its shape says or than the other")
-        k = min(ca.size - pa, cb.size - pb)
-        yield ca[pa:pa + k], cb[pb:pb + k]
-        pa += k
-        pb += k
+        n = min(c.size - p for c, p in zip(cur, pos))
+        yield tuple(c[p:p + n] for c, p in zip(cur, pos))
+        pos = [p + n for p in pos]
 
 
 def compare_arrays(x: np.ndarray, y: np.ndarray, algorithms: Iterable[str] | None = None

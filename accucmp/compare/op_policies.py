@@ -58,6 +58,15 @@ AMPLIFIED_FACTOR = 32.0
 # the inputs' difference that is their rounding alone (a cast rounds by at most 1 u; 2 allows
 # one op's rounding on top)
 AMPLIFIED_INPUT_ULPS = 2.0
+ORIGIN_ABSORBED = "absorbed"        # an update of state rounded away by the target's dtype
+# ABSORBED rule (_absorbed): an in-place update of the state a step starts from (a parameter,
+# an optimizer moment, an EMA; op attribute persistent_writes) whose target dtype is coarser
+# than the golden's, where at least the threshold UpdateAbsorbedFraction of the elements the
+# golden's update changed kept their old value in the target because the change is within a
+# spacing of its dtype (column UpdateAbsorbed, compare/absorption.py). Each value is within
+# rounding of the golden's and the op computed right on what it got, so the row passed; but
+# the target does not learn what the golden learns (pure-bfloat16 AdamW: weight decay and
+# every LayerNorm weight's step are rounded away; at lr 1e-5, 97% of a layer's weights).
 # dtypes with float32's exponent range: a cast to them rounds by at most a unit (no underflow)
 _FULL_RANGE = ("bfloat16",)
 # FailReason of an output row that fails only because its op ran with other arguments than the
@@ -218,8 +227,9 @@ def _s(v: Any) -> str:
 
 
 def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str],
-                      severity: list[float], ulps: list[float]) -> list[str]:
-    """Rewrites results/reasons/severity in place by the rules above; returns the Origin column."""
+                      severity: list[float], ulps: list[float], absorbed_at: float = math.inf) -> list[str]:
+    """Rewrites results/reasons/severity in place by the rules above; returns the Origin column.
+    `absorbed_at`: the ABSORBED rule's share (threshold UpdateAbsorbedFraction; inf: off)."""
     n = len(table)
     origin = [""] * n
     if n == 0 or "NPUDump" not in table.columns:
@@ -292,8 +302,9 @@ def apply_op_policies(table: pd.DataFrame, results: list[str], reasons: list[str
         in_rows = [i for i in rows if io[i] == "input"]
         for i in outs.values():
             _amplified(table, op, i, in_rows, results, reasons, severity, origin)
+            _absorbed(table, i, absorbed_at, results, reasons, severity, origin)
         # caused here / inherited
-        failing = [i for i in rows if results[i] == "fail" and origin[i] != ORIGIN_AMPLIFIED]
+        failing = [i for i in rows if results[i] == "fail" and origin[i] not in (ORIGIN_AMPLIFIED, ORIGIN_ABSORBED)]
         if not failing:
             continue
         inputs_fail = any(results[i] == "fail" for i in in_rows)
@@ -625,6 +636,26 @@ def _amplified(table: pd.DataFrame, op: str, i: int, in_rows: list[int], results
                   f"them, turns that into {red:.3g} ({red / u:.3g} u; {ratio}): {prec} cannot carry this "
                   f"computation here (cos/sin of large arguments, log near 1, the difference of near-equal "
                   f"values); compute it in a wider dtype" + (f" [{measured}]" if measured else ""))
+
+
+def _absorbed(table: pd.DataFrame, i: int, share: float, results: list[str], reasons: list[str],
+              severity: list[float], origin: list[str]) -> None:
+    """Output row i, passing, fails as `absorbed` by the ABSORBED rule (above)."""
+    absorbed = _num_at(table, "UpdateAbsorbed", i)
+    if results[i] != "pass" or math.isnan(absorbed) or absorbed < share:
+        return
+    changed = _num_at(table, "UpdateChanged", i)
+    dtype = _s(table["DataType"].iat[i]) if "DataType" in table.columns else ""
+    golden = _s(table["GoldenDataType"].iat[i]) if "GoldenDataType" in table.columns else ""
+    results[i] = "fail"
+    origin[i] = ORIGIN_ABSORBED
+    severity[i] = absorbed / share if share > 0 else math.inf
+    measured = reasons[i].replace("inherited: ", "", 1).replace(", which earlier ops made", "")
+    reasons[i] = (f"update absorbed: {absorbed:.1%} of the {changed:.0f} elements the golden's update changed keep "
+                  f"their old {dtype} value (the change is under half a spacing of {dtype} there), so the "
+                  f"target does not learn what the golden ({golden}) learns; keep this state in float32 (master "
+                  f"weights, an fp32 optimizer state) or update it with compensated/stochastic rounding"
+                  + (f" [{measured}]" if measured else ""))
 
 
 def _explained(table: pd.DataFrame, op: str, i: int, outs: dict[str, int], in_rows: list[int],

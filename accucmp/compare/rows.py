@@ -97,6 +97,12 @@ TAIL_COLUMNS = [
     # tensor carries over the golden's (65536: a gradient of the scaled loss against an
     # unscaled golden), divided out before the metrics; empty where the two carry the same
     "LossScale",
+    # an in-place update of state the step starts from (a parameter, an optimizer moment; op
+    # attribute persistent_writes) whose target dtype is coarser than the golden's: of the
+    # elements the golden's update changed, the share the target left at its old value where
+    # the golden's change is within one spacing of the target's dtype there (the update
+    # rounded away: compare/absorption.py), and how many elements the golden changed
+    "UpdateAbsorbed", "UpdateChanged",
 ]
 FP64_COLUMNS = ["TargetErrorVsFp64", "GoldenErrorVsFp64"]
 
@@ -137,6 +143,10 @@ class Task:
     sum_terms: tuple[ValueRecord, str, dict | None] | None = None
     # the loss scale the target's tensor carries over the golden's (LossScale): divided out
     scale: float = 1.0
+    # an in-place update of state (persistent_writes): (the target's record of the tensor
+    # before the update, None in a load-replay, which handed the op the golden's cast; the
+    # golden's record of it before; the target's dtype): UpdateAbsorbed is computed from them
+    update_base: tuple[ValueRecord | None, ValueRecord, str] | None = None
 
 
 def dtype_of(rec: ValueRecord) -> str:
@@ -188,6 +198,7 @@ _B_LOSS_SCALE = S.OP_LOSS_SCALE.encode()
 _B_RANDOM = S.OP_RANDOM.encode()
 _B_LEAF_ROUNDED = S.OP_LEAF_ROUNDED.encode()
 _B_CAST_ROUNDED = S.OP_CAST_ROUNDED.encode()
+_B_PERSISTENT_WRITES = S.OP_PERSISTENT_WRITES.encode()
 _B_INPUT_OVERFLOW = S.OP_INPUT_OVERFLOW.encode()
 # Tensors up to this many elements are read when their record is made (at most a
 # few ops' worth are held at a time: see _compare_files).
@@ -212,6 +223,7 @@ class OpTensors:
     leaf_rounded: dict | None = None                # leaf input -> coarser dtype it went through
     input_overflow: dict | None = None              # input -> max |recorded| whose cast overflowed
     cast_rounded: dict | None = None                # made input -> coarser dtype a cast rounded it to
+    persistent_writes: frozenset[str] = frozenset()  # state an in-place update writes (op attribute)
 
     def is_scaler_state(self, name: str) -> bool:
         """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
@@ -232,11 +244,12 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
                           _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
-                          _made_inputs(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
+                          _name_set(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
                           attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)),
-                          _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)), _arg_dtypes(a.get(S.OP_CAST_ROUNDED)))
+                          _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)), _arg_dtypes(a.get(S.OP_CAST_ROUNDED)),
+                          _name_set(a.get(S.OP_PERSISTENT_WRITES)) or frozenset())
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -257,16 +270,17 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
         cd = _text(a.get(_B_COMPUTE))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
                           _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
-                          _made_inputs(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
+                          _name_set(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
                           attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))),
-                          _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))), _arg_dtypes(_text(a.get(_B_CAST_ROUNDED))))
+                          _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))), _arg_dtypes(_text(a.get(_B_CAST_ROUNDED))),
+                          _name_set(a.get(_B_PERSISTENT_WRITES)) or frozenset())
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
                        _B_SCALAR_ARGS, _B_STACK, _B_INPUT_ARG_DTYPES, _B_LOSS_SCALER, _B_LOSS_SCALE, _B_RANDOM,
-                       _B_LEAF_ROUNDED, _B_INPUT_OVERFLOW, _B_CAST_ROUNDED))
+                       _B_LEAF_ROUNDED, _B_INPUT_OVERFLOW, _B_CAST_ROUNDED, _B_PERSISTENT_WRITES))
 
 
 def _arg_numbers(text: Any) -> dict | None:
@@ -310,8 +324,9 @@ def _json_attr(text: Any) -> Any:
         return None
 
 
-def _made_inputs(text: Any) -> frozenset[str] | None:
-    """The op attribute made_inputs (a JSON list of input names); None when absent or bad."""
+def _name_set(text: Any) -> frozenset[str] | None:
+    """An op attribute that is a JSON list of tensor names (made_inputs, persistent_writes);
+    None when absent or bad."""
     d = _json_attr(text)
     return frozenset(map(str, d)) if isinstance(d, list) else None
 
@@ -448,7 +463,7 @@ def _region_made_inputs(region) -> frozenset[str] | None:
     k-th target op's `made_inputs`. None when an op of the region does not record it."""
     made = []
     for k, op in enumerate(region.target_ops):
-        names = _made_inputs(op.attrs.get(S.OP_MADE_INPUTS))
+        names = _name_set(op.attrs.get(S.OP_MADE_INPUTS))
         if names is None:
             return None
         made.append(names)
@@ -605,8 +620,29 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
             if replay and own is None and region is None and io == S.OUTPUT_GROUP and t is not None \
                     and g is not None and g_op is not None:
                 terms = rounded_sum_terms(g_op.op, name, t_ts, g_ts)
-            tasks.append(Task(row, t, g, fp, terms, scale))
+            base = None
+            if io == S.OUTPUT_GROUP and region is None and t is not None and g is not None \
+                    and name in (t_ts.persistent_writes | g_ts.persistent_writes):
+                base = update_base(name, t, g, t_ts, g_ts, replay)
+            tasks.append(Task(row, t, g, fp, terms, scale, base))
     return tasks
+
+
+def update_base(name: str, t: ValueRecord, g: ValueRecord, t_ts: OpTensors, g_ts: OpTensors,
+                replay: bool) -> tuple[ValueRecord | None, ValueRecord, str] | None:
+    """What UpdateAbsorbed of an in-place update's output `name` is computed from (Task.
+    update_base), or None: only where the target's dtype is coarser than the golden's (a
+    precision the golden's update fits in and the target's may not), and both records of the
+    tensor before the update are at hand (a load-replay's is the golden's, cast)."""
+    t_dtype, g_dtype = dtype_of(t), dtype_of(g)
+    u_t, u_g = S.UNIT_ROUNDOFF.get(t_dtype), S.UNIT_ROUNDOFF.get(g_dtype)
+    if u_t is None or u_g is None or u_t <= u_g:
+        return None
+    g_in = g_ts.inputs.get(name)
+    t_in = None if replay else t_ts.inputs.get(name)
+    if g_in is None or not g_in.is_tensor or (not replay and (t_in is None or not t_in.is_tensor)):
+        return None
+    return t_in, g_in, t_dtype
 
 
 # StructureDiffers of an op that read gradients the loss scaler had not unscaled (the verdict

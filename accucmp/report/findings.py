@@ -14,7 +14,7 @@ from dumpfile.departures import is_by_design_op
 
 from accucmp.compare.departures import STATUS_UNPAIRED_OP
 
-from accucmp.compare.op_policies import (ORIGIN_AMPLIFIED, ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW,
+from accucmp.compare.op_policies import (ORIGIN_ABSORBED, ORIGIN_AMPLIFIED, ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW,
                                          ORIGIN_UNDERFLOW)
 from accucmp.compare.verdict import RESULT_FAIL, RESULT_UNMATCHED, apply_verdict
 
@@ -78,8 +78,10 @@ def _first_failure_of(failed: pd.DataFrame) -> pd.Series | None:
         # the earliest op whose inputs still agree but whose output does not: later failures
         # (and earlier ones that only carry a difference in from outside) inherit from it
         # (an output whose golden values exceed its dtype's range overflows there: where the
-        # difference starts as well; so does one that amplifies its inputs' rounding)
-        caused = failed[failed["Origin"].isin((ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW, ORIGIN_AMPLIFIED))]
+        # difference starts as well; so does one that amplifies its inputs' rounding, and an
+        # update of state whose dtype rounds it away)
+        caused = failed[failed["Origin"].isin((ORIGIN_CAUSED, ORIGIN_DEPARTURE, ORIGIN_OVERFLOW, ORIGIN_AMPLIFIED,
+                                               ORIGIN_ABSORBED))]
         if not caused.empty:
             return _execution_order(caused).iloc[0]
         # none: an op whose inputs agree and whose output sits at its dtype's underflow edge

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from accucmp.compare.op_policies import ORIGIN_ABSORBED
 from accucmp.report.plot import plot_svg
 from accucmp.report.summary import NAN_INF_ONE_SIDE, NAN_INF_SENTENCE, NOT_A_BOUND, describe_row, fmt_value, summarize
 
@@ -85,7 +86,7 @@ def _text(v: Any) -> str:
 # ---- what a failure means, and what to try next ----------------------------------------
 def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
     """(title, text) for each kind of finding present: underflow, overflow / NaN-Inf, amplified
-    rounding, cancellation, ill-conditioned results, and failures inherited from an earlier op."""
+    rounding, absorbed updates, cancellation, ill-conditioned results, and failures inherited from an earlier op."""
     out: list[tuple[str, str]] = []
     if "Result" not in table.columns or not s.counts.get("fail"):
         return out
@@ -115,6 +116,15 @@ def explanations(table: pd.DataFrame, s) -> list[tuple[str, str]]:
                     "near 1, the difference of near-equal values): the precision cannot carry this computation. "
                     "Try next: compute that op and the values it reads in float32 (Llama computes its rotary "
                     "angles in float32 for this reason)."))
+    n_abs = int((failed["Origin"] == ORIGIN_ABSORBED).sum()) if "Origin" in failed.columns else 0
+    if n_abs:
+        out.append(("Absorbed updates", f"{n_abs} failing tensor(s) are state (parameters, optimizer moments) that "
+                    "an in-place update changes by less than half the spacing of their dtype, so rounding keeps "
+                    "the old value: the golden learns, the target does not, step after step, although every "
+                    "value stays within rounding of the golden's (AdamW's weight decay and an Adam step on a "
+                    "LayerNorm weight of 1.0 in bfloat16). Try next: keep parameters and optimizer state in "
+                    "float32 (autocast, or master weights), or an optimizer that rounds stochastically or "
+                    "carries the rounding error (Kahan summation)."))
     n_cancel = int(reasons.str.contains("error >= 100%", regex=False).sum())
     if n_cancel:
         out.append(("Cancellation", f"{n_cancel} failing tensor(s) have an error of 100% or more against a more "

@@ -643,6 +643,22 @@ def _plain_value(v: Any) -> bool:
 _COPIES = frozenset({"aten.copy_", "aten.clone", "aten._foreach_copy_"})
 
 
+def _tensor_items(name: str, v: Any) -> list:
+    """(the dump's name, tensor) of an argument: itself, or a list's members (`self/self_3`)."""
+    if isinstance(v, torch.Tensor):
+        return [(name, v)]
+    if isinstance(v, (list, tuple)):
+        return [(f"{name}/{name}_{i}", x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    return []
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except Exception:  # noqa: BLE001 - no storage (a subclass, a meta tensor): none to share
+        return None
+
+
 def _whole_storage(t: torch.Tensor) -> bool:
     """Whether `t` covers every byte of its storage."""
     try:
@@ -700,6 +716,9 @@ class PlainOwnError(Policy):
         # storages only constant ops wrote (op attribute constant): True
         self._constant = StorageMap()
         self._collective = CollectiveWrites()     # storages a collective wrote last
+        # storages an op of the block allocated (its results that are no input's storage):
+        # the others existed before the block, the state the step starts from and ends with
+        self._born = StorageMap()
         self._measurer = None               # eager ops' measurements (measure_worker.py)
 
     def begin(self, session: Any) -> None:
@@ -714,6 +733,8 @@ class PlainOwnError(Policy):
     def run_op(self, ev: OpEvent) -> Any:
         info = op_info(ev.func)
         named = self._note_arguments(ev, info)
+        if info.written and D.is_in_place_update(ev.name):
+            self._note_persistent_writes(ev, info, named)
         leaves = tree_flatten([v for _, _, v in named])[0]
         self._note_constant(ev, leaves)
         if not self._low:
@@ -794,6 +815,19 @@ class PlainOwnError(Policy):
         if all(self._constant.get(t) is True for t in leaves if isinstance(t, torch.Tensor)):
             ev.group_attrs[S.OP_CONSTANT] = True
 
+    def _note_persistent_writes(self, ev: OpEvent, info: Any, named: list) -> None:
+        """The floating tensors an in-place update writes that no op of the block allocated
+        (parameters, optimizer state, buffers: what the next step starts from), by the dump's
+        names, into `persistent_writes`. Compare checks there whether the target's precision
+        absorbed an update the golden made (docs/COMPARE.md, "Updates the target's precision
+        absorbs"); a tensor the step made and drops (Adam's denominator, its `+ eps`) is not
+        state, and what rounding drops from it is judged by the usual rules."""
+        kept = [key for name, _, v in named if name in info.written
+                for key, t in _tensor_items(name, v)
+                if t.is_floating_point() and self._born.get(t) is None]
+        if kept:
+            ev.group_attrs[S.OP_PERSISTENT_WRITES] = json.dumps(kept)
+
     def _note_made_inputs(self, ev: OpEvent, info: Any, named: list) -> None:
         if self._collective.copied_into(ev.name, info, named):
             # a copy into a collective's output buffer (gloo's reduce-scatter copies its result
@@ -805,10 +839,7 @@ class PlainOwnError(Policy):
         for name, _, v in named:
             if name in info.not_data:
                 continue
-            items = [(name, v)] if isinstance(v, torch.Tensor) else \
-                [(f"{name}/{name}_{i}", x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)] \
-                if isinstance(v, (list, tuple)) else []
-            for key, t in items:
+            for key, t in _tensor_items(name, v):
                 if t in self._made:
                     made.append(key)
                     via = self._cast_rounded.get(t)
@@ -839,6 +870,17 @@ class PlainOwnError(Policy):
                     and torch.finfo(coarsest).eps > torch.finfo(t.dtype).eps:
                 self._leaf_rounded.set(t, coarsest)
 
+    def _note_born(self, named: list, outputs: Any) -> None:
+        """The op's results that are no input's storage (not a view of one, not one it wrote)
+        were allocated in the block."""
+        outs = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+        if not outs:
+            return
+        ins = {_storage_ptr(t) for t in tree_flatten([v for _, _, v in named])[0] if isinstance(t, torch.Tensor)}
+        for t in outs:
+            if _storage_ptr(t) not in ins:
+                self._born.set(t, True)
+
     @staticmethod
     def _measure_into(ev: OpEvent, prepared: Any, out: Any, measurer: Any = None) -> None:
         """The op's own error into its attributes: now, or (`measurer`, eager ops) a Future of
@@ -859,6 +901,7 @@ class PlainOwnError(Policy):
         written = [v for n, _, v in named if n in info.written]
         flat = tree_flatten((ev.outputs, written))[0]
         self._collective.note(ev.name, flat)
+        self._note_born(named, ev.outputs)
         constant = bool(ev.group_attrs.get(S.OP_CONSTANT))
         for t in flat:
             # what a constant op makes is constant; what another op writes no longer is
