@@ -4,7 +4,10 @@ Whisper, DeepSeek-V2 with complex rotary and MoE; random weights, tiny
 sizes, no download): one training step dumped in fp32, replayed and re-run in fp32, bf16 and
 fp16, clean and with one planted 7% fault in the middle of the network (tests/_real_models.py).
 
-* clean load-replays (fp32, bf16, fp16): 0 failing rows;
+* clean load-replays (fp32, bf16, fp16): 0 failing rows, but where float16 cannot hold the
+  golden's values (these models are cast with `model.to(float16)` and have no loss scaler: BERT's
+  weight gradients of 1e-7, ConvNeXt's layer scale of 1e-6 zeroing its branches): those rows
+  fail as `underflow`, none as caused here;
 * a planted fault in a bf16 / fp16 load-replay: that op (that call) is the first failure;
 * plain dump vs dump (fp32 golden vs a faulted fp32 run): the first "caused here" op is the
   planted one, and the ops after it are marked inherited.
@@ -24,7 +27,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from accucmp.compare.pipeline import compare_dumps  # noqa: E402
-from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_INHERITED  # noqa: E402
+from accucmp.compare.op_policies import ORIGIN_CAUSED, ORIGIN_INHERITED, ORIGIN_UNDERFLOW  # noqa: E402
 from accucmp.compare.verdict import apply_verdict  # noqa: E402
 from accucmp.report.findings import first_failure  # noqa: E402
 from tests import _real_models as R  # noqa: E402
@@ -63,7 +66,12 @@ def _fails(t):
 def test_clean_replay_has_no_failing_rows(goldens, name, dtype):
     g = goldens(name)
     t = _judged(R.dump(name, str(goldens.dir / f"{name}_{dtype}_clean.h5"), DTYPES[dtype], load=g), g)
-    assert (t["Result"] != "fail").all(), _fails(t)
+    fails = t[t["Result"] == "fail"]
+    if dtype == "fp16":
+        # values below float16's normal range that it cannot hold (verdict's UnderflowLoss)
+        assert (fails["Origin"] == ORIGIN_UNDERFLOW).all() and (fails["RangeLoss"] > 0.0625).all(), _fails(t)
+    else:
+        assert fails.empty, _fails(t)
     assert (t["Result"] == "pass").sum() > 50
     if dtype != "fp32":
         # the verdict judged the low-precision ops by what they were given, not the golden
@@ -84,8 +92,10 @@ def test_planted_fault_named_first_in_replay(goldens, name, dtype, fault):
     ff = first_failure(t)
     assert ff is not None, "the planted fault was not seen"
     assert (ff["NPUDump"], int(ff["SeqId"])) == (fault.op, R.planted_seqid(g, fault)), _fails(t)
-    # and nothing else fails: each replayed op got the golden's inputs
-    assert set(t[t["Result"] == "fail"]["NPUDump"]) == {fault.op}, _fails(t)
+    # and nothing else fails: each replayed op got the golden's inputs (but for values float16
+    # cannot hold, as in the clean replay)
+    fails = t[(t["Result"] == "fail") & (t["Origin"] != ORIGIN_UNDERFLOW)]
+    assert set(fails["NPUDump"]) == {fault.op}, _fails(t)
 
 
 @pytest.mark.parametrize("name", MODELS)

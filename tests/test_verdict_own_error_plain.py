@@ -473,7 +473,10 @@ def test_an_input_that_overflows_float16_in_its_cast_is_named_as_an_overflow(tmp
     for name, load in (("plain", None), ("replay", golden)):
         t = _compare(step(tmp_path / f"{name}.h5", True, load), golden)
         first = first_failure(t)
-        assert first is not None and first["NPUDump"] == "aten.addmm.default", (name, first)
+        # plain: autocast's cast of the input is where it becomes Inf (its row measured against
+        # what it was given: rows.cast_source); the replay's cast is no op: the addmm
+        expected = "aten.addmm.default" if load else "aten._to_copy.default"
+        assert first is not None and first["NPUDump"] == expected, (name, first)
         assert first["Origin"] == "overflow", (name, first["Origin"], first["FailReason"])
         assert "Inf" in first["FailReason"] and "the format's range" in first["FailReason"], first["FailReason"]
         if load:

@@ -22,6 +22,7 @@ from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
 
 from accucmp.compare.absorption import absorbed_update, format_of
+from accucmp.numformats import round_to
 from accucmp.compare.cancellation import rounded_sum_cancellation
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned
 from accucmp.compare.stats_metrics import compare_stats, stats_of
@@ -145,9 +146,34 @@ class Comparer:
                                                                        limit=4 * self.chunk, golden=g)
         if task.update_base is not None:
             self._absorbed(task, row, t, g, t_n)
+        self._range_loss(row, g, g_n, task.scale)
         if fp:
             row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
             row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value
+
+    def _range_loss(self, row, g, n: int, scale: float = 1.0) -> None:
+        """RangeLoss (rows.py) where the target's dtype has a narrower range than the golden's
+        and every golden value lies below 16x its smallest normal: a second pass over the
+        golden, only for such tensors (gradients at float16's underflow edge). `scale`: the
+        loss scale the target's tensor carries over the golden's (rows.Task.scale): the
+        target holds the golden's values times it (a GradScaler's point)."""
+        fmt = format_of(str(row.get("DataType") or ""))
+        g_fmt = format_of(str(row.get("GoldenDataType") or ""))
+        big = row.get("GoldenAbsMax")
+        if fmt is None or (g_fmt is not None and g_fmt.min_normal <= fmt.min_normal) \
+                or str(row.get("GoldenDataType") or "") not in _WIDE_RANGE:
+            return
+        if not isinstance(big, float) or not 0 < big * abs(scale) < 16 * fmt.min_normal:
+            return
+        err = ref = 0.0
+        with np.errstate(all="ignore"):
+            for y in self._chunks(g, n):
+                y = np.asarray(y, dtype=np.float64)
+                y = y[np.isfinite(y)]
+                err = float(np.hypot(err, np.linalg.norm(round_to(y * scale, fmt) / scale - y)))
+                ref = float(np.hypot(ref, np.linalg.norm(y)))
+        if ref > 0:
+            row["RangeLoss"] = err / ref
 
     def _absorbed(self, task: Task, row, t, g, n: int) -> None:
         """UpdateAbsorbed / UpdateChanged of an in-place update of state (absorption.py), from
@@ -170,6 +196,10 @@ class Comparer:
                 reasons.append(r.reason)
         row["CompareFailReason"] = "; ".join(_dedupe_bool(reasons))
         row.update(extras)
+
+
+# golden dtypes with float32's exponent range or wider (a float16 target may lose what they hold)
+_WIDE_RANGE = frozenset({"float32", "float64", "bfloat16"})
 
 
 def _unscaled(x, scale: float) -> np.ndarray:

@@ -23,7 +23,7 @@ from dumpfile import schema as S
 from dumpfile import jsontext
 from dumpfile.departures import argument_change_is_by_design, attr_is_true, loss_scaler_role
 from dumpfile.errors import DumpFormatError
-from dumpfile.opclass import sum_terms
+from dumpfile.opclass import is_cast, sum_terms
 from dumpfile.read import catalog
 from dumpfile.read.light import LightTensor, light_record, light_values, some_attrs
 from dumpfile.read.reader import DumpFile, ValueRecord, h5_errors
@@ -67,6 +67,11 @@ TAIL_COLUMNS = [
     # load-replay: the op's recorded inputs whose cast to the live dtype overflowed, with the
     # largest |recorded value| (op attribute input_overflow): "grad_output 7.124e+04"
     "InputOverflow",
+    # a target dtype of narrower range than the golden's (float16 against float32) where the
+    # golden's values lie below 16x its smallest normal: RelativeEuclideanDistance of the
+    # golden's values rounded to the target's dtype, what the format alone loses there
+    # (compare/measure.py); the verdict fails what it cannot hold (threshold UnderflowLoss)
+    "RangeLoss",
     # independent runs: the op's plain arguments (eps, scale, dims, ...) where the two runs
     # differ ("eps 0.1, golden 1e-05"; op attribute scalar_args), on its output rows
     "ArgsDiffer",
@@ -504,7 +509,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     phase = any_op.phase
     module = any_op.module
     t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
-    source = t_ts.source or g_ts.source
+    source_line = t_ts.source or g_ts.source
     region = pair.region
     if region is not None:      # an aligned region: its external inputs and final outputs
         t_ts = OpTensors(region.tensors(0, "input"), region.tensors(0, "output"), t_ts.compute_dtype,
@@ -518,11 +523,18 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
         changed = ", ".join(c for c in (changed, tensors_only_one_passes(
             t_ts.inputs, g_ts.inputs, lambda n: t_ts.is_scaler_state(n) or g_ts.is_scaler_state(n))) if c)
     compute = t_ts.compute_dtype or g_ts.compute_dtype
+    cast_src = cast_source(t_op, g_op, t_ts, replay or region is not None)
     tasks = []
     for io in ios:
         t_vals = t_ts.inputs if io == S.INPUT_GROUP else t_ts.outputs
         g_vals = g_ts.inputs if io == S.INPUT_GROUP else g_ts.outputs
         for name, t, g in matching.pair_tensors(t_vals, g_vals):
+            # (not a tensor that carries a loss scale: its Inf is the scaler's, said at the op
+            # that reads it, verdict's "overflowed under the loss scale")
+            by_cast = cast_src is not None and io == S.OUTPUT_GROUP and t is not None and g is None \
+                and t_ts.scale_of(io, name) == 1.0
+            if by_cast:
+                g = cast_src        # (the cast's result measured against what it was given)
             row: dict[str, Any] = {c: math.nan for c in metric_cols}
             row.update({
                 "NPUDump": t_op.op if t_op else g_op.op,
@@ -543,8 +555,10 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 "Uninitialized": bool((t is not None and t.uninitialized) or (g is not None and g.uninitialized)),
                 "CompareStatus": "", "MatchedBy": pair.matched_by,
                 "NonFiniteMismatch": 0, "TargetNonFinite": 0, "GoldenNonFinite": 0,
-                "Source": source,
+                "Source": source_line,
             })
+            if by_cast:
+                row.update(MatchedBy=MATCHED_BY_CAST, GoldenOp=t_op.op, GoldenSeqId=t_op.seqid)
             if t is None or g is None:
                 row["CompareStatus"] = STATUS_UNMATCHED
                 row["CompareFailReason"] = (
@@ -561,7 +575,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
             elif scaler_state or t_ts.is_scaler_state(name) or g_ts.is_scaler_state(name):
                 row["CompareStatus"] = STATUS_LOSS_SCALER
                 row["CompareFailReason"] = LOSS_SCALER_REASON
-            elif pair.reason:
+            elif pair.reason and not by_cast:
                 row["CompareFailReason"] = pair.reason
             if (t_ts.loss_scaler or g_ts.loss_scaler) and row["CompareStatus"] == STATUS_UNMATCHED:
                 row["CompareFailReason"] = LOSS_SCALER_REASON
@@ -572,13 +586,14 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["StructureDiffers"] = unscaled_result
             scale = 1.0
             # (a load-replay's op computed on the recording's inputs: it carries their scale)
-            if t is not None and g is not None and region is None and not replay:
+            if t is not None and g is not None and region is None and not replay and not by_cast:
+                # (a cast's result against its own input: the same run's, the same scale)
                 scale = t_ts.scale_of(io, name) / g_ts.scale_of(io, name)
                 if scale != 1.0 and _floating(t) and _floating(g):
                     row["LossScale"] = scale
                 else:
                     scale = 1.0
-            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None else None
+            own = t_ts.own_error.get(name) if io == S.OUTPUT_GROUP and t is not None and not by_cast else None
             if own is not None:
                 row["OwnErrorOf"] = "target"
             g_own = g_ts.own_error.get(name) if golden_own and io == S.OUTPUT_GROUP and g is not None else None
@@ -626,6 +641,33 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 base = update_base(name, t, g, t_ts, g_ts, replay)
             tasks.append(Task(row, t, g, fp, terms, scale, base))
     return tasks
+
+
+# MatchedBy of a target-only cast's result measured against the cast's own input (cast_source)
+MATCHED_BY_CAST = "its input (a cast)"
+
+
+def cast_source(t_op, g_op, t_ts: OpTensors, skip: bool) -> ValueRecord | None:
+    """The input record a target-only cast to a coarser floating dtype is measured against
+    (its result's row: MatchedBy MATCHED_BY_CAST), or None. Such a cast is unpaired by design
+    (autocast's, a port's `.half()`), and its rounding is the run's precision: at most half a
+    unit of its dtype an element. Where its values lie below that dtype's normal range it loses
+    far more (float16 gradients of 3e-7 without a loss scaler: 26%), and the op that reads the
+    result got it from an op of the step, so its row passed the difference on as inherited:
+    no row judged it. Only a cast of what an op made (made_inputs: a leaf's cast stays a leaf,
+    judged where it is read) in a plain dump (`skip`: a load-replay, an aligned region)."""
+    if skip or t_op is None or g_op is not None or not is_cast(t_op.op):
+        return None
+    src = t_ts.inputs.get("self")
+    outs = list(t_ts.outputs.values())
+    if src is None or not src.is_tensor or len(outs) != 1 or not outs[0].is_tensor:
+        return None
+    if t_ts.made_inputs is None or "self" not in t_ts.made_inputs:
+        return None
+    u_in, u_out = S.UNIT_ROUNDOFF.get(dtype_of(src)), S.UNIT_ROUNDOFF.get(dtype_of(outs[0]))
+    if u_in is None or u_out is None or u_out <= u_in:
+        return None
+    return src
 
 
 def update_base(name: str, t: ValueRecord, g: ValueRecord, t_ts: OpTensors, g_ts: OpTensors,

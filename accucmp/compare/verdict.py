@@ -66,9 +66,9 @@ from dumpfile.errors import DumpError
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
-from accucmp.compare.op_policies import (ARGS_DEPARTURE, CLASS_POINTWISE, CLASS_SUM, RANDOM_DRAWS,
+from accucmp.compare.op_policies import (ARGS_DEPARTURE, CLASS_POINTWISE, CLASS_SUM, RANDOM_DRAWS, UNDERFLOW_CLAUSE,
                                           apply_op_policies, bound_class, rounded_by_cast)
-from accucmp.compare.rows import NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
+from accucmp.compare.rows import MATCHED_BY_CAST, NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
 
 if TYPE_CHECKING:
     from accucmp.compare.measure import Measured
@@ -101,6 +101,14 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     # the change rounded away (column UpdateAbsorbed, op_policies' ABSORBED rule); a half means
     # the target learns less than half of what the golden does there
     "UpdateAbsorbedFraction": 0.5,
+    # a cast to a dtype of smaller range (float16) moves values in its normal range by at most
+    # half a unit; below it, it keeps fewer bits. A target-only cast (plain compare) or a
+    # load-replay's cast of a recorded input that moves the tensor by more than this
+    # RelativeEuclideanDistance fails as underflow: most of its values hold a few spacings of
+    # the format (float16 gradients of 3e-7 without a loss scaler: 0.26). Below it the format
+    # keeps the tensor to a few percent (GPT-2's gelu_new gradients of 1e-5: 0.007), judged
+    # as precision, as the own-error rows near the underflow edge are
+    "UnderflowLoss": 0.0625,
     # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
     "ExactTolerance": 0.0,
     # --tolerance: one factor on every dtype-derived bound above (2 = twice as lenient)
@@ -227,6 +235,52 @@ def _judge_departure(row: dict, reason: str, th: Mapping[str, float]) -> tuple:
             red / bound if bound > 0 else math.inf, ulps) + ("InputUlps", "RelativeEuclideanDistance", ulps, allowed)
 
 
+def _range_lost(row: dict, th: Mapping[str, float]) -> str:
+    """The underflow clause of a row whose RangeLoss (the golden's values rounded to the
+    target's dtype) exceeds the threshold UnderflowLoss, else ''."""
+    loss = _num(row.get("RangeLoss"))
+    if math.isnan(loss) or loss <= th["UnderflowLoss"] * th.get("Tolerance", 1.0):
+        return ""
+    u, prec = _unit_roundoff(row)
+    if _num(row.get("OwnCancellation")) * u >= 1.0:
+        # a sum whose terms cancel to below their rounding (a bias gradient that is 0 in exact
+        # arithmetic): rounding noise at this precision, whatever range holds it; not judged
+        return ""
+    return (f"{UNDERFLOW_CLAUSE} {prec} (max |x| {_num(row.get('GoldenAbsMax')):.2g}, smallest normal "
+            f"{_SMALLEST_NORMAL.get(prec, math.nan):.2g}): rounded to it they lose RelativeEuclideanDistance "
+            f"{loss:.3g} > UnderflowLoss {th['UnderflowLoss']:g} (what loss scaling is for)")
+
+
+def _judge_cast(row: dict, th: Mapping[str, float]) -> tuple:
+    """A target-only cast's result against what it was given (MatchedBy MATCHED_BY_CAST,
+    rows.cast_source): a correct cast to a coarser dtype moves each element by at most half a
+    unit; a cast that turns finite values into Inf overflowed, one that moves them by more than
+    the threshold UnderflowLoss lost them below the dtype's normal range (underflow), and the
+    difference starts here."""
+    red = _num(row.get("RelativeEuclideanDistance"))
+    u, prec = _unit_roundoff(row)
+    bound = th["UnderflowLoss"] * th.get("Tolerance", 1.0)
+    t_bad = _num(row.get("TargetNonFinite"))
+    g_bad = _num(row.get("GoldenNonFinite"))
+    if not math.isnan(t_bad) and t_bad > (0.0 if math.isnan(g_bad) else g_bad):
+        return (RESULT_FAIL, f"a cast to {prec} turns {t_bad - (0 if math.isnan(g_bad) else g_bad):.0f} finite "
+                f"element(s) it was given into Inf: the format's range, beyond {prec}'s largest finite "
+                f"{S.LARGEST_FINITE.get(prec, math.nan):g} (overflow)", math.inf, math.nan,
+                "NonFiniteMismatch", "NonFiniteMismatch", _num(row.get("NonFiniteMismatch")), 0.0)
+    if math.isnan(red) or not u:
+        return (RESULT_PASS, "", math.nan, math.nan) + _NO_DECISION
+    ulps = red / u
+    if red <= bound:
+        return (RESULT_PASS, "", red / bound, ulps) + _NO_DECISION
+    g_max = _num(row.get("GoldenAbsMax"))
+    tiny = _SMALLEST_NORMAL.get(prec, 0.0)
+    where = (f": its values (max |x| {g_max:.2g}) lie near or below {prec}'s smallest normal {tiny:.2g}, where it "
+             f"keeps fewer bits (underflow; what loss scaling is for)") if tiny and g_max < 64 * tiny else ""
+    return (RESULT_FAIL, f"a cast to {prec} moves the values it was given by RelativeEuclideanDistance {red:.3g} "
+            f"> {bound:.3g} ({ulps:.3g} u of {prec}; rounding moves them by at most 0.5 u){where}", red / bound, ulps,
+            "UnderflowLoss", "", red, bound)      # (no metric: the headline quotes the reason)
+
+
 INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
 ARGS_NOTE = "argument"             # FailReason of a row whose op got other arguments than the golden's
 ARGS_DECIDED_BY = "ArgsDiffer"     # DecidedBy of a row that fails only on its changed arguments
@@ -247,8 +301,19 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     output: its difference is inherited, judged at that op. An input no op made (MadeBy
     `leaf`: a parameter, buffer or the batch) is judged at its own precision and, failing,
     is the run's own difference."""
+    if _str(row.get("MatchedBy")) == MATCHED_BY_CAST and _status(row) == "compared":
+        return _judge_cast(row, th)
     independent = _str(row.get("MatchedBy")) not in ("", "seqid")
     res = _judge(row, th, fp64=fp64, independent=independent)
+    lost = _range_lost(row, th) if res[0] == RESULT_PASS and _status(row) == "compared" else ""
+    if lost:
+        plain = _judge({**row, "OwnErrorVsFp64": math.nan}, th, fp64=fp64, independent=independent)
+        if plain[0] == RESULT_FAIL and not _str(row.get("ArgsDiffer")):
+            # right on what it got (its own error, measured against float64 rounded to its
+            # dtype, underflow included), but its dtype cannot hold the golden's values: the
+            # run departs here by the format's range, not by this op (Origin underflow)
+            return (RESULT_FAIL, f"{plain[1]} [{lost}; this op's own error vs fp64 on its inputs is "
+                    f"{res[3]:.3g} u]") + plain[2:]
     if not independent or _status(row) != "compared":
         return res
     changed, structure = _str(row.get("ArgsDiffer")), _str(row.get("StructureDiffers"))
