@@ -141,3 +141,32 @@ def test_a_float16_layer_scale_that_zeroes_its_branch_is_named(tmp_path, replay)
     assert first["Origin"] == ORIGIN_UNDERFLOW and UNDERFLOW_CLAUSE in first["FailReason"]
     # gamma x fc(x): the second mul, 1e-6 x ~0.5 x 0.01, all below float16's smallest subnormal
     assert first["RangeLoss"] == 1.0
+
+
+class _Record:
+    """A value record's reading side, enough for the metrics stage's whole-tensor read."""
+
+    def __init__(self, values):
+        from dumpfile import schema as S
+        self.type, self.values = S.TYPE_TENSOR, values
+
+    def read(self):
+        return self.values
+
+
+@pytest.mark.parametrize("golden_dtype,expected", [("float32", True), ("bfloat16", True), ("float16", False)])
+def test_range_loss_is_what_rounding_the_golden_to_the_target_loses(golden_dtype, expected):
+    from accucmp.compare.measure import Comparer
+    values = torch.linspace(1e-8, 3e-7, 100)
+    row = {"DataType": "float16", "GoldenDataType": golden_dtype, "GoldenAbsMax": 3e-7}
+    Comparer(("RelativeEuclideanDistance",), 1 << 20)._range_loss(row, _Record(values.double().numpy()), 100)
+    if not expected:        # (a float16 golden holds nothing float16 cannot)
+        assert "RangeLoss" not in row
+        return
+    loss = float((values.half().double() - values.double()).norm() / values.double().norm())
+    assert row["RangeLoss"] == pytest.approx(loss, rel=1e-9) and loss > 0.05
+    # at a loss scale of 2^16 the target holds them in float16's normal range: nothing lost
+    scaled = {"DataType": "float16", "GoldenDataType": golden_dtype, "GoldenAbsMax": 3e-7}
+    Comparer(("RelativeEuclideanDistance",), 1 << 20)._range_loss(scaled, _Record(values.double().numpy()), 100,
+                                                                 2.0 ** 16)
+    assert "RangeLoss" not in scaled

@@ -160,8 +160,8 @@ class Comparer:
         fmt = format_of(str(row.get("DataType") or ""))
         g_fmt = format_of(str(row.get("GoldenDataType") or ""))
         big = row.get("GoldenAbsMax")
-        if fmt is None or (g_fmt is not None and g_fmt.min_normal <= fmt.min_normal) \
-                or str(row.get("GoldenDataType") or "") not in _WIDE_RANGE:
+        if fmt is None or (g_fmt is not None and g_fmt.min_normal >= fmt.min_normal) \
+                or (g_fmt is None and str(row.get("GoldenDataType") or "") not in _WIDE_RANGE):
             return
         if not isinstance(big, float) or not 0 < big * abs(scale) < 16 * fmt.min_normal:
             return
@@ -198,8 +198,9 @@ class Comparer:
         row.update(extras)
 
 
-# golden dtypes with float32's exponent range or wider (a float16 target may lose what they hold)
-_WIDE_RANGE = frozenset({"float32", "float64", "bfloat16"})
+# golden dtypes with float32's exponent range or wider (a float16 target may lose what they
+# hold); a golden in a numformats format (bfloat16) is compared by its smallest normal
+_WIDE_RANGE = frozenset({"float32", "float64"})
 
 
 def _unscaled(x, scale: float) -> np.ndarray:

@@ -101,13 +101,14 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     # the change rounded away (column UpdateAbsorbed, op_policies' ABSORBED rule); a half means
     # the target learns less than half of what the golden does there
     "UpdateAbsorbedFraction": 0.5,
-    # a cast to a dtype of smaller range (float16) moves values in its normal range by at most
-    # half a unit; below it, it keeps fewer bits. A target-only cast (plain compare) or a
-    # load-replay's cast of a recorded input that moves the tensor by more than this
-    # RelativeEuclideanDistance fails as underflow: most of its values hold a few spacings of
-    # the format (float16 gradients of 3e-7 without a loss scaler: 0.26). Below it the format
-    # keeps the tensor to a few percent (GPT-2's gelu_new gradients of 1e-5: 0.007), judged
-    # as precision, as the own-error rows near the underflow edge are
+    # rounding to a dtype of smaller range (float16) moves values in its normal range by at
+    # most half a unit; below it, it keeps fewer bits. A target-only cast that moves its tensor
+    # by more than this RelativeEuclideanDistance, or an op right on what it got whose golden
+    # values lose more than this rounded to its dtype (column RangeLoss), fails as underflow:
+    # most of the values hold a few spacings of the format (float16 gradients of 3e-7 without
+    # a loss scaler: 0.26). Below it the format keeps the tensor to a few percent (GPT-2's
+    # gelu_new gradients of 1e-5: 0.007), judged as precision, as the own-error rows near the
+    # underflow edge are
     "UnderflowLoss": 0.0625,
     # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
     "ExactTolerance": 0.0,
