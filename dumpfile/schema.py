@@ -173,7 +173,10 @@ OP_LOSS_SCALER = "loss_scaler"
 LOSS_SCALER_ROLES = ("state", "apply", "unscale")
 # the scale an op's tensors carry where it is not 1: JSON {"input": {argument: factor},
 # "output": factor} (every floating output carries the one factor). A gradient computed from
-# the scaled loss is the golden's times the scale; compare divides the factor out.
+# the scaled loss is the golden's times the scale; compare divides the factor out. A
+# load-replay's matched op (computed on the recording's unscaled values) has only
+# {"carried": factor}: what its results would carry in the live run (compare's RangeLoss
+# takes float16's range at that scale).
 OP_LOSS_SCALE = "loss_scale"
 # compiled dumps (torch.compile, npu_dumper/compiled/): the FX node of the compiled graph
 # whose output the op's record holds, and that graph ("forward 0", "backward 0")

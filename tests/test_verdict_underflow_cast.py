@@ -170,3 +170,24 @@ def test_range_loss_is_what_rounding_the_golden_to_the_target_loses(golden_dtype
     Comparer(("RelativeEuclideanDistance",), 1 << 20)._range_loss(scaled, _Record(values.double().numpy()), 100,
                                                                  2.0 ** 16)
     assert "RangeLoss" not in scaled
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_small_gradients_under_a_grad_scaler_pass(goldens, tmp_path, replay):
+    """The step whose float16 gradients underflow without a scaler, under GradScaler (2^16):
+    the target holds them in range. A load-replay computes each op on the recording's unscaled
+    values, so its float16 range is taken at the scale the live run carries (loss_scale's
+    `carried`), not at the recording's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    mode = dict(use_load=True, load_file_path=str(goldens / "small.h5")) if replay else dict(use_dump=True)
+    with torch.utils.dumper(dump_path=str(tmp_path / "t.h5"), **mode):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = net(x)
+        scaler.scale(F.cross_entropy(out.float(), y) * SMALL).backward()
+    table = _judged(tmp_path / "t.h5", goldens / "small.h5")
+    assert first_failure(table) is None
+    assert table["RangeLoss"].isna().all()      # at 2^16 x 3e-7 no golden value is near the edge

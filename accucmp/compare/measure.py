@@ -146,7 +146,7 @@ class Comparer:
                                                                        limit=4 * self.chunk, golden=g)
         if task.update_base is not None:
             self._absorbed(task, row, t, g, t_n)
-        self._range_loss(row, g, g_n, task.scale)
+        self._range_loss(row, g, g_n, task.scale if task.range_scale is None else task.range_scale)
         if fp:
             row["TargetErrorVsFp64"] = fp[0].results()["RelativeEuclideanDistance"].value
             row["GoldenErrorVsFp64"] = fp[1].results()["RelativeEuclideanDistance"].value

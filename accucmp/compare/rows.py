@@ -148,6 +148,10 @@ class Task:
     sum_terms: tuple[ValueRecord, str, dict | None] | None = None
     # the loss scale the target's tensor carries over the golden's (LossScale): divided out
     scale: float = 1.0
+    # the scale at which the target's dtype holds the golden's values (RangeLoss): the loss
+    # scale the target's tensor carries (None: `scale`), or in a load-replay the one it would
+    # carry live
+    range_scale: float | None = None
     # an in-place update of state (persistent_writes): (the target's record of the tensor
     # before the update, None in a load-replay, which handed the op the golden's cast; the
     # golden's record of it before; the target's dtype): UpdateAbsorbed is computed from them
@@ -364,6 +368,8 @@ def _loss_scale(text: Any) -> dict:
     state = d.get("state")
     if isinstance(state, list):
         out[_STATE] = frozenset(str(k) for k in state)
+    if ok(d.get("carried")):
+        out[_CARRIED] = float(d["carried"])
     return out
 
 
@@ -386,6 +392,9 @@ def _scale_in(d: dict, io: str, name: str) -> float:
 # the loss_scale key of the scaler's own tensors among an op's arguments (inputs, and the
 # outputs an in-place op writes under the same names)
 _STATE = "state"
+# the loss_scale key of the scale a load-replay's results would carry in the live run (the
+# replay computed them on the recording's unscaled values)
+_CARRIED = "carried"
 
 
 def _scalar_args(text: Any) -> dict | None:
@@ -639,7 +648,8 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
             if io == S.OUTPUT_GROUP and region is None and t is not None and g is not None \
                     and name in (t_ts.persistent_writes | g_ts.persistent_writes):
                 base = update_base(name, t, g, t_ts, g_ts, replay)
-            tasks.append(Task(row, t, g, fp, terms, scale, base))
+            range_scale = t_ts.loss_scale.get(_CARRIED, 1.0) if replay and io == S.OUTPUT_GROUP else scale
+            tasks.append(Task(row, t, g, fp, terms, scale, update_base=base, range_scale=range_scale))
     return tasks
 
 

@@ -354,8 +354,13 @@ class ReplayPolicy(Policy):
         ev.group_attrs[S.OP_REPLAYED] = True
         ev.group_attrs[S.OP_SOURCE_SEQID] = ev.seqid
         ev.notes["replay_matched"] = True
-        # its tensors are the recording's: they carry the recording's loss scale, not the live one
+        # its tensors are the recording's: they carry the recording's loss scale, not the live
+        # one; what the live run's results would carry is kept for compare (float16's range
+        # at that scale: RangeLoss), under "carried"
         ev.group_attrs.pop(S.OP_LOSS_SCALE, None)
+        would = ev.notes.get("loss_scale_carried_out")
+        if isinstance(would, float) and would != 1.0:
+            ev.group_attrs[S.OP_LOSS_SCALE] = json.dumps({"carried": would})
         self.departures.matched(entry.record.seqid)
         carried = ev.notes.get("loss_scale_carried")
         if carried and ev.phase != S.PHASE_BACKWARD and self.departures.structure \
