@@ -677,10 +677,11 @@ def _absorbed(table: pd.DataFrame, i: int, share: float, results: list[str], rea
     origin[i] = ORIGIN_ABSORBED
     severity[i] = absorbed / share if share > 0 else math.inf
     measured = reasons[i].replace("inherited: ", "", 1).replace(", which earlier ops made", "")
+    # (the first clause is the headline's and the table's; the brackets, the details line's)
     reasons[i] = (f"update absorbed: {absorbed:.1%} of the {changed:.0f} elements the golden's update changed keep "
-                  f"their old {dtype} value (the change is under half a spacing of {dtype} there), so the "
-                  f"target does not learn what the golden ({golden}) learns; keep this state in float32 (master "
-                  f"weights, an fp32 optimizer state) or update it with compensated/stochastic rounding"
+                  f"their old {dtype} value [the change is under half a spacing of {dtype} there, so the target "
+                  f"does not learn what the golden ({golden}) learns; keep this state in float32 (master weights, "
+                  f"an fp32 optimizer state) or update it with compensated/stochastic rounding]"
                   + (f" [{measured}]" if measured else ""))
 
 

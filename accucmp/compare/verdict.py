@@ -277,9 +277,10 @@ def _judge_cast(row: dict, th: Mapping[str, float]) -> tuple:
     tiny = _SMALLEST_NORMAL.get(prec, 0.0)
     where = (f": its values (max |x| {g_max:.2g}) lie near or below {prec}'s smallest normal {tiny:.2g}, where it "
              f"keeps fewer bits (underflow; what loss scaling is for)") if tiny and g_max < 64 * tiny else ""
+    # (no metric: the headline and the table quote the reason's first clause, the details the rest)
     return (RESULT_FAIL, f"a cast to {prec} moves the values it was given by RelativeEuclideanDistance {red:.3g} "
-            f"> {bound:.3g} ({ulps:.3g} u of {prec}; rounding moves them by at most 0.5 u){where}", red / bound, ulps,
-            "UnderflowLoss", "", red, bound)      # (no metric: the headline quotes the reason)
+            f"> {bound:.3g} [{ulps:.3g} u of {prec}, where rounding moves them by at most 0.5 u{where}]",
+            red / bound, ulps, "UnderflowLoss", "", red, bound)
 
 
 INHERITED_NOTE = "inherited"      # FailReason of a passing row whose difference earlier ops made
