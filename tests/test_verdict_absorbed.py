@@ -191,3 +191,21 @@ def test_spacing_is_the_distance_to_the_next_value(name):
     up = (x.view(torch.int16) + 1).view(dtype)      # the next value away from 0 (sign and magnitude)
     expected = (up.double() - x.double()).abs().numpy()
     assert np.array_equal(spacing(x.double().numpy(), fmt), expected)
+
+
+def test_a_share_or_count_no_comparison_writes_is_not_judged(goldens, tmp_path):
+    """`accucmp report` re-judges a saved csv: an UpdateAbsorbed outside [0, 1] or an
+    UpdateChanged below 1 (an edited file) is not judged, rather than said as 'inf% of nan'."""
+    golden = goldens / "adamw.h5"
+    _step(tmp_path / "t.h5", how="model-bf16")
+    table = compare_dumps(str(tmp_path / "t.h5"), str(golden)).table
+    rows = table.index[table["UpdateAbsorbed"].notna()]
+    for bad in (math.inf, -1.0, 2.0):
+        table.loc[rows, "UpdateAbsorbed"] = bad
+        assert first_failure(apply_verdict(table)) is None, bad
+    table.loc[rows, "UpdateAbsorbed"] = 1.0
+    table.loc[rows, "UpdateChanged"] = 0.0
+    assert first_failure(apply_verdict(table)) is None
+    table.loc[rows, "UpdateChanged"] = 5.0
+    first = first_failure(apply_verdict(table))
+    assert first is not None and first["Origin"] == ORIGIN_ABSORBED

@@ -668,9 +668,9 @@ def _absorbed(table: pd.DataFrame, i: int, share: float, results: list[str], rea
               severity: list[float], origin: list[str]) -> None:
     """Output row i, passing, fails as `absorbed` by the ABSORBED rule (above)."""
     absorbed = _num_at(table, "UpdateAbsorbed", i)
-    if results[i] != "pass" or math.isnan(absorbed) or absorbed < share:
-        return
     changed = _num_at(table, "UpdateChanged", i)
+    if results[i] != "pass" or not 0.0 <= absorbed <= 1.0 or absorbed < share or not 1.0 <= changed < math.inf:
+        return          # (NaN, or a share or count no comparison writes: an edited csv, not judged)
     dtype = _s(table["DataType"].iat[i]) if "DataType" in table.columns else ""
     golden = _s(table["GoldenDataType"].iat[i]) if "GoldenDataType" in table.columns else ""
     results[i] = "fail"

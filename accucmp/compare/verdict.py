@@ -62,6 +62,7 @@ import numpy as np
 import pandas as pd
 
 from dumpfile import schema as S
+from dumpfile.opclass import is_cast
 from dumpfile.errors import DumpError
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
@@ -240,8 +241,8 @@ def _range_lost(row: dict, th: Mapping[str, float]) -> str:
     """The underflow clause of a row whose RangeLoss (the golden's values rounded to the
     target's dtype) exceeds the threshold UnderflowLoss, else ''."""
     loss = _num(row.get("RangeLoss"))
-    if math.isnan(loss) or loss <= th["UnderflowLoss"] * th.get("Tolerance", 1.0):
-        return ""
+    if not 0.0 <= loss <= 1.0 or loss <= th["UnderflowLoss"] * th.get("Tolerance", 1.0):
+        return ""       # (NaN, or a loss rounding cannot make, > 100%: an edited csv, not judged)
     u, prec = _unit_roundoff(row)
     if _num(row.get("OwnCancellation")) * u >= 1.0:
         # a sum whose terms cancel to below their rounding (a bias gradient that is 0 in exact
@@ -303,7 +304,8 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
     output: its difference is inherited, judged at that op. An input no op made (MadeBy
     `leaf`: a parameter, buffer or the batch) is judged at its own precision and, failing,
     is the run's own difference."""
-    if _str(row.get("MatchedBy")) == MATCHED_BY_CAST and _status(row) == "compared":
+    if _str(row.get("MatchedBy")) == MATCHED_BY_CAST and _status(row) == "compared" \
+            and is_cast(_str(row.get("NPUDump"))):
         return _judge_cast(row, th)
     independent = _str(row.get("MatchedBy")) not in ("", "seqid")
     res = _judge(row, th, fp64=fp64, independent=independent)
