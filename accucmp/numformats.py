@@ -66,6 +66,11 @@ ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "e4m3": "fp8_e
            "mxfp8_e4m3": "mxfp8"}
 
 
+def format_of(dtype: str) -> Format | None:
+    """The Format of a dump's dtype name ('bfloat16', 'float16', 'float8_e4m3fn'), or None."""
+    return FORMATS.get(ALIASES.get(dtype, dtype))
+
+
 def parse_dtypes(value: str) -> list[str]:
     names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in value.split(",") if n.strip()]
     bad = [n for n in names if n not in ALL_NAMES]

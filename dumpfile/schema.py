@@ -307,6 +307,13 @@ LARGEST_FINITE = {
     "bfloat16": 3.3895313892515355e38, "float16": 65504.0,
     "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0,
 }
+# the smallest normal number of each floating dtype: below it values lose relative precision
+# (underflow), and the spacing of its subnormals: that number times the mantissa's last bit (2u)
+SMALLEST_NORMAL = {
+    "float64": 2.0 ** -1022, "float32": 2.0 ** -126, "bfloat16": 2.0 ** -126, "float16": 2.0 ** -14,
+    "float8_e4m3fn": 2.0 ** -6, "float8_e5m2": 2.0 ** -14,
+}
+SMALLEST_SUBNORMAL = {d: tiny * 2 * UNIT_ROUNDOFF[d] for d, tiny in SMALLEST_NORMAL.items()}
 # The smallest magnitude that rounds beyond it (to Inf, or float8_e4m3fn's NaN): the largest
 # finite value plus half its last spacing (float16: 65520; 65510 rounds to 65504)
 OVERFLOW_THRESHOLD = {d: m + math.ldexp(UNIT_ROUNDOFF[d], math.frexp(m)[1] - 1) for d, m in LARGEST_FINITE.items()}

@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 
 import npu_dumper  # noqa: F401  (installs torch.utils.dumper)
 from accucmp.cli.main import app
-from accucmp.compare.absorption import absorbed_update, format_of
+from accucmp.compare.absorption import absorbed_update
 from accucmp.compare.op_policies import ORIGIN_ABSORBED
 from accucmp.compare.pipeline import compare_dumps
 from accucmp.compare.verdict import apply_verdict
-from accucmp.numformats import FORMATS, round_to, spacing
+from accucmp.numformats import FORMATS, format_of, round_to, spacing
 from accucmp.report.findings import first_failure
 
 LR, WD = 1e-3, 0.01

@@ -31,12 +31,7 @@ from typing import Iterable
 import numpy as np
 
 from accucmp.compare.metrics import aligned_many
-from accucmp.numformats import ALIASES, FORMATS, Format, round_to, spacing
-
-
-def format_of(dtype: str) -> Format | None:
-    """The numformats Format of a dump's dtype name ('bfloat16', 'float16'), or None."""
-    return FORMATS.get(ALIASES.get(dtype, dtype))
+from accucmp.numformats import Format, round_to, spacing
 
 
 def absorbed_update(t_out: Iterable[np.ndarray], g_out: Iterable[np.ndarray], t_in: Iterable[np.ndarray] | None,

@@ -21,13 +21,13 @@ from dumpfile.errors import DumpError, DumpFormatError
 from dumpfile.read.light import LightTensor
 from dumpfile.read.reader import ValueRecord
 
-from accucmp.compare.absorption import absorbed_update, format_of
-from accucmp.numformats import round_to
+from accucmp.compare.absorption import absorbed_update
 from accucmp.compare.cancellation import rounded_sum_cancellation
 from accucmp.compare.metrics import MetricResult, TensorComparison, aligned
 from accucmp.compare.stats_metrics import compare_stats, stats_of
 from accucmp.compare.rows import (STATUS_COMPARED, STATUS_CORRUPT, STATUS_EMPTY, STATUS_SIZE_MISMATCH,
                                   STATUS_STATS, STATUS_UNINITIALIZED, Task, check_record, shape_str)
+from accucmp.numformats import format_of, round_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +157,13 @@ class Comparer:
         golden, only for such tensors (gradients at float16's underflow edge). `scale`: the
         loss scale the target's tensor carries over the golden's (rows.Task.scale): the
         target holds the golden's values times it (a GradScaler's point)."""
-        fmt = format_of(str(row.get("DataType") or ""))
-        g_fmt = format_of(str(row.get("GoldenDataType") or ""))
+        dtype = str(row.get("DataType") or "")
+        fmt = format_of(dtype)
+        # (only where the golden's dtype holds smaller values than the target's: its subnormals
+        # are finer)
+        finer = S.SMALLEST_SUBNORMAL.get(str(row.get("GoldenDataType") or ""))
         big = row.get("GoldenAbsMax")
-        if fmt is None or (g_fmt is not None and g_fmt.min_normal >= fmt.min_normal) \
-                or (g_fmt is None and str(row.get("GoldenDataType") or "") not in _WIDE_RANGE):
+        if fmt is None or finer is None or finer >= S.SMALLEST_SUBNORMAL.get(dtype, 0.0):
             return
         if not isinstance(big, float) or not 0 < big * abs(scale) < 16 * fmt.min_normal:
             return
@@ -196,11 +198,6 @@ class Comparer:
                 reasons.append(r.reason)
         row["CompareFailReason"] = "; ".join(_dedupe_bool(reasons))
         row.update(extras)
-
-
-# golden dtypes with float32's exponent range or wider (a float16 target may lose what they
-# hold); a golden in a numformats format (bfloat16) is compared by its smallest normal
-_WIDE_RANGE = frozenset({"float32", "float64"})
 
 
 def _unscaled(x, scale: float) -> np.ndarray:

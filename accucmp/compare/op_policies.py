@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.departures import is_collective_op
 from dumpfile.opclass import CASTS, sum_outputs
-from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD, UNIT_ROUNDOFF
+from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD, SMALLEST_NORMAL, UNIT_ROUNDOFF
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
@@ -556,9 +556,8 @@ def _carried(tag: str, in_rows: list[int], out_fails: list[int], ulps: list[floa
 
 def _near_underflow(table: pd.DataFrame, i: int, prec: str, within: float = 16.0) -> bool:
     """Whether row i's golden values are within `within` x of `prec`'s smallest normal number
-    (max |golden| above 0 and below it; no number: no)."""
-    from accucmp.compare.verdict import _SMALLEST_NORMAL      # (verdict imports this module)
-    tiny = _SMALLEST_NORMAL.get(prec)
+    (max |golden| below it; no number: no)."""
+    tiny = SMALLEST_NORMAL.get(prec)
     gmax = _num_at(table, "GoldenAbsMax", i)
     return bool(tiny and not math.isnan(gmax) and gmax < within * tiny)
 
@@ -655,13 +654,18 @@ def _amplified(table: pd.DataFrame, op: str, i: int, in_rows: list[int], results
     origin[i] = ORIGIN_AMPLIFIED
     severity[i] = red / (AMPLIFIED_MIN_ULPS * u)
     ratio = f"{red / given:.3g}x" if given > 0 else "from exact inputs"
-    # (the row's own text said its difference was inherited "which earlier ops made": the
-    # measured part stays, the attribution this rule replaces goes)
-    measured = reasons[i].replace("inherited: ", "", 1).replace(", which earlier ops made", "")
+    measured = _measured_part(reasons[i])
     reasons[i] = (f"amplified rounding: {what} {given / u:.2g} u of {prec}, and this op, computing right on "
                   f"them, turns that into {red:.3g} ({red / u:.3g} u; {ratio}): {prec} cannot carry this "
                   f"computation here (cos/sin of large arguments, log near 1, the difference of near-equal "
                   f"values); compute it in a wider dtype" + (f" [{measured}]" if measured else ""))
+
+
+def _measured_part(reason: str) -> str:
+    """A passing row's text without its attribution: it said the difference was inherited
+    "which earlier ops made"; a rule that fails the row as its own (amplified, absorbed) keeps
+    what was measured and replaces that attribution."""
+    return reason.replace("inherited: ", "", 1).replace(", which earlier ops made", "")
 
 
 def _absorbed(table: pd.DataFrame, i: int, share: float, results: list[str], reasons: list[str],
@@ -676,7 +680,7 @@ def _absorbed(table: pd.DataFrame, i: int, share: float, results: list[str], rea
     results[i] = "fail"
     origin[i] = ORIGIN_ABSORBED
     severity[i] = absorbed / share if share > 0 else math.inf
-    measured = reasons[i].replace("inherited: ", "", 1).replace(", which earlier ops made", "")
+    measured = _measured_part(reasons[i])
     # (the first clause is the headline's and the table's; the brackets, the details line's)
     reasons[i] = (f"update absorbed: {absorbed:.1%} of the {changed:.0f} elements the golden's update changed keep "
                   f"their old {dtype} value [the change is under half a spacing of {dtype} there, so the target "

@@ -181,17 +181,12 @@ def _unit_roundoff(row: dict) -> tuple[float, str]:
     return (u if u > 0 else S.UNIT_ROUNDOFF["float32"]), (best or "float32")
 
 
-# smallest normal number of each low-precision dtype: below it values lose relative precision
-_SMALLEST_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126,
-                    "float8_e4m3fn": 2.0 ** -6, "float8_e5m2": 2.0 ** -14}
 SUBNORMAL_SPACINGS = 8.0         # own-error rows near the underflow edge within this many spacings pass
-# the spacing of subnormals: the smallest normal times the mantissa's last bit (2u)
-_SMALLEST_SUBNORMAL = {d: tiny * 2 * S.UNIT_ROUNDOFF[d] for d, tiny in _SMALLEST_NORMAL.items()}
 
 
 def _failure_hint(prec: str, g_absmax: float, red: float, golden_dtype: str) -> str:
     """One clause that tells a user what a failure on a small or cancelling result means."""
-    tiny = _SMALLEST_NORMAL.get(prec)
+    tiny = S.SMALLEST_NORMAL.get(prec)
     hint = ""
     if tiny and 0 < g_absmax < 4 * tiny:
         hint = (f" [golden max|x| {g_absmax:.2g} is near or below {prec}'s smallest normal {tiny:.2g}: "
@@ -249,7 +244,7 @@ def _range_lost(row: dict, th: Mapping[str, float]) -> str:
         # arithmetic): rounding noise at this precision, whatever range holds it; not judged
         return ""
     return (f"{UNDERFLOW_CLAUSE} {prec} (max |x| {_num(row.get('GoldenAbsMax')):.2g}, smallest normal "
-            f"{_SMALLEST_NORMAL.get(prec, math.nan):.2g}): rounded to it they lose RelativeEuclideanDistance "
+            f"{S.SMALLEST_NORMAL.get(prec, math.nan):.2g}): rounded to it they lose RelativeEuclideanDistance "
             f"{loss:.3g} > UnderflowLoss {th['UnderflowLoss']:g} (what loss scaling is for)")
 
 
@@ -275,7 +270,7 @@ def _judge_cast(row: dict, th: Mapping[str, float]) -> tuple:
     if red <= bound:
         return (RESULT_PASS, "", red / bound, ulps) + _NO_DECISION
     g_max = _num(row.get("GoldenAbsMax"))
-    tiny = _SMALLEST_NORMAL.get(prec, 0.0)
+    tiny = S.SMALLEST_NORMAL.get(prec, 0.0)
     where = (f": its values (max |x| {g_max:.2g}) lie near or below {prec}'s smallest normal {tiny:.2g}, where it "
              f"keeps fewer bits (underflow; what loss scaling is for)") if tiny and g_max < 64 * tiny else ""
     # (no metric: the headline and the table quote the reason's first clause, the details the rest)
@@ -365,7 +360,7 @@ def judge_row(row: dict, th: Mapping[str, float], *, fp64: bool) -> tuple:
             via = _str(row.get("LeafRoundedTo"))
             if S.UNIT_ROUNDOFF.get(via, 0.0) > S.UNIT_ROUNDOFF.get(dtype, 0.0):
                 dtype = via         # a bf16 weight's float32 copy holds values rounded to bf16
-            u, sub = S.UNIT_ROUNDOFF.get(dtype, 0.0), _SMALLEST_SUBNORMAL.get(dtype, 0.0)
+            u, sub = S.UNIT_ROUNDOFF.get(dtype, 0.0), S.SMALLEST_SUBNORMAL.get(dtype, 0.0)
             max_abs, g_absmax = _num(row.get("MaxAbsoluteError")), _num(row.get("GoldenAbsMax"))
             if S.UNIT_ROUNDOFF.get(_str(row.get("GoldenDataType")), 1.0) < u \
                     and max_abs <= max(u * g_absmax, sub / 2) * (1 + 1e-6):
@@ -484,7 +479,7 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
             # roundoff is half the subnormal spacing relative to that value (Whisper fp16: a
             # flash-attention grad_query of max 5.4e-7, one spacing 6e-8 off, is 11% off)
             ref_max = _num(row.get("OwnRefAbsMax"))
-            sub = _SMALLEST_SUBNORMAL.get(prec)
+            sub = S.SMALLEST_SUBNORMAL.get(prec)
             sub_txt = ""
             if sub and ref_max > 0 and sub / (2 * ref_max) > u:
                 u = sub / (2 * ref_max)
@@ -528,7 +523,7 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
                        f"({own / u:.3g} u) is rounding noise amplified (cancellation), not judged")
             own_max = _num(row.get("OwnMaxErrorVsFp64"))
             spacing = max(sub, 2 * u * ref_max) if sub and ref_max > 0 else math.nan
-            if ref_max < 16 * _SMALLEST_NORMAL.get(prec, 0.0) and own_max <= SUBNORMAL_SPACINGS * spacing:
+            if ref_max < 16 * S.SMALLEST_NORMAL.get(prec, 0.0) and own_max <= SUBNORMAL_SPACINGS * spacing:
                 # a result near its dtype's underflow edge (max |ref| below 16x the smallest
                 # normal) holds subnormal elements whose last bit is a large relative error;
                 # every element within a few spacings of the largest is all the format resolves
@@ -723,7 +718,7 @@ def _op_underflow_hints(table: pd.DataFrame, reasons: list[str]) -> list[str]:
             if table["Result"].iat[i] != RESULT_FAIL or "underflow" in out[i]:
                 continue
             prec = _str(table["PrecisionDtype"].iat[i])
-            tiny = _SMALLEST_NORMAL.get(prec)
+            tiny = S.SMALLEST_NORMAL.get(prec)
             if not tiny:
                 continue
             edge = [j for j in rows if j != i and 0 < absmax[j] < 4 * tiny]

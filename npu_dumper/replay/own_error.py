@@ -48,7 +48,7 @@ from dumpfile.opclass import is_cast, sum_outputs
 from ..capture.opschema import named_args, named_returns, op_info
 from ..capture.policy import OpEvent, Policy
 from . import heap
-from .layout import CollectiveWrites, StorageMap, bitwise_equal
+from .layout import CollectiveWrites, StorageMap, bitwise_equal, storage_key
 from .op_names import draws_random
 
 _REF_DTYPE = {True: torch.complex128, False: torch.float64}
@@ -652,13 +652,6 @@ def _tensor_items(name: str, v: Any) -> list:
     return []
 
 
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr() or None
-    except Exception:  # noqa: BLE001 - no storage (a subclass, a meta tensor): none to share
-        return None
-
-
 def _whole_storage(t: torch.Tensor) -> bool:
     """Whether `t` covers every byte of its storage."""
     try:
@@ -876,9 +869,9 @@ class PlainOwnError(Policy):
         outs = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
         if not outs:
             return
-        ins = {_storage_ptr(t) for t in tree_flatten([v for _, _, v in named])[0] if isinstance(t, torch.Tensor)}
+        ins = {storage_key(t) for t in tree_flatten([v for _, _, v in named])[0] if isinstance(t, torch.Tensor)}
         for t in outs:
-            if _storage_ptr(t) not in ins:
+            if storage_key(t) not in ins:
                 self._born.set(t, True)
 
     @staticmethod
