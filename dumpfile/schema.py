@@ -299,6 +299,14 @@ UNIT_ROUNDOFF = {
     "float8_e8m0fnu": 2.0 ** -1,
 }
 
+
+def coarser(dtype: str, than: str) -> bool:
+    """Whether floating dtype `dtype` rounds more coarsely than `than` (a larger unit
+    roundoff): a value of `than` may not fit in `dtype`. False where either is not a
+    floating dtype of UNIT_ROUNDOFF (an integer, an unknown or empty name)."""
+    u, u_than = UNIT_ROUNDOFF.get(dtype), UNIT_ROUNDOFF.get(than)
+    return u is not None and u_than is not None and u > u_than
+
 # The largest finite value of each floating dtype (torch.finfo(dtype).max): a mask filled with
 # finfo(dtype).min holds another number in each precision (dumpfile/departures.py), and a
 # golden value beyond it is one the dtype cannot hold (compare's Origin `overflow`)

@@ -34,7 +34,7 @@ import pandas as pd
 
 from dumpfile.departures import is_collective_op
 from dumpfile.opclass import CASTS, sum_outputs
-from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD, SMALLEST_NORMAL, UNIT_ROUNDOFF
+from dumpfile.schema import LARGEST_FINITE, OVERFLOW_THRESHOLD, SMALLEST_NORMAL, UNIT_ROUNDOFF, coarser
 
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, leaf_sentence, with_measure
 from accucmp.compare.rows import STATUS_UNMATCHED
@@ -390,7 +390,7 @@ def rounded_by_cast(via: str, dtype: str) -> bool:
     """Whether an input an earlier op made, of dtype `dtype`, went through a cast to the
     coarser dtype `via` (column CastRoundedTo): a rounding the golden run does not make where
     the op computes in `dtype` (verdict.judge_row fails the row; its Origin is `departs`)."""
-    return UNIT_ROUNDOFF.get(via, 0.0) > UNIT_ROUNDOFF.get(dtype, 1.0)
+    return coarser(via, dtype)
 
 
 def _passed_by_one_run(table: pd.DataFrame, outs: list[int], name: str) -> bool:

@@ -674,10 +674,7 @@ def cast_source(t_op, g_op, t_ts: OpTensors, skip: bool) -> ValueRecord | None:
         return None
     if t_ts.made_inputs is None or "self" not in t_ts.made_inputs:
         return None
-    u_in, u_out = S.UNIT_ROUNDOFF.get(dtype_of(src)), S.UNIT_ROUNDOFF.get(dtype_of(outs[0]))
-    if u_in is None or u_out is None or u_out <= u_in:
-        return None
-    return src
+    return src if S.coarser(dtype_of(outs[0]), dtype_of(src)) else None
 
 
 def update_base(name: str, t: ValueRecord, g: ValueRecord, t_ts: OpTensors, g_ts: OpTensors,
@@ -686,9 +683,8 @@ def update_base(name: str, t: ValueRecord, g: ValueRecord, t_ts: OpTensors, g_ts
     update_base), or None: only where the target's dtype is coarser than the golden's (a
     precision the golden's update fits in and the target's may not), and both records of the
     tensor before the update are at hand (a load-replay's is the golden's, cast)."""
-    t_dtype, g_dtype = dtype_of(t), dtype_of(g)
-    u_t, u_g = S.UNIT_ROUNDOFF.get(t_dtype), S.UNIT_ROUNDOFF.get(g_dtype)
-    if u_t is None or u_g is None or u_t <= u_g:
+    t_dtype = dtype_of(t)
+    if not S.coarser(t_dtype, dtype_of(g)):
         return None
     g_in = g_ts.inputs.get(name)
     t_in = None if replay else t_ts.inputs.get(name)
@@ -731,7 +727,6 @@ def rounded_sum_terms(op: str, output: str, t_ts: OpTensors, g_ts: OpTensors
     rec = g_ts.inputs.get(arg)
     if rec is None or not rec.is_tensor:
         return None
-    u_golden = S.UNIT_ROUNDOFF.get(dtype_of(rec))
     t_rec = t_ts.inputs.get(arg)
     if t_rec is not None:
         target = [dtype_of(t_rec)]
@@ -740,8 +735,7 @@ def rounded_sum_terms(op: str, output: str, t_ts: OpTensors, g_ts: OpTensors
     else:
         # (a dump older than input_arg_dtypes: only when every input was rounded is this one)
         target = [d for d in t_ts.input_dtypes if d in S.UNIT_ROUNDOFF]
-    u_target = [S.UNIT_ROUNDOFF.get(d) for d in target]
-    if u_golden is None or not u_target or any(u is None or u <= u_golden for u in u_target):
+    if not target or not all(S.coarser(d, dtype_of(rec)) for d in target):
         return None
     return rec, rule, g_ts.scalar_args
 
