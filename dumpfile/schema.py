@@ -35,7 +35,8 @@ FORMAT_NAME = "npu_dumper.h5"
 #      bytes, npu_dumper.capture.tensor_hash) and root attribute `content_hash` naming the algorithm;
 #      column `log2_hist` (histogram of log2|x|, npu_dumper.capture.tensor_hist) filled when the
 #      dumper ran with stats_histogram=True (root attribute `log2_histogram`).
-FORMAT_VERSION = "1.8"
+# 1.9: op attribute `optimizer` (the optimizer whose step() ran the op).
+FORMAT_VERSION = "1.9"
 # Readers accept any file whose major version they know.
 SUPPORTED_MAJOR_VERSIONS = (1,)
 
@@ -110,6 +111,11 @@ OP_INPUT_DTYPES = "input_dtypes"
 OP_INPUT_ARG_DTYPES = "input_arg_dtypes"
 OP_RAISED = "raised"            # the op raised: "TypeName: first line"; inputs only, no outputs
 OP_RECOMPUTE = "recompute"      # a forward op re-run during backward (activation checkpointing)
+# the class name of the torch.optim.Optimizer whose step() ran the op ("AdamW"), outside any
+# module: the parameter update, whose phase attribute says "forward" (no autograd node ran
+# it). Absent elsewhere and in dumps before format 1.7. Compare shows such rows with Phase
+# "optimizer" and Module "AdamW.step"
+OP_OPTIMIZER = "optimizer"
 OP_OVERFLOW = "overflow"        # overflow mode: why this op was flagged
 OP_REPLAYED = "replayed"        # load mode: True when recorded inputs replaced live ones
 OP_SOURCE_SEQID = "source_seqid"  # load mode: the live stream's own seqid
@@ -188,6 +194,9 @@ PHASE_BACKWARD = "backward"
 PHASES = (PHASE_FORWARD, PHASE_BACKWARD)
 PHASE_CODES = {PHASE_FORWARD: 0, PHASE_BACKWARD: 1}
 PHASE_BY_CODE = {v: k for k, v in PHASE_CODES.items()}
+# what reports show as the Phase of an op an optimizer's step ran (op attribute `optimizer`);
+# no recorded phase: such an op is recorded as forward
+PHASE_OPTIMIZER = "optimizer"
 
 # ---- per-value attributes ---------------------------------------------------
 ATTR_TYPE = "Type"

@@ -100,7 +100,7 @@ def test_recorded_hashes_are_of_the_values_the_op_produced(tmp_path):
     seen = _dump(tmp_path / "a.h5", hooks=["0", "2"])
     with h5py.File(tmp_path / "a.h5", "r") as f:
         assert f.attrs[S.ROOT_CONTENT_HASH] == "xxh3_64"
-        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.8"
+        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.9"
     with DumpFile(tmp_path / "a.h5") as f:
         outs = {}
         for op in f.ops():

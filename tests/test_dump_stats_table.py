@@ -51,7 +51,7 @@ def _stats_of(arr) -> dict:
 
 def test_table_file_has_no_op_groups_and_new_version(mlp_dumps):
     with h5py.File(mlp_dumps / "s1.h5", "r") as f:
-        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.8"
+        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.9"
         assert bool(f.attrs[S.ROOT_STATS_ONLY]) and bool(f.attrs[S.ROOT_COMPLETE])
         assert set(f.keys()) == {S.META_GROUP}
         assert S.CATALOG_PATH not in f          # (1.2's catalog describes op groups: none here)

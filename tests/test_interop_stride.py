@@ -23,7 +23,7 @@ def test_stride_describes_stored_data_and_format_follows_memory_format(tmp_path)
         torch.mm(torch.randn(2, 6), w.t())
         conv(img)
     with DumpFile(p) as f, h5py.File(p, "r") as h:
-        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.8"
+        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.9"
         mm = next(o for o in f.ops() if o.op == "aten.mm.default")
         conv_op = next(o for o in f.ops() if "convolution" in o.op)
         for rec, live in ((mm.inputs()["mat2"], w.t()), (conv_op.inputs()["input"], img)):

@@ -96,7 +96,7 @@ def _compare_file(path, *, described: bool = True) -> tuple[set, int]:
     idents = _Idents()
     n_described = 0
     with DumpFile(path) as f:
-        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.8"
+        assert f.attrs[S.ROOT_FORMAT_VERSION] == S.FORMAT_VERSION == "1.9"
         assert f.h5[S.CATALOG_PATH].shape == f.h5[S.INDEX_PATH].shape
         for group in (S.INPUT_GROUP, S.OUTPUT_GROUP):
             cat = read_catalog(f, group)

@@ -153,12 +153,13 @@ def pair_departure(pair, ends_step: bool = False) -> dict[str, Any] | None:
     if op is None or (pair.target is not None and pair.golden is not None) or D.is_by_design_op(op.op):
         return None
     kind = D.INSERTED if pair.target is not None else D.MISSING
-    d = {"kind": kind, "op": op.op, "module": op.module, "phase": op.phase}
+    phase, module = op.shown_place
+    d = {"kind": kind, "op": op.op, "module": module, "phase": phase}
     if kind == D.MISSING:
         d["golden_seqid"] = float(op.seqid)
     row = {
         "NPUDump": op.op, "NPUDumpPath": "", "GroundTruthPath": "",
-        "SeqId": op.seqid if kind == D.INSERTED else math.nan, "Phase": op.phase, "Module": op.module,
+        "SeqId": op.seqid if kind == D.INSERTED else math.nan, "Phase": phase, "Module": module,
         "IO": IO_DEPARTURE, "TensorName": "", "CompareStatus": STATUS_UNPAIRED_OP, "Departure": kind,
         "CompareFailReason": sentence(d),
         "GoldenSeqId": op.seqid if kind == D.MISSING else math.nan, "GoldenOp": op.op if kind == D.MISSING else "",

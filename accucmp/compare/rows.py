@@ -515,8 +515,7 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
     compile-only fault is then named whichever role the compiled dump has."""
     t_op, g_op = pair.target, pair.golden
     any_op = t_op or g_op
-    phase = any_op.phase
-    module = any_op.module
+    phase, module = any_op.shown_place
     t_ts, g_ts = op_tensors(t_op, eager), op_tensors(g_op, eager)
     source_line = t_ts.source or g_ts.source
     region = pair.region

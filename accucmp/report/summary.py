@@ -281,7 +281,7 @@ def headline_text(s: Summary, width: int | None) -> str:
     return verdict_sentence(row, s.counts, s.total)
 
 
-_PHASE = {"forward": "fwd", "backward": "bwd"}
+_PHASE = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
 def worst_lines(rows: list[dict[str, Any]], width: int | None) -> list[str]:

@@ -22,6 +22,9 @@ from dumpfile.read.h5util import H5_ERRORS, _attr_str, corrupt_dump_error
 if TYPE_CHECKING:
     from dumpfile.read.reader import DumpFile
 
+# the longest optimizer class name reports show (a longer one, or no identifier: none shown)
+_OPTIMIZER_NAME_MAX = 64
+
 
 def _guarded(method):
     """h5_errors around a method of a DumpFile (self.path) or of a record (self.file.path)."""
@@ -219,6 +222,18 @@ class OpRecord:
         grp = self.file.h5[self.path]
         safety.check_attributes(self.file.path, len(grp.attrs), self.path)
         return {k: (_attr_str(v) if isinstance(v, bytes) else v) for k, v in grp.attrs.items()}
+
+    @property
+    def shown_place(self) -> tuple[str, str]:
+        """(Phase, Module) as reports show them: an op an optimizer's step ran outside any
+        module (op attribute `optimizer`) is the update, Phase "optimizer" and Module
+        "AdamW.step", where its recorded phase says forward and its module is empty."""
+        module = self.module
+        if not module:
+            opt = self.attrs.get(S.OP_OPTIMIZER)
+            if isinstance(opt, str) and opt.isidentifier() and len(opt) <= _OPTIMIZER_NAME_MAX:
+                return S.PHASE_OPTIMIZER, f"{opt}.step"
+        return self.phase, module
 
     def inputs(self) -> dict[str, ValueRecord]:
         return self.file.values(f"{self.path}/{S.INPUT_GROUP}")

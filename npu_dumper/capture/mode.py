@@ -178,6 +178,8 @@ class DumpMode(TorchDispatchMode):
         ev = OpEvent(func, name, args, kwargs, self.seqid, phase, module, grad_fn)
         if recompute:
             ev.group_attrs[S.OP_RECOMPUTE] = True
+        elif node is None and not stack and tracker.optimizers:
+            ev.group_attrs[S.OP_OPTIMIZER] = tracker.optimizers[-1]
         if self.record_stack:
             ev.stack = user_stack_line()
         for p in self._before:

@@ -1,4 +1,5 @@
-"""Which nn.Module an op ran in, forward and backward, without adding ops.
+"""Which nn.Module an op ran in, forward and backward, and which optimizer's step, without
+adding ops.
 
 Forward: global module forward pre/post hooks keep a stack of module paths. Names
 come from the outermost module's named_modules(), built lazily once per root.
@@ -6,6 +7,9 @@ Backward: after a forward op returns, autograd has attached its grad_fn; at the
 next op (or block exit) we tag that node's `metadata` with the forward module path
 (`tag_pending`). During backward the mode reads the tag of the node being run
 (torch._C._current_autograd_node()). Only Python-level attribute access: no ops.
+Optimizer: global step pre/post hooks (every torch.optim.Optimizer's step, a subclass's
+too) keep a stack of the running optimizers' class names: their ops, outside any module,
+are the update, not a forward (a step that raises leaves its name until the block exits).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from torch.nn.modules.module import (register_module_forward_hook,
                                      register_module_forward_pre_hook)
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 METADATA_KEY = "npu_dumper.module"
 
@@ -29,6 +34,9 @@ class ModuleTracker:
         self._handles: list = []
         # (weakref to a forward output, module) not yet tagged on its grad_fn (tag_pending)
         self.untagged: list[tuple[Any, str]] = []
+        # class names of the optimizers whose step() is running, innermost last (a wrapper
+        # such as ZeroRedundancyOptimizer runs its inner optimizer's step)
+        self.optimizers: list[str] = []
 
     @property
     def current(self) -> str:
@@ -46,7 +54,9 @@ class ModuleTracker:
 
     def __enter__(self):
         self._handles = [register_module_forward_pre_hook(self._pre),
-                         register_module_forward_hook(self._post, always_call=True)]
+                         register_module_forward_hook(self._post, always_call=True),
+                         register_optimizer_step_pre_hook(self._step_pre),
+                         register_optimizer_step_post_hook(self._step_post)]
         return self
 
     def __exit__(self, *exc):
@@ -55,6 +65,14 @@ class ModuleTracker:
             h.remove()
         self._handles = []
         self.stack.clear()
+        self.optimizers.clear()
+
+    def _step_pre(self, optimizer, args, kwargs) -> None:
+        self.optimizers.append(type(optimizer).__name__)
+
+    def _step_post(self, optimizer, args, kwargs) -> None:
+        if self.optimizers:
+            del self.optimizers[-1]
 
     def _root_names(self) -> dict[int, str]:
         """id(module) -> path under the current root (built at the first lookup)."""
