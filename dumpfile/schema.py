@@ -128,6 +128,12 @@ OP_RANDOM_OUTPUTS_REPLAYED = "random_outputs_replayed"
 # reduced-precision one on (npu_dumper/replay/own_error.py). kappa, for outputs that are sums
 # (dumpfile/opclass.py): ||sum of |terms| || / ||sum||, how much the sum cancels
 OP_OWN_ERROR = "own_error"
+# ... and in it, under this key (no output's name), JSON {output: [inexact, toward zero,
+# upward]}: how many elements of the output (those whose rounded reference is in the dtype's
+# normal range) differ from the float64 reference rounded to the output's dtype, and how many
+# of those lie nearer zero than it and above it (compare's RoundingBias: a kernel that
+# truncates puts them all nearer zero). Absent: none differs, or a dump before format 1.9
+OWN_ERROR_ROUNDING_KEY = "#rounding"
 # plain dumps of a run that computes in reduced precision (npu_dumper/replay/own_error.py,
 # PlainOwnError): JSON list of the op's tensor inputs (compare's TensorName: `self`,
 # `tensors/tensors_0`) that an earlier op of the dumped block wrote; the op's other tensor

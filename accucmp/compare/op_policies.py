@@ -197,6 +197,20 @@ BY_DESIGN_UNPAIRED: frozenset[str] = CASTS | frozenset((
     "aten.clone", "aten.copy_", "aten._foreach_copy_", "aten.detach", "aten.alias", "aten.view", "aten._unsafe_view"))
 
 
+# ops each of whose result elements is computed apart from the others, from its own inputs:
+# elementwise ops and the products whose elements are dot products. A correct kernel's
+# rounding errors there are independent, as often on one side of the correctly rounded result
+# as on the other (verdict's RoundingBias); an op that applies one computed value to many
+# elements (a norm's statistics, a softmax's sum) moves them together
+INDEPENDENT_ELEMENTS: frozenset[str] = POINTWISE | frozenset(
+    f"aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution"))
+
+
+def independent_elements(op: str) -> bool:
+    """Whether each result element of `op` (a row's NPUDump) is computed apart from the others."""
+    return packet(op) in INDEPENDENT_ELEMENTS
+
+
 def bound_class(op: str, output: str) -> str:
     """The bound class of output `output` of `op` (a table row's NPUDump and TensorName)."""
     if output in sum_outputs(op):

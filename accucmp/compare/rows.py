@@ -41,6 +41,10 @@ TAIL_COLUMNS = [
     # load-replay with rounded inputs: the target against float64 on the inputs it got
     # (op attribute own_error, npu_dumper/replay/own_error.py): RED, max |x - ref|, max |ref|
     "OwnErrorVsFp64", "OwnMaxErrorVsFp64", "OwnRefAbsMax",
+    # ... and on which side of the correctly rounded result the elements lie that differ from
+    # it (its normal range; own_error's "#rounding"): how many, the share nearer zero, the
+    # share above it (verdict's RoundingBias: a kernel that truncates puts all of them nearer zero)
+    "OwnInexact", "OwnTowardZero", "OwnUpward",
     # whose op the Own* columns measure: "target", or "golden" when the golden is a compiled
     # dump (each node's own error, docs/COMPILED.md) and its op's own error is the larger
     "OwnErrorOf",
@@ -233,6 +237,7 @@ class OpTensors:
     input_overflow: dict | None = None              # input -> max |recorded| whose cast overflowed
     cast_rounded: dict | None = None                # made input -> coarser dtype a cast rounded it to
     persistent_writes: frozenset[str] = frozenset()  # state an in-place update writes (op attribute)
+    own_rounding: dict = field(default_factory=dict)  # output name -> (inexact, toward zero, upward)
 
     def is_scaler_state(self, name: str) -> bool:
         """The tensor `name` is the loss scaler's (its scale, inverse scale, inf flag)."""
@@ -258,7 +263,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
                           attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)),
                           _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)), _arg_dtypes(a.get(S.OP_CAST_ROUNDED)),
-                          _name_set(a.get(S.OP_PERSISTENT_WRITES)) or frozenset())
+                          _name_set(a.get(S.OP_PERSISTENT_WRITES)) or frozenset(),
+                          _own_rounding(a.get(S.OP_OWN_ERROR, "")))
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -284,7 +290,8 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
                           attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))),
                           _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))), _arg_dtypes(_text(a.get(_B_CAST_ROUNDED))),
-                          _name_set(a.get(_B_PERSISTENT_WRITES)) or frozenset())
+                          _name_set(a.get(_B_PERSISTENT_WRITES)) or frozenset(),
+                          _own_rounding(_text(a.get(_B_OWN_ERROR))))
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
@@ -320,6 +327,28 @@ def _own_errors(text: Any) -> dict:
     except ValueError:
         return {}
     return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}
+
+
+def _own_rounding(text: Any) -> dict:
+    """own_error's "#rounding" ({output: [inexact, toward zero, upward]}, counts of elements):
+    {output: (n, toward zero, upward)}; entries that are not three counts with both sides
+    within n (a damaged or hostile file) are left out, and so is the column."""
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+    if S.OWN_ERROR_ROUNDING_KEY not in text:
+        return {}
+    try:
+        d = jsontext.loads(text)
+    except ValueError:
+        return {}
+    raw = d.get(S.OWN_ERROR_ROUNDING_KEY) if isinstance(d, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in list(raw.items())[:64]:
+        if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in v) \
+                and v[0] > 0 and 0 <= v[1] <= v[0] and 0 <= v[2] <= v[0]:
+            out[str(k)] = (v[0], v[1], v[2])
+    return out
 
 
 def _json_attr(text: Any) -> Any:
@@ -612,6 +641,10 @@ def tasks_for_pair(pair: matching.OpPair, ff: DumpFile | None, metric_cols,
                 row["OwnErrorVsFp64"], row["OwnMaxErrorVsFp64"], row["OwnRefAbsMax"] = (float(v) for v in own[:3])
                 if len(own) > 3:
                     row["OwnCancellation"] = float(own[3])
+                sides = (t_ts if row["OwnErrorOf"] == "target" else g_ts).own_rounding.get(name)
+                if sides is not None:
+                    n, toward_zero, upward = sides
+                    row["OwnInexact"], row["OwnTowardZero"], row["OwnUpward"] = n, toward_zero / n, upward / n
             if own is None and region is not None and io == S.OUTPUT_GROUP and t is not None:
                 own = t_ts.own_error.get("")            # the region's: its worst op's
                 if own is not None:

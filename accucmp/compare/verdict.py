@@ -68,7 +68,7 @@ from dumpfile.errors import DumpError
 from accucmp.compare.departures import STATUS_DEPARTURE, STATUS_UNPAIRED_OP, with_measure
 from accucmp.compare.metrics import METRICS
 from accucmp.compare.op_policies import (ARGS_DEPARTURE, CLASS_POINTWISE, CLASS_SUM, RANDOM_DRAWS, UNDERFLOW_CLAUSE,
-                                          apply_op_policies, bound_class, rounded_by_cast)
+                                          apply_op_policies, bound_class, independent_elements, rounded_by_cast)
 from accucmp.compare.rows import MATCHED_BY_CAST, NOT_MEASURED, READS_SCALED, STATUS_EMPTY, STATUS_UNINITIALIZED
 
 if TYPE_CHECKING:
@@ -111,6 +111,18 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     # gelu_new gradients of 1e-5: 0.007), judged as precision, as the own-error rows near the
     # underflow edge are
     "UnderflowLoss": 0.0625,
+    # own-error rows: of the elements that differ from the correctly rounded float64 result
+    # (columns OwnInexact, OwnTowardZero, OwnUpward), the share on one side, as |2 share - 1|
+    # (0: as many each way, 1: all one way), fails above this: 0.9 is 95% on one side. A kernel
+    # that rounds to nearest is off only where its arithmetic crossed a rounding boundary,
+    # either way alike (GPT-2-shaped bf16 / fp16 products accumulated in float32 in another
+    # order: <= 0.06 where at least 256 elements differ; PyTorch's CPU kernels in the clean
+    # runs of 11 Hugging Face models leave fewer than 256 off); one that truncates puts every
+    # such element nearer zero (1.0): 1 u of bfloat16 per element against 6 allowed, but all
+    # one way, step after step
+    "RoundingBias": 0.9,
+    # ... judged only where at least this many elements differ (a few can all fall one way)
+    "RoundingBiasMinElements": 256.0,
     # integer / bool tensors: allowed relative Euclidean distance (0 = exact)
     "ExactTolerance": 0.0,
     # --tolerance: one factor on every dtype-derived bound above (2 = twice as lenient)
@@ -165,6 +177,41 @@ def _str(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
         return ""
     return str(v)
+
+
+def _check_rounding_sides(row: Mapping[str, Any], th: Mapping[str, float], check, whose: str) -> None:
+    """RoundingBias of an own-error row: whether the elements off the correctly rounded result
+    lie on one side of it (nearer zero or farther; above or below), judged where at least
+    RoundingBiasMinElements of them are, in a dtype coarser than float32, of an op whose
+    elements are computed apart (op_policies.independent_elements). Not scaled by Tolerance:
+    a share, no dtype's bound.
+
+    Left out, because a correct kernel's errors there share a cause and go one way together:
+    float32 results of an op with a Python number (converted to float32 first: Falcon's
+    q * 8**-0.25 puts 43% of its elements one unit off, all on one side) and ops that apply a
+    value computed once to many elements (a BatchNorm's per-channel scale and shift, a
+    softmax's or layer norm's per-row statistics: clean fp16 MobileNet, 0.77)."""
+    n = _num(row.get("OwnInexact"))
+    if not n >= max(th["RoundingBiasMinElements"], 1.0) or not S.coarser(_str(row.get("DataType")), "float32") \
+            or not independent_elements(_str(row.get("NPUDump"))):
+        return
+    sides = []
+    for metric, share, yes, no in (("OwnTowardZero", _num(row.get("OwnTowardZero")), "nearer zero", "farther from zero"),
+                                   ("OwnUpward", _num(row.get("OwnUpward")), "above it", "below it")):
+        if 0.0 <= share <= 1.0:
+            sides.append((abs(2 * share - 1), metric, share if share >= 0.5 else 1 - share, yes if share >= 0.5 else no))
+    if not sides:
+        return
+    bias, metric, share, where = max(sides)
+    how = {"nearer zero": "a kernel that truncates (rounds toward zero instead of to nearest)",
+           "farther from zero": "a kernel that rounds away from zero",
+           "above it": "a kernel that rounds up (toward +inf)",
+           "below it": "a kernel that rounds down (toward -inf)"}[where]
+    # (no "; " in the sentence: FailReason joins failures with it; the headline takes the
+    # part before ROUNDING_HOW, report/headline.bound_clause)
+    check(bias, th["RoundingBias"],
+          f"{whose}{ROUNDING_ONE_SIDED}: {100 * share:.1f}% of the {n:,.0f} elements off the correctly rounded "
+          f"float64 result lie {where}{ROUNDING_HOW}{how} does: RoundingBias |2 share - 1|", "RoundingBias", metric)
 
 
 def _is_exact_dtype(d: str) -> bool:
@@ -284,6 +331,9 @@ ARGS_NOTE = "argument"             # FailReason of a row whose op got other argu
 ARGS_DECIDED_BY = "ArgsDiffer"     # DecidedBy of a row that fails only on its changed arguments
 RANDOM_DECIDED_BY = "RandomDraws"  # DecidedBy of a random op's output whose runs drew other numbers
 NOT_PASSED_NOTE = "[not passed as inherited:"
+# the RoundingBias failure's sentence: "own rounding one-sided: 100.0% of ... lie nearer zero,
+# as a kernel that truncates ... does: RoundingBias |2 share - 1| 1 > 0.9"
+ROUNDING_ONE_SIDED, ROUNDING_HOW = "own rounding one-sided", ", as "
 # rows with nothing to judge: no data on a side by design, or no metrics computed for them
 _SKIPPED_STATUSES = NOT_MEASURED | {STATUS_UNINITIALIZED, STATUS_EMPTY}
 
@@ -547,6 +597,7 @@ def _judge(row: dict, th: Mapping[str, float], *, fp64: bool, independent: bool)
                           "fp64 reference is all zero; own MaxAbsoluteError", "MaxAbsoluteErrorFloor",
                           "OwnMaxErrorVsFp64")
                 max_abs = math.nan      # judged above, against what the op was given
+            _check_rounding_sides(row, th, check, whose)
         elif fp64 and not (math.isnan(t64) or math.isnan(g64)):
             g_dtype = _str(row.get("GoldenDataType"))
             u_golden = S.UNIT_ROUNDOFF.get(g_dtype, u)

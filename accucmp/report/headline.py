@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, Mapping
 
+from accucmp.compare.verdict import ROUNDING_HOW, ROUNDING_ONE_SIDED
+
 # how a deciding metric is named in a sentence (the csv keeps the full column name)
 METRIC_WORDS = {
     "RelativeEuclideanDistance": "RelErr",
@@ -41,6 +43,14 @@ _IN_ULPS = ("RelativeEuclideanDistanceUlps", "MaxAbsoluteErrorUlps", "InputUlps"
 _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceFloor", "MaxAbsoluteErrorUlps",
                     "MaxAbsoluteErrorFloor", "Fp64Factor", "Fp64FloorUlps", "ExactTolerance", "InputUlps",
                     "PointwiseUlps", "SumCancellationFactor")
+
+
+def scaled_by_tolerance(knob: str) -> bool:
+    """Whether --tolerance F moves the bound of threshold `knob` (a dtype-derived one); a share
+    such as RoundingBias or UpdateAbsorbedFraction moves only with -t."""
+    return knob in _KNOB_FROM_DTYPE
+
+
 # metrics where a larger value is better (a failure is value < bound)
 _HIGHER_IS_BETTER = ("CosineSimilarity",)
 
@@ -80,6 +90,12 @@ def bound_clause(row: Mapping[str, Any]) -> str:
         return _text(row.get("CompareFailReason")) or metric
     if metric == "NonFiniteMismatch":
         return METRIC_WORDS[metric]
+    if knob == "RoundingBias":
+        # the verdict's sentence says the side and the share; what kernel does so is for the
+        # details line (verdict._check_rounding_sides)
+        for part in (_text(row.get("FailReason")) or "").split("; "):
+            if ROUNDING_ONE_SIDED in part:
+                return part.split(ROUNDING_HOW, 1)[0]
     if not metric or math.isnan(value):
         reason = _text(row.get("FailReason")) or _text(row.get("CompareFailReason"))
         return reason.split(" [", 1)[0]         # the hint in brackets is for the details line

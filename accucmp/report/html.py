@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from accucmp.compare.op_policies import ORIGIN_ABSORBED
+from accucmp.report.headline import scaled_by_tolerance
 from accucmp.report.plot import plot_svg
 from accucmp.report.summary import NAN_INF_ONE_SIDE, NAN_INF_SENTENCE, NOT_A_BOUND, describe_row, fmt_value, summarize
 
@@ -319,9 +320,11 @@ def render_html(table: pd.DataFrame, *, meta: dict | None = None, title: str = "
         elif _text(first.get("DecidedBy")) == NAN_INF_ONE_SIDE:
             parts.append(f"<p>Decided by {html.escape(NAN_INF_SENTENCE)}.</p>")
         elif _text(first.get("DecidedBy")) and _text(first.get("DecidedBy")) != "CompareStatus":
-            parts.append(f"<p>Decided by the threshold <span class='mono'>{html.escape(first['DecidedBy'])}</span>: "
-                         f"change it with <span class='mono'>-t {html.escape(first['DecidedBy'])}=VALUE</span>, or "
-                         "every dtype bound at once with <span class='mono'>--tolerance F</span>.</p>")
+            knob = _text(first.get("DecidedBy"))
+            parts.append(f"<p>Decided by the threshold <span class='mono'>{html.escape(knob)}</span>: "
+                         f"change it with <span class='mono'>-t {html.escape(knob)}=VALUE</span>" +
+                         (", or every dtype bound at once with <span class='mono'>--tolerance F</span>.</p>"
+                          if scaled_by_tolerance(knob) else ".</p>"))
     elif s.counts.get("pass") and not s.counts.get("fail"):
         parts.append("<p class='pass'>Every compared tensor passes.</p>")
     parts.append("</header>")

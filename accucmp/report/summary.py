@@ -18,7 +18,7 @@ import pandas as pd
 from accucmp.report import findings
 from dumpfile.departures import is_by_design_op
 from accucmp.report.fit import middle_ellipsis, short_module, short_op, short_place, wrap_prose
-from accucmp.report.headline import as_float
+from accucmp.report.headline import as_float, scaled_by_tolerance
 
 # DecidedBy values that are no threshold but what the run does (accucmp/compare/verdict.py: an op
 # inserted, missing or fed another input; other arguments; other random draws): the summary and
@@ -388,8 +388,9 @@ def print_summary(table: pd.DataFrame | None, *, console=None, meta: dict | None
         elif _text(ff, "DecidedBy") == NAN_INF_ONE_SIDE:
             _say(console, f"  decided by: {NAN_INF_SENTENCE}")
         elif _text(ff, "DecidedBy") and _text(ff, "DecidedBy") != "CompareStatus":
-            _say(console, f"  decided by: {_text(ff, 'DecidedBy')} (change it with -t {_text(ff, 'DecidedBy')}=VALUE, "
-                          "or every dtype bound at once with --tolerance F)")
+            knob = _text(ff, "DecidedBy")
+            _say(console, f"  decided by: {knob} (change it with -t {knob}=VALUE" +
+                 (", or every dtype bound at once with --tolerance F)" if scaled_by_tolerance(knob) else ")"))
     elif s.counts.get("fail", 0) == 0 and s.counts.get("pass", 0):
         _say(console, "every compared tensor passes", "green")
     if s.counts.get("pass", 0) == 0 and s.counts.get("fail", 0) == 0 and s.total:

@@ -202,6 +202,7 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     except Exception:  # noqa: BLE001 - no float64 kernel (or no such call in fp64): nothing to say
         return None
     errors: dict[str, list[float]] = {}
+    sides: dict[str, Any] = {}
     with torch.no_grad(), _disable_current_modes():
         for name, live, r in _results(info, out, ref, ref_args, ref_kwargs):
             if not (isinstance(live, torch.Tensor) and isinstance(r, torch.Tensor)):
@@ -214,6 +215,7 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
                 got = acc.result()
                 if got is not None:
                     errors[name] = got
+                    sides[name] = acc.rounding()
                 continue
             # the reference rounded to the target's output dtype: the final rounding (and an
             # underflow, a float16 result below 6e-5) is what any correct kernel must do; the
@@ -263,7 +265,7 @@ def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
                     errors[name].append(num / den if den > 0 else math.inf)
         except Exception:  # noqa: BLE001 - no kappa: the row is judged without it
             pass
-    return json.dumps(errors) if errors else None
+    return _with_rounding(errors, sides)
 
 
 def _batch_norm_grad_input_terms(a: dict) -> torch.Tensor | None:
@@ -398,17 +400,23 @@ class _BlockedProduct:
         except Exception:  # noqa: BLE001 - no float64 kernel for it: nothing to say, as measure
             return None
         got = acc.result()
-        return None if got is None else json.dumps({name: got})
+        return None if got is None else _with_rounding({name: got}, {name: acc.rounding()})
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}   # an element's bits, by its size
 
 
 class _Errors:
-    """measure's numbers accumulated over blocks of one output (the same definitions)."""
+    """measure's numbers accumulated over blocks of one output (the same definitions), and
+    on which side of the correctly rounded result its inexact elements lie (`rounding`)."""
 
     def __init__(self):
         self.errs: list[float] = []         # each block's 2-norms (math.hypot joins them: one
         self.refs: list[float] = []         # block gives exactly its norm)
         self.max_err = self.max_ref = 0.0
         self.finite = True
+        # elements off the rounded reference (its normal range), those nearer zero, those above
+        self.inexact = self.toward_zero = self.upward = 0
 
     def add(self, live: torch.Tensor, r: torch.Tensor) -> None:
         if not self.finite:
@@ -436,10 +444,39 @@ class _Errors:
                 self.finite = False
                 return
             max_err = _max_abs(d)
+            self._count_sides(live, rr)
         self.errs.append(err)
         self.refs.append(float(torch.linalg.vector_norm(rr, dtype=torch.float64)))
         self.max_err = max(self.max_err, max_err)
         self.max_ref = max(self.max_ref, max_ref)
+
+    def _count_sides(self, live: torch.Tensor, rr: torch.Tensor) -> None:
+        """Count the elements of a block whose target `live` is not the rounded reference `rr`
+        (both of the target's dtype), and of those the ones nearer zero and the ones above it.
+        A kernel that rounds to nearest is off only where its own arithmetic crossed a
+        rounding boundary, either way alike; one that truncates puts every such element
+        nearer zero (compare's RoundingBias). Elements whose reference is below the smallest
+        normal are left out: a flush to zero there is underflow, which compare says apart."""
+        if rr.is_complex():
+            return
+        # compared by their bits, then only the inexact elements widened: a product rounding
+        # to nearest has a few per 10,000 (a pass over 2-byte integers, not over the float64
+        # difference: ~1 ms per million elements)
+        off = live.view(_BITS[live.element_size()]) != rr.view(_BITS[rr.element_size()]) \
+            if live.dtype == rr.dtype and live.element_size() in _BITS else live != rr
+        if not int(torch.count_nonzero(off)):
+            return
+        t, r = live[off].to(torch.float64), rr[off].to(torch.float64)
+        keep = t != r                       # (bits differ, values not: -0.0 against +0.0)
+        t, r = t[keep], r[keep]
+        tiny = S.SMALLEST_NORMAL.get(str(rr.dtype).removeprefix("torch."))
+        if tiny:
+            normal = r.abs() >= tiny
+            t, r = t[normal], r[normal]
+        d = t - r
+        self.inexact += d.numel()
+        self.toward_zero += int(torch.count_nonzero(d.mul_(r) < 0))
+        self.upward += int(torch.count_nonzero(t > r))
 
     def result(self) -> list[float] | None:
         if not self.finite:
@@ -447,6 +484,21 @@ class _Errors:
         err, ref = math.hypot(*self.errs), math.hypot(*self.refs)
         red = err / ref if ref > 0 else (0.0 if err == 0 else math.inf)
         return [red, self.max_err, self.max_ref]
+
+    def rounding(self) -> list[int] | None:
+        """[inexact, toward zero, upward] element counts (schema.OWN_ERROR_ROUNDING_KEY), None
+        when no element of the normal range is off the rounded reference."""
+        return [self.inexact, self.toward_zero, self.upward] if self.finite and self.inexact else None
+
+
+def _with_rounding(errors: dict[str, list[float]], sides: dict[str, Any]) -> str | None:
+    """The own_error attribute's JSON: {output: [RED, max abs, max |ref|(, kappa)]} and, under
+    schema.OWN_ERROR_ROUNDING_KEY, {output: [inexact, toward zero, upward]} (a dict: readers
+    that take only the lists skip it)."""
+    if not errors:
+        return None
+    sides = {k: v for k, v in sides.items() if k in errors and v is not None}
+    return json.dumps({**errors, S.OWN_ERROR_ROUNDING_KEY: sides} if sides else errors)
 
 
 def _real_float(*ts: Any) -> bool:
@@ -536,7 +588,7 @@ class _BlockedPointwise:
         except Exception:  # noqa: BLE001 - no float64 kernel (or no such call in fp64): nothing to say
             return None
         got = acc.result()
-        return None if got is None else json.dumps({name: got})
+        return None if got is None else _with_rounding({name: got}, {name: acc.rounding()})
 
 
 # each kind of prepared measurement: the attributes holding the step's tensors it reads
