@@ -177,3 +177,29 @@ def test_the_command_line_and_the_html_report_say_it(golden, tmp_path):
     res = CliRunner().invoke(app, ["compare", "-m", str(tmp_path / "t.h5"), "-g", str(golden), "-o",
                                    str(tmp_path / "r2"), "--tolerance", "100"], env={"COLUMNS": "80"})
     assert res.exit_code == 1 and "own rounding one-sided" in res.output.splitlines()[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_large_product_is_counted_on_a_sample_that_keeps_the_sides(dtype):
+    """A block of 590k elements is counted on about 2^16 of them (own_error._SIDES_SAMPLE):
+    a truncated product stays all on one side, a correctly rounded one and one accumulated in
+    another order stay on both (GPT-2's 256 x 768 x 2304 shape)."""
+    from npu_dumper.replay.own_error import _Errors
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 768).to(dtype), (torch.randn(768, 2304) / 28).to(dtype)
+    exact = a.double() @ b.double()
+
+    def sides(live):
+        acc = _Errors()
+        acc.add(live, exact)
+        got = acc.rounding()
+        return got if got is not None else [0, 0, 0]
+
+    f32 = a.float() @ b.float()
+    n, toward_zero, _ = sides(_truncated(f32) if dtype == torch.bfloat16 else f32.to(dtype))
+    if dtype == torch.bfloat16:
+        assert 20_000 < n < 70_000 and toward_zero >= 0.999 * n   # half of a ~65k sample, nearer zero
+    split = sum(a[:, i::8].float() @ b[i::8].float() for i in range(8)).to(dtype)    # another order
+    for live in (a @ b, split):
+        n, toward_zero, upward = sides(live)
+        assert n < 256 or (abs(2 * toward_zero / n - 1) < 0.3 and abs(2 * upward / n - 1) < 0.3), (n, toward_zero, upward)
