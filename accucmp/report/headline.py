@@ -46,9 +46,10 @@ _KNOB_FROM_DTYPE = ("RelativeEuclideanDistanceUlps", "RelativeEuclideanDistanceF
 
 
 def scaled_by_tolerance(knob: str) -> bool:
-    """Whether --tolerance F moves the bound of threshold `knob` (a dtype-derived one); a share
-    such as RoundingBias or UpdateAbsorbedFraction moves only with -t."""
-    return knob in _KNOB_FROM_DTYPE
+    """Whether --tolerance F moves the bound of threshold `knob` (the dtype-derived ones, and
+    UnderflowLoss, verdict._judge_cast); a share such as RoundingBias or
+    UpdateAbsorbedFraction moves only with -t."""
+    return knob in _KNOB_FROM_DTYPE or knob == "UnderflowLoss"
 
 
 # metrics where a larger value is better (a failure is value < bound)

@@ -13,6 +13,9 @@ target's outputs are measured against it. The numbers go into the op group's att
 max |target - ref|, max |ref|(, kappa)]} (kappa: how much a sum cancels, dumpfile/opclass.py), ref being the float64
 result rounded to the target's output dtype (the rounding any correct kernel must do); `accucmp compare` reads them into the columns
 OwnErrorVsFp64 / OwnMaxErrorVsFp64 and the verdict judges the op by them (docs/COMPARE.md).
+Under the key "#rounding" (schema.OWN_ERROR_ROUNDING_KEY) the same JSON holds, per output,
+[elements off ref, those nearer zero, those above it] (_Errors._count_sides): columns
+OwnInexact / OwnTowardZero / OwnUpward, the verdict's RoundingBias.
 
 Matrix products and pointwise ops, which write no input, compute the float64 reference after
 the live op in blocks (_BLOCKED, _BlockedPointwise, below), so no float64 copy of a large
