@@ -222,7 +222,7 @@ def encode(rows: list[dict[str, Any]], counts: dict[str, int], source: dict | No
 
 
 _STR_FIELDS = ("kind", "op", "module", "phase", "argument", "live", "golden", "dtype", "made_by", "reason",
-               "detail")
+               "detail", "optimizer")
 _NUM_FIELDS = ("seqid", "at", "golden_seqid", "rel_err", "max_abs_err", "golden_abs_max")
 
 

@@ -108,3 +108,26 @@ def test_a_file_without_the_attribute_or_with_a_hostile_one_shows_the_recorded_p
     for name in names[:3]:
         assert shown[name] == ("forward", ""), (name, shown[name])
     assert all(shown[n] == (S.PHASE_OPTIMIZER, "AdamW.step") for n in names[3:])
+
+
+def test_a_load_replay_names_a_changed_learning_rate_in_the_optimizer_step(tmp_path):
+    """The replay's own departure rows (root attribute replay_departures) carry the optimizer
+    too: before, the argument departure said 'the model's top level aten.mul_.Tensor'."""
+    _step(tmp_path / "g.h5", lr=1e-3)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optim = torch.optim.AdamW(net.parameters(), lr=2e-3)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    with torch.utils.dumper(use_load=True, load_file_path=str(tmp_path / "g.h5"), dump_path=str(tmp_path / "r.h5")):
+        F.mse_loss(net(x), torch.zeros(6, 4)).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad()
+        (x * 2).sum()
+    table = apply_verdict(compare_dumps(str(tmp_path / "r.h5"), str(tmp_path / "g.h5")).table)
+    first = first_failure(table)
+    assert first is not None and first["Origin"] == "departs", first
+    assert first["Phase"] == S.PHASE_OPTIMIZER and first["Module"] == "AdamW.step", first
+    counts = table["Result"].value_counts().to_dict()
+    assert verdict_sentence(first, counts).startswith("FAIL: AdamW.step aten.mul_.Tensor: argument other"), \
+        verdict_sentence(first, counts)

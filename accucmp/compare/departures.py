@@ -20,6 +20,7 @@ from dumpfile import departures as D
 from dumpfile import schema as S
 from dumpfile.read.catalog import linked_tensor, row_entries
 from dumpfile.read.reader import DumpFile
+from dumpfile.read.records import shown_place
 
 STATUS_DEPARTURE = "departure"
 # independent runs: an op only one run has. Unmatched on its own (two runs may compute the same
@@ -89,6 +90,9 @@ def departure_rows(f: DumpFile, golden: DumpFile | None = None, warnings: list |
     rows = []
     for d in doc["rows"]:
         at = d.get("at", math.nan)
+        # an op an optimizer's step ran: shown as AdamW.step's (OpRecord.shown_place)
+        phase, module = shown_place(d.get("phase", ""), d.get("module", ""), d.get("optimizer"))
+        d = {**d, "phase": phase, "module": module}
         row = {
             # SeqId: the recorded op it sits at (an inserted op: the one it ran after); the
             # exact place among the compared rows is the private key _ORDER (not a column)

@@ -26,6 +26,17 @@ if TYPE_CHECKING:
 _OPTIMIZER_NAME_MAX = 64
 
 
+def shown_place(phase: str, module: str, optimizer: Any) -> tuple[str, str]:
+    """(Phase, Module) as reports show an op recorded with `phase` and `module` that the step
+    of optimizer class `optimizer` ran (op attribute `optimizer`; a replay departure's field):
+    ("optimizer", "AdamW.step") outside any module; as recorded otherwise, and where the name
+    is no identifier of at most _OPTIMIZER_NAME_MAX characters (a damaged or hostile file)."""
+    if not module and isinstance(optimizer, str) and optimizer.isidentifier() \
+            and len(optimizer) <= _OPTIMIZER_NAME_MAX:
+        return S.PHASE_OPTIMIZER, f"{optimizer}.step"
+    return phase, module
+
+
 def _guarded(method):
     """h5_errors around a method of a DumpFile (self.path) or of a record (self.file.path)."""
     @functools.wraps(method)
@@ -229,11 +240,7 @@ class OpRecord:
         module (op attribute `optimizer`) is the update, Phase "optimizer" and Module
         "AdamW.step", where its recorded phase says forward and its module is empty."""
         module = self.module
-        if not module:
-            opt = self.attrs.get(S.OP_OPTIMIZER)
-            if isinstance(opt, str) and opt.isidentifier() and len(opt) <= _OPTIMIZER_NAME_MAX:
-                return S.PHASE_OPTIMIZER, f"{opt}.step"
-        return self.phase, module
+        return shown_place(self.phase, module, None if module else self.attrs.get(S.OP_OPTIMIZER))
 
     def inputs(self) -> dict[str, ValueRecord]:
         return self.file.values(f"{self.path}/{S.INPUT_GROUP}")

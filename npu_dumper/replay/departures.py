@@ -89,6 +89,9 @@ class DepartureLog:
     def _add(self, ev, kind: str, **fields) -> dict:
         row = {"kind": kind, "op": ev.name, "module": ev.module, "phase": ev.phase, "seqid": ev.seqid,
                "at": self._at if kind != D.INSERTED else self._at + 0.5, **fields}
+        optimizer = ev.group_attrs.get(S.OP_OPTIMIZER)
+        if optimizer:
+            row["optimizer"] = optimizer        # (the op attribute: an optimizer's step ran it)
         self.rows.append(row)
         self.counts[kind] += 1
         self._pending.setdefault(ev.seqid, []).append(row)
@@ -428,11 +431,11 @@ class DepartureLog:
                 continue
             rec = entry.record
             rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
-                         "golden_seqid": rec.seqid, "at": float(rec.seqid)})
+                         "golden_seqid": rec.seqid, "at": float(rec.seqid), **_optimizer_of(rec)})
         if tail:
             rec = tail[0].record
             rows.append({"kind": D.MISSING, "op": rec.op, "module": rec.module, "phase": rec.phase,
-                         "golden_seqid": rec.seqid, "at": float(rec.seqid),
+                         "golden_seqid": rec.seqid, "at": float(rec.seqid), **_optimizer_of(rec),
                          "reason": f"the live run ended before it: {len(tail)} recorded op(s) from golden "
                                    f"#{rec.seqid} on never ran (a shorter step, or a recording of more steps "
                                    f"than were replayed)"})
@@ -538,3 +541,15 @@ def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def _optimizer_of(rec) -> dict:
+    """{"optimizer": class name} of a recorded op an optimizer's step ran (op attribute
+    `optimizer`), {} otherwise: a missing op of the update is shown as AdamW.step's."""
+    if rec.module:
+        return {}
+    try:
+        name = rec.attrs.get(S.OP_OPTIMIZER)
+    except Exception:  # noqa: BLE001 - an unreadable attribute: shown where it was recorded
+        return {}
+    return {"optimizer": name} if isinstance(name, str) and name else {}
