@@ -203,3 +203,23 @@ def test_a_large_product_is_counted_on_a_sample_that_keeps_the_sides(dtype):
     for live in (a @ b, split):
         n, toward_zero, upward = sides(live)
         assert n < 256 or (abs(2 * toward_zero / n - 1) < 0.3 and abs(2 * upward / n - 1) < 0.3), (n, toward_zero, upward)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"result": [0.1, 0.2, 1.0], "#rounding": {"result": [300, 290, 10]}}', {"result": (300, 290, 10)}),
+    ('{"result": [0.1, 0.2, 1.0]}', {}),                                   # a dump before the counts
+    ('{"#rounding": {"result": [300, 301, 0]}}', {}),                      # a side larger than the whole
+    ('{"#rounding": {"result": [300, -1, 0]}}', {}),
+    ('{"#rounding": {"result": [true, 1, 0]}}', {}),
+    ('{"#rounding": {"result": [300.5, 1, 0]}}', {}),
+    ('{"#rounding": {"result": [0, 0, 0]}}', {}),
+    ('{"#rounding": [[300, 1, 0]]}', {}),
+    ('{"#rounding": {"result": [300, 1]}}', {}),
+    ('{"#rounding": ' + "[" * 5000 + "]" * 5000 + "}", {}),               # deep nesting: refused, not run
+    ("not json #rounding", {}),
+])
+def test_the_counts_are_read_only_when_they_are_counts(text, expected):
+    """own_error is input from outside: counts that cannot be are left out, with the column."""
+    from accucmp.compare.rows import _own_errors, _own_rounding
+    assert _own_rounding(text) == expected
+    assert "#rounding" not in _own_errors(text)        # the own-error lists never take the key
