@@ -211,7 +211,9 @@ def _check_rounding_sides(row: Mapping[str, Any], th: Mapping[str, float], check
     # part before ROUNDING_HOW, report/headline.bound_clause)
     check(bias, th["RoundingBias"],
           f"{whose}{ROUNDING_ONE_SIDED}: {100 * share:.1f}% of the {n:,.0f} elements off the correctly rounded "
-          f"float64 result lie {where}{ROUNDING_HOW}{how} does: RoundingBias |2 share - 1|", "RoundingBias", metric)
+          f"float64 result lie {where}{ROUNDING_HOW}{how} does, or one that computes with a constant "
+          f"rounded that way (a scale factor cast to the tensor's dtype): RoundingBias |2 share - 1|",
+          "RoundingBias", metric)
 
 
 def _is_exact_dtype(d: str) -> bool:
