@@ -203,7 +203,8 @@ BY_DESIGN_UNPAIRED: frozenset[str] = CASTS | frozenset((
 # as on the other (verdict's RoundingBias); an op that applies one computed value to many
 # elements (a norm's statistics, a softmax's sum) moves them together
 INDEPENDENT_ELEMENTS: frozenset[str] = POINTWISE | frozenset(
-    f"aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution"))
+    f"aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "_grouped_mm",
+                          "convolution", "_convolution"))
 
 
 def independent_elements(op: str) -> bool:
