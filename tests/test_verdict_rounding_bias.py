@@ -223,3 +223,67 @@ def test_the_counts_are_read_only_when_they_are_counts(text, expected):
     from accucmp.compare.rows import _own_errors, _own_rounding
     assert _own_rounding(text) == expected
     assert "#rounding" not in _own_errors(text)        # the own-error lists never take the key
+
+
+def _grouped_cases():
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    offs = torch.tensor([5, 5, 12, 20], dtype=torch.int32)          # an empty group too
+    rows = (torch.randn(24, 16).to(bf), torch.randn(4, 16, 8).to(bf), offs)      # rows of A; 4 rows past the end
+    # (the CPU kernel wants strides of multiples of 16 bytes)
+    offs8 = torch.tensor([8, 8, 16, 24], dtype=torch.int32)
+    inner = (torch.randn(8, 32).to(bf), torch.randn(32, 8).to(bf), offs8)        # the inner dimension
+    cols = (torch.randn(4, 8, 16).to(bf), torch.randn(16, 32).to(bf), offs8)     # the columns of B
+    batch = (torch.randn(3, 6, 16).to(bf), torch.randn(3, 16, 8).to(bf), None)
+    return {"rows": rows, "inner": inner, "cols": cols, "batch": batch}
+
+
+def _grouped_exact(a, b, offs):
+    """The float64 result group by group, written out here apart from own_error's code."""
+    a64, b64 = a.double(), b.double()
+    if offs is None:
+        return a64 @ b64, None
+    ends = offs.tolist()
+    starts = [0] + ends[:-1]
+    if a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            out[s:e] = a64[s:e] @ b64[g]
+        return out, (slice(0, ends[-1]),)
+    if a.dim() == 2 and b.dim() == 2:
+        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in zip(starts, ends)]), None
+    out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64)
+    for g, (s, e) in enumerate(zip(starts, ends)):
+        out[:, s:e] = a64[g] @ b64[:, s:e]
+    return out, (slice(None), slice(0, ends[-1]))
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "_grouped_mm"), reason="no _grouped_mm in this torch")
+@pytest.mark.parametrize("form", ["rows", "inner", "cols", "batch"])
+def test_a_grouped_product_is_measured_group_by_group(form):
+    """_grouped_mm (mixture-of-experts layers: DeepSeek's) has no float64 kernel, so it had no
+    own error, and a truncating grouped product passed. Its reference is now each group's
+    float64 product; checked against one written out here, and a truncated result fails."""
+    import json
+    from npu_dumper.capture.opschema import op_info
+    from npu_dumper.replay.own_error import measure, prepare
+    a, b, offs = _grouped_cases()[form]
+    func = torch.ops.aten._grouped_mm.default
+    args = (a, b) if offs is None else (a, b, offs)
+    live = func(*args)
+    exact, part = _grouped_exact(a, b, offs)
+    for out, one_sided in ((live, False), (_truncated(func(a.float(), b.float(), *args[2:])), True)):
+        prepared = prepare(func, args, {}, {})
+        got = json.loads(measure(func, prepared, out))
+        red, max_err, ref_max = got["result"]
+        o, r = (out, exact) if part is None else (out[part], exact[part])
+        rounded = r.to(torch.bfloat16).double()
+        assert ref_max == float(rounded.abs().max())
+        assert max_err == float((o.double() - rounded).abs().max())
+        assert red == pytest.approx(float(torch.linalg.vector_norm(o.double() - rounded) /
+                                          torch.linalg.vector_norm(rounded)), rel=1e-12, abs=1e-300)
+        sides = got.get("#rounding", {}).get("result")
+        if one_sided:
+            assert sides is not None and sides[1] == sides[0] > 0       # every element off is nearer zero
+        else:
+            assert sides is None or sides[0] < 8

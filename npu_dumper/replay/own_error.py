@@ -190,7 +190,7 @@ def _results(info: Any, out: Any, ref: Any, ref_args: tuple, ref_kwargs: dict):
 
 def _measure(func: Any, prepared: tuple, out: Any) -> str | None:
     info = op_info(func)
-    if isinstance(prepared, (_BlockedProduct, _BlockedPointwise)):
+    if isinstance(prepared, (_BlockedProduct, _BlockedPointwise, _GroupedProduct)):
         return prepared.measure(info, out)
     if isinstance(prepared, _Deferred):
         if prepared.same_dtype:
@@ -550,8 +550,82 @@ def _addmm(args: tuple, kwargs: dict) -> _BlockedProduct | None:
     return _BlockedProduct(a, b, c, beta, alpha)
 
 
+class _GroupedProduct:
+    """aten._grouped_mm (a mixture of experts' products: one matrix product a group, the
+    groups cut by `offs` out of the rows of A (2-D x 3-D), the inner dimension (2-D x 2-D) or
+    the columns of B (3-D x 2-D); 3-D x 3-D without offs is a batch): measured group by group
+    in float64, which no _grouped_mm kernel takes (CPU's: float32, bf16, fp16). Rows or
+    columns past the last offset are not the op's (left unwritten) and not measured."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, bias: torch.Tensor | None):
+        self.a, self.b, self.offs, self.bias = a, b, offs, bias
+
+    def _pieces(self, live: torch.Tensor) -> list | None:
+        """(live block, A block, B block, bias row or None) of each group; None when the
+        shapes are none of the four forms."""
+        a, b, bias = self.a, self.b, self.bias
+        if self.offs is None:
+            if a.dim() != 3 or b.dim() != 3 or live.shape != (a.shape[0], a.shape[1], b.shape[2]):
+                return None
+            return [(live[g], a[g], b[g], None if bias is None else bias[g]) for g in range(a.shape[0])]
+        ends = [int(e) for e in self.offs.tolist()]
+        starts = [0] + ends[:-1]
+        if any(e < s for s, e in zip(starts, ends)):
+            return None
+        if a.dim() == 2 and b.dim() == 3 and len(ends) == b.shape[0] and ends[-1] <= a.shape[0] \
+                and live.shape == (a.shape[0], b.shape[2]):
+            return [(live[s:e], a[s:e], b[g], None if bias is None else bias[g])
+                    for g, (s, e) in enumerate(zip(starts, ends))]
+        if a.dim() == 2 and b.dim() == 2 and ends[-1] <= min(a.shape[1], b.shape[0]) \
+                and live.shape == (len(ends), a.shape[0], b.shape[1]):
+            return [(live[g], a[:, s:e], b[s:e], None if bias is None else bias[g])
+                    for g, (s, e) in enumerate(zip(starts, ends))]
+        if a.dim() == 3 and b.dim() == 2 and len(ends) == a.shape[0] and ends[-1] <= b.shape[1] \
+                and live.shape == (a.shape[1], b.shape[1]):
+            return [(live[:, s:e], a[g], b[:, s:e], None if bias is None else bias[g])
+                    for g, (s, e) in enumerate(zip(starts, ends))]
+        return None
+
+    def measure(self, info: Any, out: Any) -> str | None:
+        rets = list(named_returns(info, out))
+        if len(rets) != 1 or not isinstance(rets[0][2], torch.Tensor) or not rets[0][2].is_floating_point():
+            return None
+        name, _, live = rets[0]
+        try:
+            with torch.no_grad(), _disable_current_modes():
+                pieces = self._pieces(live)
+                if pieces is None:
+                    return None
+                acc = _Errors()
+                for lv, ab, bb, cb in pieces:
+                    if lv.numel() == 0:
+                        continue
+                    ref = torch.matmul(ab.to(torch.float64), bb.to(torch.float64))
+                    if cb is not None:
+                        ref += cb.to(torch.float64)
+                    acc.add(lv, ref)
+        except Exception:  # noqa: BLE001 - shapes it cannot take: nothing to say, as measure
+            return None
+        got = acc.result() if acc.errs else None
+        return None if got is None else _with_rounding({name: got}, {name: acc.rounding()})
+
+
+def _grouped_mm(args: tuple, kwargs: dict) -> _GroupedProduct | None:
+    named = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args))
+    named.update(kwargs)
+    a, b, offs, bias = named.get("self"), named.get("mat2"), named.get("offs"), named.get("bias")
+    if set(named) - {"self", "mat2", "offs", "bias", "out_dtype"} or not _real_float(a, b) \
+            or (bias is not None and not _real_float(bias)) \
+            or (offs is not None and (not isinstance(offs, torch.Tensor) or offs.dim() != 1
+                                      or offs.is_floating_point())):
+        return None
+    return _GroupedProduct(a, b, offs, bias)
+
+
 _BLOCKED = {torch.ops.aten.mm.default: _mm, torch.ops.aten.bmm.default: _bmm,
             torch.ops.aten.addmm.default: _addmm}
+if hasattr(torch.ops.aten, "_grouped_mm"):
+    _BLOCKED[torch.ops.aten._grouped_mm.default] = _grouped_mm
 
 
 class _BlockedPointwise:
@@ -606,7 +680,8 @@ class _BlockedPointwise:
 
 # each kind of prepared measurement: the attributes holding the step's tensors it reads
 _TENSOR_FIELDS: dict[type, tuple[str, ...]] = {
-    _BlockedProduct: ("a", "b", "c"), _BlockedPointwise: ("args", "kwargs"), _Deferred: ("args", "kwargs")}
+    _BlockedProduct: ("a", "b", "c"), _BlockedPointwise: ("args", "kwargs"), _Deferred: ("args", "kwargs"),
+    _GroupedProduct: ("a", "b", "offs", "bias")}
 
 
 # ---- ops whose float32 result, rounded to the target, is the float64 one rounded ------------
