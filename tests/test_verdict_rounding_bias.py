@@ -220,9 +220,10 @@ def test_a_large_product_is_counted_on_a_sample_that_keeps_the_sides(dtype):
 ])
 def test_the_counts_are_read_only_when_they_are_counts(text, expected):
     """own_error is input from outside: counts that cannot be are left out, with the column."""
-    from accucmp.compare.rows import _own_errors, _own_rounding
-    assert _own_rounding(text) == expected
-    assert "#rounding" not in _own_errors(text)        # the own-error lists never take the key
+    from accucmp.compare.rows import _own_error_attr
+    errors, rounding = _own_error_attr(text)
+    assert rounding == expected
+    assert "#rounding" not in errors                    # the own-error lists never take the key
 
 
 def _grouped_cases():

@@ -254,17 +254,17 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
     f = op.file
     if getattr(f, "is_table", False):      # statistics table file (format 1.1): no op groups
         a = op.attrs
+        own_errors, own_rounding = _own_error_attr(a.get(S.OP_OWN_ERROR, ""))
         return OpTensors(matching.tensor_leaves(op.inputs()), matching.tensor_leaves(op.outputs()),
                           str(a.get(S.OP_COMPUTE_DTYPE, "") or ""),
                           bool(a.get(S.OP_RANDOM_OUTPUTS_REPLAYED, False)),
-                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), _own_errors(a.get(S.OP_OWN_ERROR, "")),
+                          _split_dtypes(a.get(S.OP_INPUT_DTYPES, "")), own_errors,
                           _name_set(a.get(S.OP_MADE_INPUTS)), _scalar_args(a.get(S.OP_SCALAR_ARGS)),
                           _text(a.get(S.OP_STACK)), _arg_dtypes(a.get(S.OP_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(S.OP_LOSS_SCALER)), _loss_scale(a.get(S.OP_LOSS_SCALE)),
                           attr_is_true(a.get(S.OP_RANDOM)), _arg_dtypes(a.get(S.OP_LEAF_ROUNDED)),
                           _arg_numbers(a.get(S.OP_INPUT_OVERFLOW)), _arg_dtypes(a.get(S.OP_CAST_ROUNDED)),
-                          _name_set(a.get(S.OP_PERSISTENT_WRITES)) or frozenset(),
-                          _own_rounding(a.get(S.OP_OWN_ERROR, "")))
+                          _name_set(a.get(S.OP_PERSISTENT_WRITES)) or frozenset(), own_rounding)
     path = op.path
     # the low-level reads below bypass DumpFile's guards: name this file on HDF5 failures
     with h5_errors(f.path):
@@ -283,15 +283,15 @@ def op_tensors(op, eager: int = 0) -> OpTensors:
             outs = matching.tensor_leaves(light_values(f, f"{path}/{S.OUTPUT_GROUP}", op_id, S.OUTPUT_GROUP, eager))
         a = some_attrs(op_id, _OP_ATTRS)
         cd = _text(a.get(_B_COMPUTE))
+        own_errors, own_rounding = _own_error_attr(_text(a.get(_B_OWN_ERROR)))
         return OpTensors(ins, outs, cd, bool(a.get(_B_RANDOM_REPLAYED, False)),
-                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), _own_errors(_text(a.get(_B_OWN_ERROR))),
+                          _split_dtypes(_text(a.get(_B_INPUT_DTYPES))), own_errors,
                           _name_set(a.get(_B_MADE_INPUTS)), _scalar_args(a.get(_B_SCALAR_ARGS)),
                           _text(a.get(_B_STACK)), _arg_dtypes(a.get(_B_INPUT_ARG_DTYPES)),
                           loss_scaler_role(a.get(_B_LOSS_SCALER)), _loss_scale(a.get(_B_LOSS_SCALE)),
                           attr_is_true(a.get(_B_RANDOM)), _arg_dtypes(_text(a.get(_B_LEAF_ROUNDED))),
                           _arg_numbers(_text(a.get(_B_INPUT_OVERFLOW))), _arg_dtypes(_text(a.get(_B_CAST_ROUNDED))),
-                          _name_set(a.get(_B_PERSISTENT_WRITES)) or frozenset(),
-                          _own_rounding(_text(a.get(_B_OWN_ERROR))))
+                          _name_set(a.get(_B_PERSISTENT_WRITES)) or frozenset(), own_rounding)
 
 
 _OP_ATTRS = frozenset((_B_COMPUTE, _B_RANDOM_REPLAYED, _B_INPUT_DTYPES, _B_OWN_ERROR, _B_MADE_INPUTS,
@@ -316,39 +316,35 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _own_errors(text: Any) -> dict:
-    """The op attribute own_error ({output: [RED, max abs, max |ref|]}); {} when absent or bad
-    (a damaged attribute only loses the refinement: the row is judged against the golden)."""
+def _own_error_attr(text: Any) -> tuple[dict, dict]:
+    """The op attribute own_error, parsed once: ({output: [RED, max abs, max |ref|(, kappa)]},
+    {output: (inexact, toward zero, upward)} from its "#rounding" key). A damaged attribute
+    only loses the refinement (the row is judged against the golden); counts that cannot be
+    (a side above the whole, negative, not integers: a damaged or hostile file) are left out,
+    and so is their column."""
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
     if not text:
-        return {}
+        return {}, {}
     try:
         d = jsontext.loads(text)
     except ValueError:
-        return {}
-    return {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)} if isinstance(d, dict) else {}
+        return {}, {}
+    if not isinstance(d, dict):
+        return {}, {}
+    errors = {str(k): v for k, v in d.items() if isinstance(v, list) and len(v) in (3, 4)}
+    raw = d.get(S.OWN_ERROR_ROUNDING_KEY)
+    rounding = {}
+    if isinstance(raw, dict):
+        for k, v in list(raw.items())[:64]:
+            if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in v) \
+                    and v[0] > 0 and 0 <= v[1] <= v[0] and 0 <= v[2] <= v[0]:
+                rounding[str(k)] = (v[0], v[1], v[2])
+    return errors, rounding
 
 
-def _own_rounding(text: Any) -> dict:
-    """own_error's "#rounding" ({output: [inexact, toward zero, upward]}, counts of elements):
-    {output: (n, toward zero, upward)}; entries that are not three counts with both sides
-    within n (a damaged or hostile file) are left out, and so is the column."""
-    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-    if S.OWN_ERROR_ROUNDING_KEY not in text:
-        return {}
-    try:
-        d = jsontext.loads(text)
-    except ValueError:
-        return {}
-    raw = d.get(S.OWN_ERROR_ROUNDING_KEY) if isinstance(d, dict) else None
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for k, v in list(raw.items())[:64]:
-        if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in v) \
-                and v[0] > 0 and 0 <= v[1] <= v[0] and 0 <= v[2] <= v[0]:
-            out[str(k)] = (v[0], v[1], v[2])
-    return out
+def _own_errors(text: Any) -> dict:
+    """own_error's lists ({output: [RED, max abs, max |ref|(, kappa)]}); {} when absent or bad."""
+    return _own_error_attr(text)[0]
 
 
 def _json_attr(text: Any) -> Any:
